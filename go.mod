@@ -1,0 +1,8 @@
+module github.com/orbitproxy/orbit
+
+go 1.26.0
+
+require (
+	golang.org/x/sync v0.25.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+)
