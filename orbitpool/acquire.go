@@ -1,0 +1,327 @@
+package orbitpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Candidates appends to dst the live resources registered under key across
+// the fleet, this process's first. It is a snapshot: by the time the caller
+// reserves, a candidate may be busy or gone.
+func (p *Pool) Candidates(key Key, dst []Candidate) ([]Candidate, error) {
+	if p.closed.Load() {
+		return dst, ErrClosed
+	}
+	ref, ok := p.lookupKey(key)
+	if !ok {
+		return dst, nil
+	}
+	return p.candidates(ref, dst)
+}
+
+func (p *Pool) candidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
+	dst, err := p.laneCandidates(p.lane, ref, dst)
+	s := p.seg
+	for l := range p.l.nlanes {
+		if l == p.lane || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+			continue
+		}
+		var lerr error
+		dst, lerr = p.laneCandidates(l, ref, dst)
+		if err == nil {
+			err = lerr
+		}
+	}
+	return dst, err
+}
+
+// laneCandidates walks lane l's list for ref. The list is written by its owner
+// only; a reader racing with a removal may step onto a slot that now belongs
+// to another key, so every slot's key is checked and the walk is bounded.
+func (p *Pool) laneCandidates(l int, ref keyRef, dst []Candidate) ([]Candidate, error) {
+	s := p.seg
+	h := atomic.LoadUint32(s.u32(s.headOff(l, ref.idx)))
+	for steps := 0; h != 0 && steps < p.l.perLane; steps++ {
+		if int(h) > p.l.perLane {
+			return dst, fmt.Errorf("orbitpool: lane %d list for key entry %d points at slot %d of %d: %w", l, ref.idx, h-1, p.l.perLane, ErrCorrupt)
+		}
+		slot := int(h) - 1
+		off := s.slotOff(l, slot)
+		if k, kg, _ := p.slotKey(off); k == ref.idx && kg == ref.gen {
+			w := atomic.LoadUint64(s.u64(off + slWord))
+			capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+			// Capacity is written before the slot goes live; reading the
+			// word again proves both belong to one registration.
+			if w2 := atomic.LoadUint64(s.u64(off + slWord)); wGen(w2) != wGen(w) {
+				w = 0
+			} else {
+				w = w2
+			}
+			if wState(w) == StateLive {
+				dst = append(dst, Candidate{
+					ID:       makeID(l, slot, wGen(w)),
+					Lane:     l,
+					Local:    l == p.lane,
+					Capacity: capacity,
+					InUse:    wUse(w),
+					Pending:  wPendN(w),
+					State:    StateLive,
+				})
+			}
+		}
+		h = atomic.LoadUint32(s.u32(off + slNext))
+	}
+	return dst, nil
+}
+
+// PlanKind says what an acquisition committed to.
+type PlanKind uint8
+
+// Plan kinds.
+const (
+	// PlanReuseLocal: Plan.Execution is a unit of a resource this process
+	// owns, already accepted.
+	PlanReuseLocal PlanKind = iota + 1
+	// PlanReuseRemote: Plan.Lease is a reservation on a sibling's resource,
+	// to be presented to its owner.
+	PlanReuseRemote
+	// PlanCreate: Plan.Permit is creation budget already claimed.
+	PlanCreate
+)
+
+func (k PlanKind) String() string {
+	switch k {
+	case PlanReuseLocal:
+		return "reuse-local"
+	case PlanReuseRemote:
+		return "reuse-remote"
+	case PlanCreate:
+		return "create"
+	}
+	return "none"
+}
+
+// Plan is what Acquire committed to. None of it is advisory: a reuse plan holds
+// a reservation and a create plan holds budget, which the caller must give
+// back (Execution.Complete, presenting the lease to its owner, or
+// CreationPermit.Register/Close).
+type Plan struct {
+	Kind      PlanKind
+	Execution *Execution
+	Lease     Lease
+	Permit    *CreationPermit
+	// Waited is how long the acquisition was parked.
+	Waited time.Duration
+}
+
+// WaitError is returned when an acquisition's context ends while it waits.
+type WaitError struct {
+	Key    Key
+	Reason Reason        // why nothing could be had
+	Waited time.Duration // how long it waited
+	Err    error         // the context's cause
+}
+
+func (e *WaitError) Error() string {
+	return fmt.Sprintf("orbitpool: no capacity for key %v (%s) after waiting %v: %v", e.Key, e.Reason, e.Waited.Round(time.Microsecond), e.Err)
+}
+
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// RefusedError is returned when the policy refuses a request.
+type RefusedError struct{ Reason Reason }
+
+func (e *RefusedError) Error() string { return "orbitpool: refused by policy: " + e.Reason.String() }
+
+// Is makes a RefusedError match ErrRefused.
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
+// scratch is Acquire's reusable working memory: the candidate list and the
+// view handed to the policy (which would escape to the heap through the
+// interface call otherwise).
+type scratch struct {
+	cands []Candidate
+	view  View
+}
+
+var scratches = sync.Pool{New: func() any { return &scratch{cands: make([]Candidate, 0, 64)} }}
+
+// errWait is try's signal that the policy chose to wait.
+var errWait = errors.New("orbitpool: wait")
+
+// Acquire gets capacity for key under policy (LocalFirst if nil) and lim: it
+// reuses a resource, or claims creation budget, or parks on the key until
+// capacity returns anywhere in the fleet and tries again, until ctx ends.
+// A caller that needs to fail before its deadline passes a context whose
+// deadline is that much earlier.
+func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) (Plan, error) {
+	if policy == nil {
+		policy = LocalFirst{}
+	}
+	var (
+		w      *waiter
+		start  time.Time
+		reason Reason
+	)
+	for {
+		ref, err := p.internKey(key)
+		if err != nil {
+			return Plan{}, err
+		}
+		plan, r, err := p.try(ref, key, policy, lim)
+		switch {
+		case err == nil:
+			if w != nil {
+				p.waiters.cancel(p, w)
+			}
+			if !start.IsZero() {
+				plan.Waited = time.Since(start)
+				p.seg.count(p.lane, ref.idx, stWaits, 1)
+				p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(plan.Waited))
+			}
+			return plan, nil
+		case err == errKeyGone:
+			continue
+		case err != errWait:
+			return Plan{}, err
+		}
+		reason = r
+		if w == nil {
+			// Register, then re-check before sleeping, so that capacity
+			// returned in between is not missed.
+			if w, err = p.waiters.watch(p, ref); err != nil {
+				if err == errKeyGone {
+					continue
+				}
+				return Plan{}, err
+			}
+			if start.IsZero() {
+				start = time.Now()
+			}
+			continue
+		}
+		select {
+		case <-w.ch:
+			w = nil
+			if p.closed.Load() {
+				return Plan{}, ErrClosed
+			}
+		case <-ctx.Done():
+			p.waiters.cancel(p, w)
+			waited := time.Since(start)
+			p.seg.count(p.lane, ref.idx, stTimeouts, 1)
+			p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(waited))
+			return Plan{}, &WaitError{Key: key, Reason: reason, Waited: waited, Err: context.Cause(ctx)}
+		}
+	}
+}
+
+// try runs the policy once over a fresh view, taking what it decides.
+func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason, error) {
+	if p.closed.Load() {
+		return Plan{}, ReasonNone, ErrClosed
+	}
+	switch policy.(type) {
+	case LocalFirst, LocalOnly:
+		// Both start with the least loaded local resource with room; find
+		// it without building the fleet's candidate list.
+		if e := p.takeLocal(ref); e != nil {
+			p.seg.count(p.lane, ref.idx, stReusedLocal, 1)
+			return Plan{Kind: PlanReuseLocal, Execution: e}, ReasonNone, nil
+		}
+	}
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	cands, err := p.candidates(ref, sc.cands[:0])
+	sc.cands = cands[:0]
+	if err != nil {
+		return Plan{}, ReasonNone, err
+	}
+	sc.view = View{Key: key, Candidates: cands, Limits: lim}
+	v := &sc.view
+	p.readBudget(ref, v)
+	for range 2*len(cands) + 2 {
+		d := policy.Decide(v)
+		switch d.Action {
+		case ActionReuse:
+			if d.Candidate < 0 || d.Candidate >= len(cands) {
+				return Plan{}, ReasonNone, fmt.Errorf("orbitpool: policy chose candidate %d of %d", d.Candidate, len(cands))
+			}
+			c := &cands[d.Candidate]
+			if c.Local {
+				e, err := p.useLocal(c.ID, ref)
+				if err == nil {
+					p.seg.count(p.lane, ref.idx, stReusedLocal, 1)
+					return Plan{Kind: PlanReuseLocal, Execution: e}, ReasonNone, nil
+				}
+			} else {
+				l, err := p.Reserve(c.ID)
+				if err == nil {
+					p.seg.count(p.lane, ref.idx, stReusedRemote, 1)
+					return Plan{Kind: PlanReuseRemote, Lease: l}, ReasonNone, nil
+				}
+			}
+			c.InUse, c.Pending = c.Capacity, 0 // lost a race for it: full now
+		case ActionCreate:
+			cp, err := p.claimCreate(ref, lim, false)
+			if err == nil {
+				return Plan{Kind: PlanCreate, Permit: cp}, ReasonNone, nil
+			}
+			if !errors.Is(err, ErrBudget) {
+				return Plan{}, ReasonNone, err
+			}
+			p.readBudget(ref, v) // lost a race for the last unit
+		case ActionWait:
+			return Plan{}, d.Reason, errWait
+		default:
+			return Plan{}, d.Reason, &RefusedError{Reason: d.Reason}
+		}
+	}
+	return Plan{}, ReasonBusy, errWait
+}
+
+func (p *Pool) readBudget(ref keyRef, v *View) {
+	c := atomic.LoadUint64(p.seg.u64(p.seg.keyOff(ref.idx) + kfCtl))
+	v.Total, v.Creating = kTotal(c), kCreating(c)
+}
+
+// takeLocal uses the least loaded of this lane's resources for ref that has
+// room, stopping at the first idle one.
+func (p *Pool) takeLocal(ref keyRef) *Execution {
+	s := p.seg
+	for range 4 {
+		best, load := -1, 0
+		h := atomic.LoadUint32(s.u32(s.headOff(p.lane, ref.idx)))
+		for steps := 0; h != 0 && int(h) <= p.l.perLane && steps < p.l.perLane; steps++ {
+			slot := int(h) - 1
+			off := s.slotOff(p.lane, slot)
+			h = atomic.LoadUint32(s.u32(off + slNext))
+			if k, kg, _ := p.slotKey(off); k != ref.idx || kg != ref.gen {
+				continue
+			}
+			w := atomic.LoadUint64(s.u64(off + slWord))
+			l := wUse(w) + wPendN(w)
+			if wState(w) != StateLive || l >= int(atomic.LoadUint32(s.u32(off+slCapacity))) {
+				continue
+			}
+			if best < 0 || l < load {
+				best, load = slot, l
+				if l == 0 {
+					break
+				}
+			}
+		}
+		if best < 0 {
+			return nil
+		}
+		w := atomic.LoadUint64(s.u64(s.slotOff(p.lane, best) + slWord))
+		if e, err := p.useLocal(makeID(p.lane, best, wGen(w)), ref); err == nil {
+			return e
+		}
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package orbitpool
+
+import (
+	"context"
+	"testing"
+)
+
+func benchBackings(b *testing.B, f func(b *testing.B, p *Pool)) {
+	spec := PoolSpec{Lanes: 4, Keys: 128, ResourcesPerLane: 1024}
+	b.Run("memory", func(b *testing.B) { f(b, openMem(b, spec)) })
+	b.Run("shared", func(b *testing.B) { f(b, openShared(b, spec, 1)[0]) })
+}
+
+// BenchmarkReserveAcceptComplete is one full remote-style cycle on one
+// resource: reserve (one CAS), accept (ticket CAS + word CAS), complete.
+func BenchmarkReserveAcceptComplete(b *testing.B) {
+	benchBackings(b, func(b *testing.B, p *Pool) {
+		id, err := p.Register(Key{1, 1}, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			l, err := p.Reserve(id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := p.Accept(l)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e.Complete()
+		}
+	})
+}
+
+// BenchmarkReserveAcceptCompleteParallel is the same cycle from every P on
+// one resource with room for all of them.
+func BenchmarkReserveAcceptCompleteParallel(b *testing.B) {
+	benchBackings(b, func(b *testing.B, p *Pool) {
+		id, err := p.Register(Key{1, 1}, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l, err := p.Reserve(id)
+				if err != nil {
+					continue // all 8 pending bits taken by other Ps
+				}
+				e, err := p.Accept(l)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				e.Complete()
+			}
+		})
+	})
+}
+
+// BenchmarkAcquireLocalFirst is the request path's pool cost: Acquire with
+// LocalFirst over 64 keys of 16 resources each, then Complete.
+func BenchmarkAcquireLocalFirst(b *testing.B) {
+	benchBackings(b, func(b *testing.B, p *Pool) {
+		const nkeys, per = 64, 16
+		keys := make([]Key, nkeys)
+		for i := range keys {
+			keys[i] = Key{uint64(i) * 0x9e3779b97f4a7c15, uint64(i)}
+			for range per {
+				if _, err := p.Register(keys[i], 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		ctx := context.Background()
+		lim := Limits{MaxResources: per}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			plan, err := p.Acquire(ctx, keys[i%nkeys], LocalFirst{}, lim)
+			if err != nil || plan.Kind != PlanReuseLocal {
+				b.Fatalf("%v %v", plan.Kind, err)
+			}
+			plan.Execution.Complete()
+			i++
+		}
+	})
+}
+
+// BenchmarkAcquireLocalFirstParallel is Acquire from every P, so resources of
+// a key are contended and some acquisitions take the second-best candidate.
+func BenchmarkAcquireLocalFirstParallel(b *testing.B) {
+	benchBackings(b, func(b *testing.B, p *Pool) {
+		const nkeys, per = 64, 16
+		keys := make([]Key, nkeys)
+		for i := range keys {
+			keys[i] = Key{uint64(i) * 0x9e3779b97f4a7c15, uint64(i)}
+			for range per {
+				if _, err := p.Register(keys[i], 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		lim := Limits{MaxResources: per}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			i := 0
+			for pb.Next() {
+				plan, err := p.Acquire(ctx, keys[i%nkeys], LocalFirst{}, lim)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				plan.Execution.Complete()
+				i++
+			}
+		})
+	})
+}

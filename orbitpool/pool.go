@@ -1,0 +1,280 @@
+package orbitpool
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configures one process's membership of a pool.
+type Options struct {
+	// Incarnation identifies this life of the process. Default: a random
+	// nonzero value.
+	Incarnation Incarnation
+	// ReconcileInterval is how often the process checks for dead siblings
+	// and ages its unaccepted reservations. Default 250ms.
+	ReconcileInterval time.Duration
+	// ReservationTimeout is how long a reservation on one of this process's
+	// resources may stay unaccepted before the owner drops it. Default 1s.
+	ReservationTimeout time.Duration
+}
+
+// Pool is one process's membership of the fleet's pool table: a lane in a
+// shared segment, or the whole table in process memory. A *Pool is safe for
+// concurrent use; share it rather than opening the segment twice, since each
+// Open joins the fleet as another lane.
+type Pool struct {
+	seg     *segment
+	l       *layout
+	lane    int
+	laneGen uint32
+	inc     Incarnation
+	opts    Options
+
+	tickets atomic.Uint32
+	closed  atomic.Bool
+
+	// laneMu guards this lane's slot allocation and key lists, which only
+	// this process writes.
+	laneMu sync.Mutex
+	free   []int32
+
+	waiters waiterTable
+
+	reconcileMu sync.Mutex
+	seen        []seenReservation // ReservationTimeout bookkeeping, per slot and bit
+
+	stop     chan struct{}
+	finished chan struct{}
+}
+
+// Open joins the pool spec names, creating its segment if needed. With an
+// empty spec.Path the pool lives in process memory and is the whole fleet.
+func Open(spec PoolSpec, opts Options) (*Pool, error) {
+	spec = spec.WithDefaults()
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.ReconcileInterval <= 0 {
+		opts.ReconcileInterval = 250 * time.Millisecond
+	}
+	if opts.ReservationTimeout <= 0 {
+		opts.ReservationTimeout = time.Second
+	}
+	if opts.Incarnation == 0 {
+		var b [8]byte
+		rand.Read(b[:])
+		opts.Incarnation = Incarnation(binary.LittleEndian.Uint64(b[:]) | 1)
+	}
+	seg, err := openSegment(spec)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{
+		seg:      seg,
+		l:        &seg.l,
+		inc:      opts.Incarnation,
+		opts:     opts,
+		seen:     make([]seenReservation, spec.ResourcesPerLane*PendingReservations),
+		stop:     make(chan struct{}),
+		finished: make(chan struct{}),
+	}
+	p.waiters.keys = make(map[int]*keyWaiters)
+	err = p.join()
+	seg.unlockStructure()
+	if err != nil {
+		seg.close()
+		return nil, err
+	}
+	// The mapping outlives Close until nothing can touch it: executions and
+	// permits hold the Pool, so no late Complete can fault on unmapped memory.
+	runtime.AddCleanup(p, func(s *segment) { s.close() }, seg)
+	go p.dispatch()
+	return p, nil
+}
+
+// join takes a free lane, first reclaiming lanes whose processes died.
+// The structure lock is held.
+func (p *Pool) join() error {
+	s := p.seg
+	for l := range p.l.nlanes {
+		ctl := atomic.LoadUint64(s.u64(s.laneOff(l) + lnCtl))
+		if lnState(ctl) == laneLive {
+			alive, err := s.laneAlive(l)
+			if err != nil {
+				return err
+			}
+			if alive {
+				continue
+			}
+			p.reclaimLane(l)
+		}
+		if err := s.holdLane(l); err != nil {
+			continue // a process between joining and publishing; not ours
+		}
+		gen := lnGen(ctl) + 1
+		if gen == 0 {
+			gen = 1
+		}
+		off := s.laneOff(l)
+		atomic.StoreUint64(s.u64(off+lnIncarnation), uint64(p.inc))
+		atomic.StoreUint64(s.u64(off+lnPID), uint64(os.Getpid()))
+		now := uint64(time.Now().UnixNano())
+		atomic.StoreUint64(s.u64(off+lnStarted), now)
+		atomic.StoreUint64(s.u64(off+lnHeartbeat), now)
+		atomic.StoreUint32(s.u32(off+lnSleeping), 0)
+		atomic.StoreUint64(s.u64(off+lnCtl), laneCtl(gen, laneLive))
+		p.lane, p.laneGen = l, gen
+		p.free = make([]int32, 0, p.l.perLane)
+		for i := p.l.perLane - 1; i >= 0; i-- {
+			p.free = append(p.free, int32(i))
+		}
+		return nil
+	}
+	return fmt.Errorf("orbitpool: all %d lanes of segment %s are taken by live processes: %w", p.l.nlanes, s.path, ErrFull)
+}
+
+// Lane is this process's lane in the segment.
+func (p *Pool) Lane() int { return p.lane }
+
+// Incarnation is the life this process joined with.
+func (p *Pool) Incarnation() Incarnation { return p.inc }
+
+// Spec is the spec the pool was opened with, defaults applied.
+func (p *Pool) Spec() PoolSpec { return p.l.spec }
+
+// Close leaves the fleet: this process's resources, claims, reservations on
+// them and waiter registrations are released, and waiters on this pool return
+// ErrClosed. Executions still running complete as no-ops.
+func (p *Pool) Close() error {
+	if !p.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(p.stop)
+	p.ring(p.lane)
+	<-p.finished
+	p.waiters.closeAll(p)
+	s := p.seg
+	if err := s.lockStructure(); err != nil {
+		return err
+	}
+	p.reclaimLane(p.lane)
+	s.releaseLane(p.lane)
+	s.unlockStructure()
+	return nil
+}
+
+// reclaimLane frees every slot of lane l and everything that lane held on keys,
+// and wakes the waiters that freed capacity concerns. It is called with the
+// structure lock held, for a lane whose process is dead or leaving.
+func (p *Pool) reclaimLane(l int) {
+	s := p.seg
+	wake := make(map[int]uint64)
+	for i := range p.l.perLane {
+		off := s.slotOff(l, i)
+		for {
+			w := atomic.LoadUint64(s.u64(off + slWord))
+			st := wState(w)
+			if st == StateFree {
+				break
+			}
+			if !atomic.CompareAndSwapUint64(s.u64(off+slWord), w, slotWord(nextGen(wGen(w)), StateFree, 0, 0)) {
+				continue
+			}
+			for b := range PendingReservations {
+				atomic.StoreUint64(s.u64(off+slTickets+8*b), 0)
+			}
+			if k, kg, ok := p.slotKey(off); ok {
+				p.keyRelease(k, kg, st == StateCreating)
+				wake[k]++
+			}
+			break
+		}
+	}
+	bit := uint64(1) << l
+	for k := range p.l.nkeys {
+		atomic.StoreUint32(s.u32(s.headOff(l, k)), 0)
+		atomic.StoreUint32(s.u32(s.waitOff(l, k)), 0)
+		atomic.AndUint64(s.u64(s.keyOff(k)+kfMask), ^bit)
+	}
+	off := s.laneOff(l)
+	ctl := atomic.LoadUint64(s.u64(off + lnCtl))
+	atomic.StoreUint64(s.u64(off+lnCtl), laneCtl(lnGen(ctl), laneFree))
+	for k, n := range wake {
+		p.wake(k, n)
+	}
+}
+
+// slotKey reads which key a slot belongs to, bounds-checked.
+func (p *Pool) slotKey(off int) (k int, gen uint32, ok bool) {
+	meta := atomic.LoadUint64(p.seg.u64(off + slMeta))
+	k, gen = int(uint32(meta)), uint32(meta>>32)&kGenMask
+	return k, gen, k < p.l.nkeys
+}
+
+// ring tells lane l that capacity it waits for may have come back.
+func (p *Pool) ring(l int) {
+	s := p.seg
+	off := s.laneOff(l)
+	atomic.AddUint32(s.u32(off+lnDoorbell), 1)
+	if atomic.LoadUint32(s.u32(off+lnSleeping)) != 0 {
+		futexWake(s.u32(off + lnDoorbell))
+	}
+}
+
+// wake records n units of capacity returned on key k and rings every lane
+// with waiters on it. Its caller has already made the capacity visible, and a
+// waiter sets its mask bit before re-checking for capacity, so when the mask
+// reads empty nobody can be left asleep and the shared sequence is left alone.
+func (p *Pool) wake(k int, n uint64) {
+	s := p.seg
+	off := s.keyOff(k)
+	mask := atomic.LoadUint64(s.u64(off + kfMask))
+	if mask == 0 {
+		return
+	}
+	atomic.AddUint64(s.u64(off+kfSeq), n)
+	for mask != 0 {
+		l := trailingZeros(mask)
+		mask &^= 1 << l
+		if l == p.lane {
+			p.waiters.deliver(p, k)
+		} else if l < p.l.nlanes {
+			p.ring(l)
+		}
+	}
+}
+
+// dispatch is the one goroutine per process that sleeps on the lane's
+// doorbell, hands wake-ups to waiting goroutines and runs Reconcile.
+func (p *Pool) dispatch() {
+	defer close(p.finished)
+	s := p.seg
+	off := s.laneOff(p.lane)
+	bell, sleeping := s.u32(off+lnDoorbell), s.u32(off+lnSleeping)
+	next := time.Now().Add(p.opts.ReconcileInterval)
+	for {
+		seen := atomic.LoadUint32(bell)
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		p.waiters.deliverAll(p)
+		now := time.Now()
+		if !now.Before(next) {
+			p.Reconcile()
+			next = now.Add(p.opts.ReconcileInterval)
+		}
+		atomic.StoreUint32(sleeping, 1)
+		if atomic.LoadUint32(bell) == seen {
+			futexWait(bell, seen, time.Until(next))
+		}
+		atomic.StoreUint32(sleeping, 0)
+	}
+}

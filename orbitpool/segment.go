@@ -1,0 +1,283 @@
+package orbitpool
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc64"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// abiVersion changes whenever the segment layout or the meaning of a word
+// changes; processes of different versions must not share a segment.
+const abiVersion = 1
+
+// segmentMagic marks an initialised segment; it is written last at creation.
+const segmentMagic uint64 = 0x4f52_4249_5450_4f4c // "ORBITPOL"
+
+// Header offsets.
+const (
+	hdrMagic    = 0
+	hdrABI      = 8  // uint32
+	hdrKind     = 12 // uint32
+	hdrLanes    = 16 // uint32
+	hdrKeys     = 20 // uint32
+	hdrPerLane  = 24 // uint32
+	hdrPending  = 28 // uint32
+	hdrSize     = 32
+	hdrCreated  = 40
+	hdrChecksum = 48 // crc64 of bytes [8, 48)
+)
+
+// Lock bytes in the segment file. OFD locks are advisory and may lie past the
+// end of the file; they never touch the mapped data.
+const (
+	lockStructure = 0
+	lockLaneBase  = 64
+)
+
+var crcTable = crc64.MakeTable(crc64.ECMA)
+
+// segment is one mapping of the pool table.
+type segment struct {
+	path string
+	f    *os.File // nil for a process-memory segment
+	data []byte
+	base unsafe.Pointer
+	l    layout
+
+	// structMu serialises structural changes within this process; the OFD
+	// lock serialises them across processes (OFD locks taken through one
+	// open file description do not exclude each other).
+	structMu sync.Mutex
+}
+
+func (s *segment) u64(off int) *uint64 { return (*uint64)(unsafe.Add(s.base, off)) }
+func (s *segment) u32(off int) *uint32 { return (*uint32)(unsafe.Add(s.base, off)) }
+
+// openSegment maps the segment spec names, creating it if it does not exist,
+// and returns it with the structure lock held.
+func openSegment(spec PoolSpec) (*segment, error) {
+	l := newLayout(spec)
+	if spec.Path == "" {
+		data, err := unix.Mmap(-1, 0, l.size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return nil, fmt.Errorf("orbitpool: map %d bytes of process memory: %w", l.size, err)
+		}
+		s := &segment{data: data, base: unsafe.Pointer(&data[0]), l: l}
+		s.structMu.Lock()
+		s.initHeader()
+		return s, nil
+	}
+
+	f, err := os.OpenFile(spec.Path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("orbitpool: open segment: %w", err)
+	}
+	s := &segment{path: spec.Path, f: f, l: l}
+	if err := s.checkOwnership(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := s.lockStructure(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := s.mapAndValidate(); err != nil {
+		s.unlockStructure()
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkOwnership refuses a segment another user could read or write: its
+// table decides who may use whose upstream connections.
+func (s *segment) checkOwnership() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(s.f.Fd()), &st); err != nil {
+		return fmt.Errorf("orbitpool: stat segment %s: %w", s.path, err)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("orbitpool: segment %s belongs to uid %d, not to this process's uid %d", s.path, st.Uid, os.Geteuid())
+	}
+	if st.Mode&0o077 != 0 {
+		return fmt.Errorf("orbitpool: segment %s has mode %#o; it must be 0600 (readable by its owner only)", s.path, st.Mode&0o777)
+	}
+	return nil
+}
+
+func (s *segment) mapAndValidate() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(s.f.Fd()), &st); err != nil {
+		return fmt.Errorf("orbitpool: stat segment %s: %w", s.path, err)
+	}
+	fd := int(s.f.Fd())
+	fresh := st.Size == 0
+	if !fresh {
+		if st.Size < headerSize {
+			return fmt.Errorf("orbitpool: segment %s is %d bytes, too small for a header: %w", s.path, st.Size, ErrCorrupt)
+		}
+		hdr, err := unix.Mmap(fd, 0, headerSize, unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return fmt.Errorf("orbitpool: map segment %s header: %w", s.path, err)
+		}
+		magic := atomic.LoadUint64((*uint64)(unsafe.Pointer(&hdr[0])))
+		var verr error
+		if magic != 0 {
+			verr = s.validateHeader(hdr, st.Size)
+		}
+		unix.Munmap(hdr)
+		if verr != nil {
+			return verr
+		}
+		// A zero magic is a creator that died before finishing; we hold
+		// the structure lock, so nobody can be using it: start over.
+		fresh = magic == 0
+	}
+	if fresh {
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			return fmt.Errorf("orbitpool: reset segment %s: %w", s.path, err)
+		}
+		// Allocate every page now, so that a full /dev/shm fails here and
+		// not later with SIGBUS in whichever process touches the page.
+		if err := unix.Fallocate(fd, 0, 0, int64(s.l.size)); err != nil {
+			if !errors.Is(err, unix.EOPNOTSUPP) {
+				return fmt.Errorf("orbitpool: allocate %d bytes for segment %s: %w", s.l.size, s.path, err)
+			}
+			if err := unix.Ftruncate(fd, int64(s.l.size)); err != nil {
+				return fmt.Errorf("orbitpool: size segment %s: %w", s.path, err)
+			}
+		}
+	}
+	data, err := unix.Mmap(fd, 0, s.l.size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("orbitpool: map segment %s: %w", s.path, err)
+	}
+	s.data, s.base = data, unsafe.Pointer(&data[0])
+	if fresh {
+		s.initHeader()
+	}
+	return nil
+}
+
+func (s *segment) validateHeader(hdr []byte, fileSize int64) error {
+	u32 := func(off int) uint32 { return *(*uint32)(unsafe.Pointer(&hdr[off])) }
+	u64 := func(off int) uint64 { return *(*uint64)(unsafe.Pointer(&hdr[off])) }
+	if m := u64(hdrMagic); m != segmentMagic {
+		return fmt.Errorf("orbitpool: %s is not a pool segment (magic %#x): %w", s.path, m, ErrIncompatible)
+	}
+	if v := u32(hdrABI); v != abiVersion {
+		return fmt.Errorf("orbitpool: segment %s has ABI version %d, this build speaks %d; stop the fleet and remove the segment, or use another path: %w", s.path, v, abiVersion, ErrIncompatible)
+	}
+	if sum := crc64.Checksum(hdr[hdrABI:hdrChecksum], crcTable); sum != u64(hdrChecksum) {
+		return fmt.Errorf("orbitpool: segment %s header checksum %#x, computed %#x: %w", s.path, u64(hdrChecksum), sum, ErrCorrupt)
+	}
+	want := s.l.spec
+	for _, f := range []struct {
+		name      string
+		got, want uint64
+	}{
+		{"kind", uint64(u32(hdrKind)), uint64(want.Kind)},
+		{"lanes", uint64(u32(hdrLanes)), uint64(want.Lanes)},
+		{"keys", uint64(u32(hdrKeys)), uint64(want.Keys)},
+		{"resources per lane", uint64(u32(hdrPerLane)), uint64(want.ResourcesPerLane)},
+		{"pending reservations", uint64(u32(hdrPending)), PendingReservations},
+	} {
+		if f.got != f.want {
+			return fmt.Errorf("orbitpool: segment %s was made with %s %d, this process asks for %d; every process of a fleet must use one spec: %w", s.path, f.name, f.got, f.want, ErrIncompatible)
+		}
+	}
+	if size := u64(hdrSize); size != uint64(s.l.size) || fileSize != int64(size) {
+		return fmt.Errorf("orbitpool: segment %s is %d bytes and its header says %d, want %d: %w", s.path, fileSize, size, s.l.size, ErrCorrupt)
+	}
+	return nil
+}
+
+func (s *segment) initHeader() {
+	sp := s.l.spec
+	*s.u32(hdrABI) = abiVersion
+	*s.u32(hdrKind) = sp.Kind
+	*s.u32(hdrLanes) = uint32(sp.Lanes)
+	*s.u32(hdrKeys) = uint32(sp.Keys)
+	*s.u32(hdrPerLane) = uint32(sp.ResourcesPerLane)
+	*s.u32(hdrPending) = PendingReservations
+	*s.u64(hdrSize) = uint64(s.l.size)
+	*s.u64(hdrCreated) = uint64(time.Now().UnixNano())
+	*s.u64(hdrChecksum) = crc64.Checksum(s.data[hdrABI:hdrChecksum], crcTable)
+	atomic.StoreUint64(s.u64(hdrMagic), segmentMagic)
+}
+
+// flock applies an OFD lock of typ to one byte.
+func (s *segment) flock(cmd int, typ int16, at int64) error {
+	lk := unix.Flock_t{Type: typ, Whence: 0, Start: at, Len: 1}
+	for {
+		err := unix.FcntlFlock(s.f.Fd(), cmd, &lk)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+func (s *segment) lockStructure() error {
+	s.structMu.Lock()
+	if s.f == nil {
+		return nil
+	}
+	if err := s.flock(unix.F_OFD_SETLKW, unix.F_WRLCK, lockStructure); err != nil {
+		s.structMu.Unlock()
+		return fmt.Errorf("orbitpool: lock segment %s: %w", s.path, err)
+	}
+	return nil
+}
+
+func (s *segment) unlockStructure() {
+	if s.f != nil {
+		s.flock(unix.F_OFD_SETLK, unix.F_UNLCK, lockStructure)
+	}
+	s.structMu.Unlock()
+}
+
+// holdLane takes the lock that marks lane as alive for as long as this
+// process (or this open file description) lives.
+func (s *segment) holdLane(lane int) error {
+	if s.f == nil {
+		return nil
+	}
+	return s.flock(unix.F_OFD_SETLK, unix.F_WRLCK, int64(lockLaneBase+lane))
+}
+
+func (s *segment) releaseLane(lane int) {
+	if s.f != nil {
+		s.flock(unix.F_OFD_SETLK, unix.F_UNLCK, int64(lockLaneBase+lane))
+	}
+}
+
+// laneAlive asks the kernel whether some process still holds lane's lock.
+// Only the OS can say a process is dead; a heartbeat can only say it is slow.
+func (s *segment) laneAlive(lane int) (bool, error) {
+	if s.f == nil {
+		return true, nil
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(lockLaneBase + lane), Len: 1}
+	if err := unix.FcntlFlock(s.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return true, fmt.Errorf("orbitpool: probe lane %d lock: %w", lane, err)
+	}
+	return lk.Type != unix.F_UNLCK, nil
+}
+
+func (s *segment) close() {
+	if s.data != nil {
+		unix.Munmap(s.data)
+		s.data, s.base = nil, nil
+	}
+	if s.f != nil {
+		s.f.Close() // drops every OFD lock this description held
+		s.f = nil
+	}
+}

@@ -1,0 +1,422 @@
+package orbitpool
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// CreationPermit is one unit of a key's creation budget, held while a resource
+// is being made. Register turns it into a live resource; Close without
+// registering gives the unit back. Exactly one of them takes effect.
+type CreationPermit struct {
+	p    *Pool
+	slot int
+	gen  uint64
+	key  keyRef
+	done atomic.Bool
+}
+
+// ClaimCreate takes one unit of key's creation budget: it succeeds only if the
+// key's live and in-progress resources across the fleet stay within
+// lim.MaxResources and its in-progress ones within lim.MaxCreating. The
+// returned permit holds a slot in this process's lane.
+func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	for {
+		ref, err := p.internKey(key)
+		if err != nil {
+			return nil, err
+		}
+		cp, err := p.claimCreate(ref, lim, false)
+		if err != errKeyGone {
+			return cp, err
+		}
+	}
+}
+
+func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool) (*CreationPermit, error) {
+	if err := p.keyClaim(ref, lim, force); err != nil {
+		return nil, err
+	}
+	s := p.seg
+	p.laneMu.Lock()
+	if len(p.free) == 0 {
+		p.laneMu.Unlock()
+		p.keyRelease(ref.idx, ref.gen, true)
+		return nil, fmt.Errorf("orbitpool: all %d resource slots of lane %d are in use: %w", p.l.perLane, p.lane, ErrFull)
+	}
+	slot := int(p.free[len(p.free)-1])
+	p.free = p.free[:len(p.free)-1]
+	off := s.slotOff(p.lane, slot)
+	gen := wGen(atomic.LoadUint64(s.u64(off + slWord)))
+	if gen == 0 {
+		gen = 1
+	}
+	atomic.StoreUint64(s.u64(off+slMeta), uint64(ref.gen)<<32|uint64(ref.idx))
+	atomic.StoreUint32(s.u32(off+slCapacity), 0)
+	atomic.StoreUint64(s.u64(off+slWord), slotWord(gen, StateCreating, 0, 0))
+	p.laneMu.Unlock()
+	return &CreationPermit{p: p, slot: slot, gen: gen, key: ref}, nil
+}
+
+// Register publishes the resource the permit was held for, with room for
+// capacity concurrent users, and wakes waiters on its key.
+func (cp *CreationPermit) Register(capacity int) (ResourceID, error) {
+	return cp.register(capacity, 0)
+}
+
+// RegisterAndAccept publishes the resource with its creator already using one
+// unit of it, so no waiter can take the resource its creator made for itself.
+func (cp *CreationPermit) RegisterAndAccept(capacity int) (*Execution, error) {
+	id, err := cp.register(capacity, 1)
+	if err != nil {
+		return nil, err
+	}
+	return &Execution{p: cp.p, id: id, key: cp.key}, nil
+}
+
+func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
+	if capacity < 1 || capacity > MaxCapacity {
+		return 0, fmt.Errorf("orbitpool: capacity %d out of range [1, %d]", capacity, MaxCapacity)
+	}
+	p := cp.p
+	if p.closed.Load() {
+		return 0, ErrClosed
+	}
+	if !cp.done.CompareAndSwap(false, true) {
+		return 0, errors.New("orbitpool: creation permit already used")
+	}
+	s := p.seg
+	off := s.slotOff(p.lane, cp.slot)
+	p.laneMu.Lock()
+	atomic.StoreUint32(s.u32(off+slCapacity), uint32(capacity))
+	atomic.StoreUint64(s.u64(off+slCreated), uint64(time.Now().UnixNano()))
+	head := s.u32(s.headOff(p.lane, cp.key.idx))
+	atomic.StoreUint32(s.u32(off+slNext), atomic.LoadUint32(head))
+	ok := atomic.CompareAndSwapUint64(s.u64(off+slWord), slotWord(cp.gen, StateCreating, 0, 0), slotWord(cp.gen, StateLive, use, 0))
+	if ok {
+		atomic.StoreUint32(head, uint32(cp.slot)+1)
+	}
+	p.laneMu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("orbitpool: creation permit's slot was reclaimed: %w", ErrStale)
+	}
+	p.keyCreated(cp.key.idx, cp.key.gen)
+	s.count(p.lane, cp.key.idx, stCreated, 1)
+	if capacity > use {
+		p.wake(cp.key.idx, uint64(capacity-use))
+	}
+	return makeID(p.lane, cp.slot, cp.gen), nil
+}
+
+// Close gives the permit's budget back unless Register already used it. It
+// is safe to call more than once.
+func (cp *CreationPermit) Close() error {
+	if !cp.done.CompareAndSwap(false, true) {
+		return nil
+	}
+	p := cp.p
+	if p.closed.Load() {
+		return nil
+	}
+	s := p.seg
+	off := s.slotOff(p.lane, cp.slot)
+	p.laneMu.Lock()
+	ok := atomic.CompareAndSwapUint64(s.u64(off+slWord), slotWord(cp.gen, StateCreating, 0, 0), slotWord(nextGen(cp.gen), StateFree, 0, 0))
+	if ok {
+		p.free = append(p.free, int32(cp.slot))
+	}
+	p.laneMu.Unlock()
+	if ok {
+		p.keyRelease(cp.key.idx, cp.key.gen, true)
+		p.wake(cp.key.idx, 1)
+	}
+	return nil
+}
+
+// Register publishes a resource this process owns under key with room for
+// capacity concurrent users. It counts against the key's fleet-wide total but
+// is not refused by any budget: the resource exists already.
+func (p *Pool) Register(key Key, capacity int) (ResourceID, error) {
+	if p.closed.Load() {
+		return 0, ErrClosed
+	}
+	for {
+		ref, err := p.internKey(key)
+		if err != nil {
+			return 0, err
+		}
+		cp, err := p.claimCreate(ref, Limits{}, true)
+		if err == errKeyGone {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		id, err := cp.Register(capacity)
+		if err != nil {
+			cp.Close()
+		}
+		return id, err
+	}
+}
+
+// ownSlot checks that id names a slot of this process's lane.
+func (p *Pool) ownSlot(id ResourceID) (int, error) {
+	if p.closed.Load() {
+		return 0, ErrClosed
+	}
+	if id.Lane() != p.lane {
+		return 0, fmt.Errorf("orbitpool: resource %v: %w", id, ErrNotOwner)
+	}
+	if id.Slot() >= p.l.perLane {
+		return 0, fmt.Errorf("orbitpool: resource %v: slot out of range: %w", id, ErrStale)
+	}
+	return p.seg.slotOff(p.lane, id.Slot()), nil
+}
+
+// Unregister removes a resource this process owns, for instance a connection
+// that closed. Reservations on it become stale at once and executions on it
+// complete as no-ops; the key's budget gets the unit back.
+func (p *Pool) Unregister(id ResourceID) error {
+	off, err := p.ownSlot(id)
+	if err != nil {
+		return err
+	}
+	s := p.seg
+	p.laneMu.Lock()
+	var w uint64
+	for {
+		w = atomic.LoadUint64(s.u64(off + slWord))
+		if wGen(w) != id.Generation() || wState(w) != StateLive {
+			p.laneMu.Unlock()
+			return fmt.Errorf("orbitpool: unregister %v: %w", id, ErrStale)
+		}
+		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, slotWord(nextGen(wGen(w)), StateFree, 0, 0)) {
+			break
+		}
+	}
+	for b := range PendingReservations {
+		atomic.StoreUint64(s.u64(off+slTickets+8*b), 0)
+	}
+	k, kg, ok := p.slotKey(off)
+	if ok {
+		p.unlink(k, id.Slot())
+	}
+	p.free = append(p.free, int32(id.Slot()))
+	p.laneMu.Unlock()
+	if !ok {
+		return fmt.Errorf("orbitpool: resource %v names key entry %d of %d: %w", id, k, p.l.nkeys, ErrCorrupt)
+	}
+	p.keyRelease(k, kg, false)
+	p.wake(k, 1)
+	return nil
+}
+
+// unlink removes slot from this lane's list for key k. laneMu is held.
+// Readers walking the list concurrently may still step onto the removed slot;
+// they check each slot's key and state, so they only ever skip it.
+func (p *Pool) unlink(k, slot int) {
+	s := p.seg
+	prev := s.u32(s.headOff(p.lane, k))
+	for steps := 0; steps <= p.l.perLane; steps++ {
+		cur := atomic.LoadUint32(prev)
+		if cur == 0 || int(cur) > p.l.perLane {
+			return
+		}
+		next := s.u32(s.slotOff(p.lane, int(cur)-1) + slNext)
+		if int(cur)-1 == slot {
+			atomic.StoreUint32(prev, atomic.LoadUint32(next))
+			return
+		}
+		prev = next
+	}
+}
+
+// Reserve takes one unit of capacity on a resource and returns the lease to
+// present to its owner. Whether there is room is decided by one
+// compare-and-swap on the slot word. ErrBusy means no room; ErrStale means the
+// resource is gone.
+func (p *Pool) Reserve(id ResourceID) (Lease, error) {
+	if p.closed.Load() {
+		return Lease{}, ErrClosed
+	}
+	lane, slot := id.Lane(), id.Slot()
+	if lane >= p.l.nlanes || slot >= p.l.perLane {
+		return Lease{}, fmt.Errorf("orbitpool: reserve %v: no such slot: %w", id, ErrStale)
+	}
+	s := p.seg
+	off := s.slotOff(lane, slot)
+	word := s.u64(off + slWord)
+	capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	// Stamp a free ticket first, so that a pending bit always carries the
+	// ticket of the reservation that set it: the owner can then age each
+	// reservation by its own identity. Only the holder of a stamped ticket
+	// sets the matching bit.
+	t := p.newTicket()
+	for range PendingReservations {
+		w := atomic.LoadUint64(word)
+		if err := reservable(w, id, capacity); err != nil {
+			return Lease{}, err
+		}
+		bit := -1
+		for free := ^wPend(w) & pendMask; free != 0; free &= free - 1 {
+			b := bits.TrailingZeros64(free)
+			if atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*b), 0, t) {
+				bit = b
+				break
+			}
+		}
+		if bit < 0 {
+			return Lease{}, ErrBusy // every free bit is being taken right now
+		}
+		for {
+			if w&(1<<bit) != 0 {
+				// Our view was older than the bit's last use, whose owner
+				// is still clearing it: give the ticket back, start over.
+				atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*bit), t, 0)
+				break
+			}
+			if atomic.CompareAndSwapUint64(word, w, w|1<<bit) {
+				inc := Incarnation(atomic.LoadUint64(s.u64(s.laneOff(lane) + lnIncarnation)))
+				return Lease{ID: id, Owner: inc, Ticket: t, Bit: uint8(bit)}, nil
+			}
+			w = atomic.LoadUint64(word)
+			if err := reservable(w, id, capacity); err != nil {
+				atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*bit), t, 0)
+				return Lease{}, err
+			}
+		}
+	}
+	return Lease{}, ErrBusy
+}
+
+// reservable says whether slot word w has room for one more reservation on id.
+func reservable(w uint64, id ResourceID, capacity int) error {
+	if wGen(w) != id.Generation() || wState(w) != StateLive {
+		return ErrStale
+	}
+	if pend := wPend(w); pend == pendMask || wUse(w)+bits.OnesCount64(pend) >= capacity {
+		return ErrBusy
+	}
+	return nil
+}
+
+func (p *Pool) newTicket() uint64 {
+	n := p.tickets.Add(1)
+	if n == 0 {
+		n = p.tickets.Add(1)
+	}
+	return makeTicket(p.lane, p.laneGen, n)
+}
+
+// Accept validates a lease presented to this process, the resource's owner,
+// and turns its reservation into an Execution. A lease whose slot was freed
+// or reused, whose reservation was aged out or already accepted, or that was
+// taken on an earlier life of this lane, is ErrStale.
+func (p *Pool) Accept(l Lease) (*Execution, error) {
+	off, err := p.ownSlot(l.ID)
+	if err != nil {
+		return nil, err
+	}
+	if l.Owner != p.inc {
+		return nil, fmt.Errorf("orbitpool: lease for incarnation %#x, this is %#x: %w", l.Owner, p.inc, ErrStale)
+	}
+	if l.Bit >= PendingReservations || l.Ticket == 0 {
+		return nil, fmt.Errorf("orbitpool: malformed lease: %w", ErrStale)
+	}
+	s := p.seg
+	bit := uint64(1) << l.Bit
+	w := atomic.LoadUint64(s.u64(off + slWord))
+	if wGen(w) != l.ID.Generation() || wState(w) != StateLive || w&bit == 0 {
+		return nil, ErrStale
+	}
+	// Taking the ticket is what makes this acceptance the only one: the bit
+	// stays set until then, so no new reservation can reuse it meanwhile.
+	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*int(l.Bit)), l.Ticket, 0) {
+		return nil, ErrStale
+	}
+	for {
+		w = atomic.LoadUint64(s.u64(off + slWord))
+		if wGen(w) != l.ID.Generation() || w&bit == 0 {
+			return nil, ErrStale
+		}
+		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^bit+useOne) {
+			break
+		}
+	}
+	k, kg, ok := p.slotKey(off)
+	if !ok {
+		return nil, fmt.Errorf("orbitpool: resource %v names key entry %d: %w", l.ID, k, ErrCorrupt)
+	}
+	s.count(p.lane, k, stAccepted, 1)
+	return &Execution{p: p, id: l.ID, key: keyRef{k, kg}}, nil
+}
+
+// useLocal reserves and accepts a unit of one of this process's resources in a
+// single compare-and-swap: no lease needs to cross a process.
+func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
+	s := p.seg
+	off := s.slotOff(p.lane, id.Slot())
+	capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	for {
+		w := atomic.LoadUint64(s.u64(off + slWord))
+		if wGen(w) != id.Generation() || wState(w) != StateLive {
+			return nil, ErrStale
+		}
+		if wUse(w)+wPendN(w) >= capacity {
+			return nil, ErrBusy
+		}
+		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w+useOne) {
+			return &Execution{p: p, id: id, key: ref}, nil
+		}
+	}
+}
+
+// Execution is the owner's guard over one unit of a resource in use.
+// Complete (or Close) gives the unit back and wakes the key's waiters; it is
+// the only way capacity returns.
+type Execution struct {
+	p    *Pool
+	id   ResourceID
+	key  keyRef
+	done atomic.Bool
+}
+
+// ID is the resource in use.
+func (e *Execution) ID() ResourceID { return e.id }
+
+// Complete ends the use. Calls after the first do nothing, as does a Complete
+// on a resource that was unregistered meanwhile.
+func (e *Execution) Complete() {
+	if !e.done.CompareAndSwap(false, true) {
+		return
+	}
+	p := e.p
+	if p.closed.Load() {
+		return
+	}
+	s := p.seg
+	word := s.u64(s.slotOff(p.lane, e.id.Slot()) + slWord)
+	for {
+		w := atomic.LoadUint64(word)
+		if wGen(w) != e.id.Generation() || wState(w) != StateLive || wUse(w) == 0 {
+			return
+		}
+		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
+			break
+		}
+	}
+	p.wake(e.key.idx, 1)
+}
+
+// Close is Complete, for use with defer and io.Closer.
+func (e *Execution) Close() error {
+	e.Complete()
+	return nil
+}

@@ -1,0 +1,149 @@
+package orbitpool
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// A slot word packs everything Reserve, Accept and Complete decide on, so each
+// of them is one compare-and-swap:
+//
+//	bits  0..7   pending reservations, one bit each
+//	bits  8..23  accepted users
+//	bits 24..27  State
+//	bits 28..63  generation
+const (
+	pendMask  = 1<<PendingReservations - 1
+	useShift  = 8
+	useMask   = 1<<16 - 1
+	useOne    = 1 << useShift
+	stShift   = 24
+	stMask    = 0xf
+	wGenShift = 28
+)
+
+func slotWord(gen uint64, st State, use int, pend uint64) uint64 {
+	return gen<<wGenShift | uint64(st)<<stShift | uint64(use)<<useShift | pend
+}
+func wGen(w uint64) uint64  { return w >> wGenShift }
+func wState(w uint64) State { return State(w >> stShift & stMask) }
+func wUse(w uint64) int     { return int(w >> useShift & useMask) }
+func wPend(w uint64) uint64 { return w & pendMask }
+func wPendN(w uint64) int   { return bits.OnesCount64(w & pendMask) }
+func nextGen(g uint64) uint64 { // generation 0 is never live, so a zero lease never matches
+	g = (g + 1) & genMask
+	if g == 0 {
+		g = 1
+	}
+	return g
+}
+
+// Slot record offsets.
+const (
+	slWord     = 0
+	slMeta     = 8  // key index (32) | key generation (24) << 32
+	slCapacity = 16 // uint32
+	slNext     = 20 // uint32: next slot of this lane's list for the key, plus one
+	slCreated  = 24 // unix nanos, for reporting
+	slTickets  = 64 // PendingReservations uint64
+)
+
+// A key's control word holds its budget counters, so ClaimCreate is one
+// compare-and-swap that sees live and in-progress resources together:
+//
+//	bits  0..18  resources being created
+//	bits 19..37  total resources (live + being created)
+//	bits 38..39  entry state
+//	bits 40..63  entry generation, bumped when the entry is reused for another key
+const (
+	kCreatingOne = 1
+	kTotalShift  = 19
+	kTotalOne    = 1 << kTotalShift
+	kCountMask   = 1<<19 - 1
+	kStShift     = 38
+	kGenShift    = 40
+	kGenMask     = 1<<24 - 1
+)
+
+const (
+	keyEmpty = 0
+	keyLive  = 1
+	keyTomb  = 2
+)
+
+func kCreating(c uint64) int { return int(c & kCountMask) }
+func kTotal(c uint64) int    { return int(c >> kTotalShift & kCountMask) }
+func kState(c uint64) int    { return int(c >> kStShift & 3) }
+func kGen(c uint64) uint32   { return uint32(c >> kGenShift & kGenMask) }
+func kHead(c uint64) uint64  { return c >> kStShift } // state and generation
+func keyCtl(gen uint32, st int) uint64 {
+	return uint64(gen&kGenMask)<<kGenShift | uint64(st)<<kStShift
+}
+
+// Key record offsets.
+const (
+	kfCtl  = 0
+	kfHi   = 8
+	kfLo   = 16
+	kfSeq  = 24 // wake sequence: bumped once per unit of capacity returned
+	kfMask = 32 // lanes with waiters on this key
+)
+
+// Lane record offsets.
+const (
+	lnCtl         = 0 // generation (32) << 8 | state
+	lnIncarnation = 8
+	lnPID         = 16
+	lnStarted     = 24
+	lnHeartbeat   = 32
+	lnDoorbell    = 40 // uint32 futex word
+	lnSleeping    = 44 // uint32: the dispatcher is (about to be) in futex wait
+)
+
+const (
+	laneFree = 0
+	laneLive = 1
+)
+
+func lnState(c uint64) int              { return int(c & 0xff) }
+func lnGen(c uint64) uint32             { return uint32(c >> 8) }
+func laneCtl(gen uint32, st int) uint64 { return uint64(gen)<<8 | uint64(st) }
+
+// Per-lane, per-key counters.
+const (
+	stCreated = iota * 8
+	stReusedLocal
+	stReusedRemote
+	stWaits
+	stWaitNanos
+	stTimeouts
+	stAccepted
+	stAged
+)
+
+// A ticket names one reservation: the reserving lane, the low bits of that
+// lane's generation, and a counter. The owner drops reservations whose lane
+// life has ended without waiting for them to age.
+func makeTicket(lane int, laneGen uint32, n uint32) uint64 {
+	return uint64(lane)<<56 | uint64(laneGen&0xffffff)<<32 | uint64(n)
+}
+func ticketLane(t uint64) int       { return int(t >> 56) }
+func ticketLaneGen(t uint64) uint32 { return uint32(t>>32) & 0xffffff }
+
+// Typed accessors. Offsets are computed only from indices already checked
+// against the layout.
+
+func (s *segment) slotOff(lane, slot int) int {
+	return s.l.slots + (lane*s.l.perLane+slot)*slotSize
+}
+func (s *segment) keyOff(k int) int     { return s.l.keys + k*keySize }
+func (s *segment) laneOff(l int) int    { return s.l.lanes + l*laneSize }
+func (s *segment) headOff(l, k int) int { return s.l.heads + (l*s.l.nkeys+k)*4 }
+func (s *segment) waitOff(l, k int) int { return s.l.waits + (l*s.l.nkeys+k)*4 }
+func (s *segment) statOff(l, k int) int { return s.l.stats + (l*s.l.nkeys+k)*statSize }
+
+func (s *segment) count(l, k, field int, n uint64) {
+	atomic.AddUint64(s.u64(s.statOff(l, k)+field), n)
+}
+
+func trailingZeros(x uint64) int { return bits.TrailingZeros64(x) }
