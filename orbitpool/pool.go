@@ -22,6 +22,13 @@ type Options struct {
 	// ReservationTimeout is how long a reservation on one of this process's
 	// resources may stay unaccepted before the owner drops it. Default 1s.
 	ReservationTimeout time.Duration
+	// OnReclaim, if set, is told about each dead process whose lane this
+	// process reclaimed, for logging. It runs on the dispatcher goroutine
+	// and must not block.
+	OnReclaim func(LaneInfo)
+	// OnError, if set, is told about errors met by background housekeeping,
+	// which has no caller to return them to. It must not block.
+	OnError func(error)
 }
 
 // Pool is one process's membership of the fleet's pool table: a lane in a
@@ -268,7 +275,9 @@ func (p *Pool) dispatch() {
 		p.waiters.deliverAll(p)
 		now := time.Now()
 		if !now.Before(next) {
-			p.Reconcile()
+			if err := p.Reconcile(); err != nil && p.opts.OnError != nil {
+				p.opts.OnError(err)
+			}
 			next = now.Add(p.opts.ReconcileInterval)
 		}
 		atomic.StoreUint32(sleeping, 1)

@@ -563,14 +563,7 @@ func TestDeadLaneIsReclaimed(t *testing.T) {
 	if _, err := a.Reserve(bid); err != nil {
 		t.Fatal(err)
 	}
-	// Simulate a death: the mapping and the file description go away (as
-	// they do when the kernel tears down a killed process; the mapping holds
-	// the description, and with it the lane lock) and nothing is cleaned up.
-	a.closed.Store(true)
-	close(a.stop)
-	a.ring(a.Lane())
-	<-a.finished
-	a.seg.close()
+	simulateDeath(a)
 
 	waitFor(t, func() bool {
 		_, err := b.ClaimCreate(k, Limits{MaxResources: 2})
@@ -663,4 +656,68 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+func TestGenerationWrapsPastZero(t *testing.T) {
+	p := openMem(t, PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 1})
+	s := p.seg
+	word := s.u64(s.slotOff(p.Lane(), 0) + slWord)
+	*word = slotWord(genMask, StateFree, 0, 0) // the last generation before wrapping
+	id, err := p.Register(Key{1, 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Generation() != genMask {
+		t.Fatalf("generation %d, want %d", id.Generation(), uint64(genMask))
+	}
+	l, err := p.Reserve(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Unregister(id); err != nil {
+		t.Fatal(err)
+	}
+	id2, err := p.Register(Key{1, 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id2.Generation() != 1 {
+		t.Fatalf("generation after wrap %d, want 1 (0 is never live)", id2.Generation())
+	}
+	if _, err := p.Accept(l); !errors.Is(err, ErrStale) {
+		t.Fatalf("lease from before the wrap: %v, want ErrStale", err)
+	}
+}
+
+func TestReclaimIsReported(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	reclaimed := make(chan LaneInfo, 1)
+	opts := testOpts
+	opts.OnReclaim = func(li LaneInfo) { reclaimed <- li }
+	b, err := Open(PoolSpec{Path: path, Lanes: 2, Keys: 4, ResourcesPerLane: 4}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a := openShared(t, PoolSpec{Path: path, Lanes: 2, Keys: 4, ResourcesPerLane: 4}, 1)[0]
+	simulateDeath(a)
+	select {
+	case li := <-reclaimed:
+		if li.Lane != a.Lane() || li.Incarnation != a.Incarnation() {
+			t.Fatalf("reclaimed %+v, want lane %d incarnation %#x", li, a.Lane(), a.Incarnation())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("reclaim not reported")
+	}
+}
+
+// simulateDeath makes p look, to its siblings, like a process killed with
+// SIGKILL: its mapping and file description go away (the mapping holds the
+// description, and with it the lane lock) and nothing is cleaned up.
+func simulateDeath(p *Pool) {
+	p.closed.Store(true)
+	close(p.stop)
+	p.ring(p.Lane())
+	<-p.finished
+	p.seg.close()
 }

@@ -124,7 +124,11 @@ func (p *Pool) reclaimDead() error {
 		// while we waited for the lock.
 		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
 			if alive, err := s.laneAlive(l); err == nil && !alive {
+				info := p.laneInfo(l)
 				p.reclaimLane(l)
+				if p.opts.OnReclaim != nil {
+					p.opts.OnReclaim(info)
+				}
 			}
 		}
 		s.unlockStructure()

@@ -75,7 +75,9 @@ func openSegment(spec PoolSpec) (*segment, error) {
 		return s, nil
 	}
 
-	f, err := os.OpenFile(spec.Path, os.O_RDWR|os.O_CREATE, 0o600)
+	// O_NOFOLLOW: /dev/shm is writable by everyone, so a symlink planted
+	// there must not redirect the segment to a file of the victim's.
+	f, err := os.OpenFile(spec.Path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("orbitpool: open segment: %w", err)
 	}

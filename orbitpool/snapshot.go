@@ -83,18 +83,10 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 		snap.Keys = append(snap.Keys, ks)
 	}
 	for l := range p.l.nlanes {
-		off := s.laneOff(l)
-		if lnState(atomic.LoadUint64(s.u64(off+lnCtl))) != laneLive {
+		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
 			continue
 		}
-		li := LaneInfo{
-			Lane:        l,
-			Local:       l == p.lane,
-			PID:         int(atomic.LoadUint64(s.u64(off + lnPID))),
-			Incarnation: Incarnation(atomic.LoadUint64(s.u64(off + lnIncarnation))),
-			Started:     time.Unix(0, int64(atomic.LoadUint64(s.u64(off+lnStarted)))),
-			Heartbeat:   time.Unix(0, int64(atomic.LoadUint64(s.u64(off+lnHeartbeat)))),
-		}
+		li := p.laneInfo(l)
 		for slot := range p.l.perLane {
 			so := s.slotOff(l, slot)
 			w := atomic.LoadUint64(s.u64(so + slWord))
@@ -119,4 +111,18 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 		snap.Lanes = append(snap.Lanes, li)
 	}
 	return snap, nil
+}
+
+// laneInfo reads lane l's record.
+func (p *Pool) laneInfo(l int) LaneInfo {
+	s := p.seg
+	off := s.laneOff(l)
+	return LaneInfo{
+		Lane:        l,
+		Local:       l == p.lane,
+		PID:         int(atomic.LoadUint64(s.u64(off + lnPID))),
+		Incarnation: Incarnation(atomic.LoadUint64(s.u64(off + lnIncarnation))),
+		Started:     time.Unix(0, int64(atomic.LoadUint64(s.u64(off+lnStarted)))),
+		Heartbeat:   time.Unix(0, int64(atomic.LoadUint64(s.u64(off+lnHeartbeat)))),
+	}
 }
