@@ -163,7 +163,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		policy = LocalFirst{}
 	}
 	var (
-		w      *waiter
+		watch  *Readiness
 		start  time.Time
 		reason Reason
 	)
@@ -175,8 +175,8 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		plan, r, err := p.try(ref, key, policy, lim)
 		switch {
 		case err == nil:
-			if w != nil {
-				p.waiters.cancel(p, w)
+			if watch != nil {
+				watch.Close()
 			}
 			if !start.IsZero() {
 				plan.Waited = time.Since(start)
@@ -190,13 +190,10 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			return Plan{}, err
 		}
 		reason = r
-		if w == nil {
+		if watch == nil {
 			// Register, then re-check before sleeping, so that capacity
 			// returned in between is not missed.
-			if w, err = p.waiters.watch(p, ref); err != nil {
-				if err == errKeyGone {
-					continue
-				}
+			if watch, err = p.Watch(key); err != nil {
 				return Plan{}, err
 			}
 			if start.IsZero() {
@@ -205,13 +202,13 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			continue
 		}
 		select {
-		case <-w.ch:
-			w = nil
+		case <-watch.Ready():
+			watch = nil
 			if p.closed.Load() {
 				return Plan{}, ErrClosed
 			}
 		case <-ctx.Done():
-			p.waiters.cancel(p, w)
+			watch.Close()
 			waited := time.Since(start)
 			p.seg.count(p.lane, ref.idx, stTimeouts, 1)
 			p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(waited))

@@ -83,6 +83,7 @@ func Open(spec PoolSpec, opts Options) (*Pool, error) {
 		return nil, err
 	}
 	p := &Pool{
+		lane:     -1, // until joined: wake-ups from reclaiming on the way in ring every lane
 		seg:      seg,
 		l:        &seg.l,
 		inc:      opts.Incarnation,
@@ -280,9 +281,13 @@ func (p *Pool) dispatch() {
 			}
 			next = now.Add(p.opts.ReconcileInterval)
 		}
+		wait := time.Until(next)
+		if wait <= 0 {
+			continue // a zero timeout would mean sleeping with no limit
+		}
 		atomic.StoreUint32(sleeping, 1)
 		if atomic.LoadUint32(bell) == seen {
-			futexWait(bell, seen, time.Until(next))
+			futexWait(bell, seen, wait)
 		}
 		atomic.StoreUint32(sleeping, 0)
 	}

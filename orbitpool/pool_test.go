@@ -721,3 +721,43 @@ func simulateDeath(p *Pool) {
 	<-p.finished
 	p.seg.close()
 }
+
+func TestWatchInASelect(t *testing.T) {
+	ps := openShared(t, small, 2)
+	a, b := ps[0], ps[1]
+	k := Key{18, 18}
+	id, err := a.Register(k, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := a.Reserve(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := a.Accept(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := b.Watch(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := b.Reserve(id); !errors.Is(err, ErrBusy) { // the re-check
+		t.Fatalf("re-check: %v, want ErrBusy", err)
+	}
+	select {
+	case <-r.Ready():
+		t.Fatal("ready before anything returned")
+	case <-time.After(20 * time.Millisecond):
+	}
+	e.Complete()
+	select {
+	case <-r.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Complete in another lane did not wake the watcher")
+	}
+	if _, err := b.Reserve(id); err != nil {
+		t.Fatalf("reserve after wake: %v", err)
+	}
+}

@@ -108,9 +108,8 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 	}
 	p.keyCreated(cp.key.idx, cp.key.gen)
 	s.count(p.lane, cp.key.idx, stCreated, 1)
-	if capacity > use {
-		p.wake(cp.key.idx, uint64(capacity-use))
-	}
+	// The new capacity, plus the concurrent-creation unit it no longer holds.
+	p.wake(cp.key.idx, uint64(capacity-use)+1)
 	return makeID(p.lane, cp.slot, cp.gen), nil
 }
 

@@ -154,3 +154,39 @@ func (t *waiterTable) closeAll(p *Pool) {
 		t.release(p, k, kw)
 	}
 }
+
+// Readiness is a registration on a key, for callers that wait in their own
+// select loop rather than in Acquire. Its channel is closed once capacity may
+// have come back (a resource completed, registered or unregistered, or budget
+// returned) anywhere in the fleet. Use it as Acquire does: Watch, re-check,
+// then wait on Ready; after a wake-up, re-check and Watch again if needed.
+type Readiness struct {
+	p *Pool
+	w *waiter
+}
+
+// Watch registers the caller on key.
+func (p *Pool) Watch(key Key) (*Readiness, error) {
+	for {
+		ref, err := p.internKey(key)
+		if err != nil {
+			return nil, err
+		}
+		w, err := p.waiters.watch(p, ref)
+		if err == errKeyGone {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &Readiness{p: p, w: w}, nil
+	}
+}
+
+// Ready is closed when the caller should re-check.
+func (r *Readiness) Ready() <-chan struct{} { return r.w.ch }
+
+// Close ends the registration. A wake-up it received is passed on to the next
+// waiter on the key, so capacity is never left idle behind a caller that went
+// away; a caller that used the capacity costs another waiter a re-check at most.
+func (r *Readiness) Close() { r.p.waiters.cancel(r.p, r.w) }
