@@ -165,6 +165,7 @@ func (p *Pool) Close() error {
 	}
 	close(p.stop)
 	p.ring(p.lane)
+	futexWake(p.seg.u32(p.seg.laneOff(p.lane) + lnDoorbell)) // even if the sleeping flag lies
 	<-p.finished
 	p.waiters.closeAll(p)
 	s := p.seg
@@ -179,29 +180,23 @@ func (p *Pool) Close() error {
 
 // reclaimLane frees every slot of lane l and everything that lane held on keys,
 // and wakes the waiters that freed capacity concerns. It is called with the
-// structure lock held, for a lane whose process is dead or leaving.
+// structure lock held exclusively, for a lane whose process is dead or
+// leaving.
 func (p *Pool) reclaimLane(l int) {
 	s := p.seg
-	wake := make(map[int]uint64)
 	for i := range p.l.perLane {
 		off := s.slotOff(l, i)
 		for {
 			w := atomic.LoadUint64(s.u64(off + slWord))
-			st := wState(w)
-			if st == StateFree {
+			if wState(w) == StateFree {
 				break
 			}
-			if !atomic.CompareAndSwapUint64(s.u64(off+slWord), w, slotWord(nextGen(wGen(w)), StateFree, 0, 0)) {
-				continue
+			if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, slotWord(nextGen(wGen(w)), StateFree, 0, 0)) {
+				for b := range PendingReservations {
+					atomic.StoreUint64(s.u64(off+slTickets+8*b), 0)
+				}
+				break
 			}
-			for b := range PendingReservations {
-				atomic.StoreUint64(s.u64(off+slTickets+8*b), 0)
-			}
-			if k, kg, ok := p.slotKey(off); ok {
-				p.keyRelease(k, kg, st == StateCreating)
-				wake[k]++
-			}
-			break
 		}
 	}
 	bit := uint64(1) << l
@@ -210,11 +205,49 @@ func (p *Pool) reclaimLane(l int) {
 		atomic.StoreUint32(s.u32(s.waitOff(l, k)), 0)
 		atomic.AndUint64(s.u64(s.keyOff(k)+kfMask), ^bit)
 	}
+	p.recount()
+	// Last, so that whoever sees the lane gone also sees its units back.
 	off := s.laneOff(l)
 	ctl := atomic.LoadUint64(s.u64(off + lnCtl))
 	atomic.StoreUint64(s.u64(off+lnCtl), laneCtl(lnGen(ctl), laneFree))
-	for k, n := range wake {
-		p.wake(k, n)
+}
+
+// recount sets every key's counters from the slots that hold it. A process
+// killed between changing a key's counters and the slot that goes with them
+// leaves them disagreeing; the slots are the truth. It runs with the
+// structure lock held exclusively, so no live process is half-way through
+// such a change, and wakes the keys that got units back.
+func (p *Pool) recount() {
+	s := p.seg
+	type count struct{ total, creating int }
+	counts := make([]count, p.l.nkeys)
+	for l := range p.l.nlanes {
+		for i := range p.l.perLane {
+			off := s.slotOff(l, i)
+			st := wState(atomic.LoadUint64(s.u64(off + slWord)))
+			if st != StateCreating && st != StateLive {
+				continue
+			}
+			k, kg, ok := p.slotKey(off)
+			if !ok || kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) != kg {
+				continue
+			}
+			counts[k].total++
+			if st == StateCreating {
+				counts[k].creating++
+			}
+		}
+	}
+	for k, c := range counts {
+		ctl := s.u64(s.keyOff(k) + kfCtl)
+		old := atomic.LoadUint64(ctl)
+		if kState(old) != keyLive {
+			continue
+		}
+		atomic.StoreUint64(ctl, keyCtl(kGen(old), keyLive)|uint64(c.total)<<kTotalShift|uint64(c.creating))
+		if freed := kTotal(old) - c.total + kCreating(old) - c.creating; freed > 0 {
+			p.wake(k, uint64(freed))
+		}
 	}
 }
 

@@ -51,10 +51,16 @@ type segment struct {
 	base unsafe.Pointer
 	l    layout
 
-	// structMu serialises structural changes within this process; the OFD
-	// lock serialises them across processes (OFD locks taken through one
-	// open file description do not exclude each other).
-	structMu sync.Mutex
+	// The structure lock is a readers-writer lock across processes: an OFD
+	// lock on one byte, write for structural changes, read for the budget
+	// operations that change a key's counters and a slot together, so that
+	// a reclaim never sees one half of such an operation from a live
+	// process. OFD locks taken through one open file description do not
+	// exclude each other, so structMu excludes within this process and
+	// readers counts the goroutines sharing the read lock.
+	structMu sync.RWMutex
+	readMu   sync.Mutex
+	readers  int
 }
 
 func (s *segment) u64(off int) *uint64 { return (*uint64)(unsafe.Add(s.base, off)) }
@@ -243,6 +249,36 @@ func (s *segment) unlockStructure() {
 		s.flock(unix.F_OFD_SETLK, unix.F_UNLCK, lockStructure)
 	}
 	s.structMu.Unlock()
+}
+
+// rlockStructure takes the structure lock shared. A process that dies
+// holding it loses it with its file description, like the exclusive one.
+func (s *segment) rlockStructure() error {
+	s.structMu.RLock()
+	if s.f == nil {
+		return nil
+	}
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
+	if s.readers == 0 {
+		if err := s.flock(unix.F_OFD_SETLKW, unix.F_RDLCK, lockStructure); err != nil {
+			s.structMu.RUnlock()
+			return fmt.Errorf("orbitpool: lock segment %s: %w", s.path, err)
+		}
+	}
+	s.readers++
+	return nil
+}
+
+func (s *segment) runlockStructure() {
+	if s.f != nil {
+		s.readMu.Lock()
+		if s.readers--; s.readers == 0 {
+			s.flock(unix.F_OFD_SETLK, unix.F_UNLCK, lockStructure)
+		}
+		s.readMu.Unlock()
+	}
+	s.structMu.RUnlock()
 }
 
 // holdLane takes the lock that marks lane as alive for as long as this

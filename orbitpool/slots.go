@@ -39,15 +39,24 @@ func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
 	}
 }
 
+// Every operation that changes a key's counters and a slot together holds
+// the structure lock shared, so that reclaiming a dead lane, which holds it
+// exclusively and recounts the keys from the slots, never sees half of one.
+
 func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool) (*CreationPermit, error) {
+	s := p.seg
+	if err := s.rlockStructure(); err != nil {
+		return nil, err
+	}
+	defer s.runlockStructure()
 	if err := p.keyClaim(ref, lim, force); err != nil {
 		return nil, err
 	}
-	s := p.seg
 	p.laneMu.Lock()
 	if len(p.free) == 0 {
 		p.laneMu.Unlock()
 		p.keyRelease(ref.idx, ref.gen, true)
+		p.wake(ref.idx, 1)
 		return nil, fmt.Errorf("orbitpool: all %d resource slots of lane %d are in use: %w", p.l.perLane, p.lane, ErrFull)
 	}
 	slot := int(p.free[len(p.free)-1])
@@ -93,6 +102,11 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 	}
 	s := p.seg
 	off := s.slotOff(p.lane, cp.slot)
+	if err := s.rlockStructure(); err != nil {
+		cp.done.Store(false)
+		return 0, err
+	}
+	defer s.runlockStructure()
 	p.laneMu.Lock()
 	atomic.StoreUint32(s.u32(off+slCapacity), uint32(capacity))
 	atomic.StoreUint64(s.u64(off+slCreated), uint64(time.Now().UnixNano()))
@@ -125,6 +139,11 @@ func (cp *CreationPermit) Close() error {
 	}
 	s := p.seg
 	off := s.slotOff(p.lane, cp.slot)
+	if err := s.rlockStructure(); err != nil {
+		cp.done.Store(false)
+		return err
+	}
+	defer s.runlockStructure()
 	p.laneMu.Lock()
 	ok := atomic.CompareAndSwapUint64(s.u64(off+slWord), slotWord(cp.gen, StateCreating, 0, 0), slotWord(nextGen(cp.gen), StateFree, 0, 0))
 	if ok {
@@ -188,6 +207,10 @@ func (p *Pool) Unregister(id ResourceID) error {
 		return err
 	}
 	s := p.seg
+	if err := s.rlockStructure(); err != nil {
+		return err
+	}
+	defer s.runlockStructure()
 	p.laneMu.Lock()
 	var w uint64
 	for {

@@ -54,6 +54,13 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 	}
 	s := p.seg
 	snap := Snapshot{Spec: p.l.spec}
+	// Lanes first: a reclaim frees a lane only after fixing the keys, so a
+	// snapshot without a dead lane also has that lane's units back.
+	for l := range p.l.nlanes {
+		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
+			snap.Lanes = append(snap.Lanes, p.laneInfo(l))
+		}
+	}
 	byIdx := map[int]int{}
 	for k := range p.l.nkeys {
 		off := s.keyOff(k)
@@ -82,13 +89,10 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 		byIdx[k] = len(snap.Keys)
 		snap.Keys = append(snap.Keys, ks)
 	}
-	for l := range p.l.nlanes {
-		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
-			continue
-		}
-		li := p.laneInfo(l)
+	for i := range snap.Lanes {
+		li := &snap.Lanes[i]
 		for slot := range p.l.perLane {
-			so := s.slotOff(l, slot)
+			so := s.slotOff(li.Lane, slot)
 			w := atomic.LoadUint64(s.u64(so + slWord))
 			if wState(w) != StateLive {
 				continue
@@ -108,7 +112,6 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 				ks.Busy++
 			}
 		}
-		snap.Lanes = append(snap.Lanes, li)
 	}
 	return snap, nil
 }
