@@ -170,7 +170,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Requests > 0 {
 		r.budget.Store(int64(cfg.Requests))
 	} else {
-		r.budget.Store(1<<62)
+		r.budget.Store(1 << 62)
 	}
 	stopProgress := r.progress(ctx)
 	if cfg.Rate > 0 {
