@@ -306,7 +306,12 @@ func (p *Pool) dispatch() {
 			return
 		default:
 		}
-		p.waiters.deliverAll(p)
+		if p.waiters.deliverAll(p) {
+			// Let the goroutines just woken run on this thread now,
+			// rather than after another thread is woken to run them
+			// while this one blocks in the futex.
+			runtime.Gosched()
+		}
 		now := time.Now()
 		if !now.Before(next) {
 			if err := p.Reconcile(); err != nil && p.opts.OnError != nil {

@@ -100,23 +100,26 @@ func (t *waiterTable) deliver(p *Pool, k int) {
 }
 
 // deliverAll is deliver for every key with local waiters; the dispatcher runs
-// it each time the doorbell rings.
-func (t *waiterTable) deliverAll(p *Pool) {
+// it each time the doorbell rings. It reports whether it woke anyone.
+func (t *waiterTable) deliverAll(p *Pool) bool {
+	woke := false
 	t.mu.Lock()
 	for k, kw := range t.keys {
-		t.deliverKey(p, k, kw)
+		woke = t.deliverKey(p, k, kw) || woke
 	}
 	t.mu.Unlock()
+	return woke
 }
 
-func (t *waiterTable) deliverKey(p *Pool, k int, kw *keyWaiters) {
+func (t *waiterTable) deliverKey(p *Pool, k int, kw *keyWaiters) bool {
 	seq := atomic.LoadUint64(p.seg.u64(p.seg.keyOff(k) + kfSeq))
 	if seq == kw.lastSeq {
-		return
+		return false
 	}
 	n := seq - kw.lastSeq
 	kw.lastSeq = seq
 	t.wakeFront(p, k, kw, n)
+	return true
 }
 
 // wakeFront wakes up to n waiters from the front of kw's queue. mu is held.
