@@ -1,0 +1,313 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// The benchmarks talk to an upstream in another process, so that what they
+// measure (time, allocations, heap) is this package's alone.
+const upstreamEnv = "ORBIT_PROXY_TEST_UPSTREAM"
+
+func init() {
+	if os.Getenv(upstreamEnv) != "" {
+		os.Exit(runBenchUpstream())
+	}
+}
+
+// runBenchUpstream is a minimal HTTP/1.1 server: /ok answers at once, /hold
+// after ms milliseconds, /stream sends its head and one chunk, then stalls
+// until the connection closes.
+func runBenchUpstream() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println("addr", ln.Addr().String())
+	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return 1
+		}
+		go func() {
+			defer c.Close()
+			br := bufio.NewReader(c)
+			bw := bufio.NewWriter(c)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				switch req.URL.Path {
+				case "/hold":
+					ms, _ := strconv.Atoi(req.URL.Query().Get("ms"))
+					time.Sleep(time.Duration(ms) * time.Millisecond)
+				case "/stream":
+					bw.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+					bw.Flush()
+					io.Copy(io.Discard, br)
+					return
+				}
+				bw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+				bw.Flush()
+			}
+		}()
+	}
+}
+
+func startBenchUpstream(b *testing.B) string {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), upstreamEnv+"=1")
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		in.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "addr ") {
+		b.Fatalf("upstream: %q", sc.Text())
+	}
+	return "http://" + strings.TrimPrefix(sc.Text(), "addr ")
+}
+
+func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// BenchmarkThroughput compares requests per second and allocations per
+// request of the local path with net/http.Transport, serially and with
+// parallel clients, to the same upstream.
+func BenchmarkThroughput(b *testing.B) {
+	url := startBenchUpstream(b) + "/ok"
+	ref := &http.Transport{MaxIdleConnsPerHost: 64}
+	b.Cleanup(ref.CloseIdleConnections)
+	local := localTransport(b, nil)
+	for _, rt := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"nethttp", ref}, {"orbit-local", local}} {
+		for _, par := range []bool{false, true} {
+			name := rt.name + "/serial"
+			if par {
+				name = rt.name + "/parallel"
+			}
+			b.Run(name, func(b *testing.B) {
+				req, _ := http.NewRequest("GET", url, nil)
+				benchGet(b, rt.rt, req)
+				b.ReportAllocs()
+				b.ResetTimer()
+				if par {
+					b.SetParallelism(4)
+					b.RunParallel(func(pb *testing.PB) {
+						req, _ := http.NewRequest("GET", url, nil)
+						for pb.Next() {
+							benchGet(b, rt.rt, req)
+						}
+					})
+				} else {
+					for b.Loop() {
+						benchGet(b, rt.rt, req)
+					}
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+			})
+		}
+	}
+}
+
+// BenchmarkRemoteAddedLatency alternates requests on the local path and on
+// the remote path (through an owner in this process, over its unix socket)
+// and reports p50 and p99 of each and of the difference.
+func BenchmarkRemoteAddedLatency(b *testing.B) {
+	url := startBenchUpstream(b) + "/ok"
+	local := localTransport(b, nil)
+	owner, client := remotePair(b, nil)
+	warm(b, owner, url)
+	req, _ := http.NewRequest("GET", url, nil)
+	benchGet(b, local, req)
+	benchGet(b, client.tr, req)
+	var lt, rtimes []time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		benchGet(b, local, req)
+		t1 := time.Now()
+		benchGet(b, client.tr, req)
+		t2 := time.Now()
+		lt = append(lt, t1.Sub(t0))
+		rtimes = append(rtimes, t2.Sub(t1))
+	}
+	b.StopTimer()
+	if client.node.Stats().ReusedRemote < uint64(len(rtimes)) {
+		b.Fatal("remote requests did not all go through the owner")
+	}
+	pct := func(d []time.Duration, p float64) float64 {
+		slices.Sort(d)
+		return float64(d[int(float64(len(d)-1)*p)].Nanoseconds()) / 1e3
+	}
+	lp50, lp99 := pct(lt, .5), pct(lt, .99)
+	rp50, rp99 := pct(rtimes, .5), pct(rtimes, .99)
+	b.ReportMetric(lp50, "local-p50-us")
+	b.ReportMetric(lp99, "local-p99-us")
+	b.ReportMetric(rp50, "remote-p50-us")
+	b.ReportMetric(rp99, "remote-p99-us")
+	b.ReportMetric(rp50-lp50, "added-p50-us")
+	b.ReportMetric(rp99-lp99, "added-p99-us")
+}
+
+func heapAndStacks() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse + ms.StackInuse
+}
+
+// BenchmarkMemoryPerIdleConn reports the heap and stack one idle upstream
+// connection costs this process (registered in the pool, no goroutine).
+func BenchmarkMemoryPerIdleConn(b *testing.B) {
+	url := startBenchUpstream(b)
+	const n = 100
+	m := newMember(b, orbitpool.PoolSpec{Lanes: 1, Keys: 32, ResourcesPerLane: 256}, nil)
+	before := heapAndStacks()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequest("GET", url+"/hold?ms=500", nil)
+			benchGet(b, m.tr, req)
+		})
+	}
+	wg.Wait()
+	if got := m.node.Stats().OpenConns; got != n {
+		b.Fatalf("%d idle conns, want %d", got, n)
+	}
+	after := heapAndStacks()
+	// The measurement is made once; the loop only satisfies the framework.
+	for b.Loop() {
+	}
+	b.ReportMetric(float64(int64(after)-int64(before))/n, "bytes/idle-conn")
+}
+
+// BenchmarkMemoryPerRemoteStream reports the heap and stack one in-flight
+// remote stream costs, owner and client together (both are in this process):
+// the unix stream's buffers on both ends, the relay buffer and goroutines.
+// The upstream connections it runs on are excluded: they exist either way.
+func BenchmarkMemoryPerRemoteStream(b *testing.B) {
+	url := startBenchUpstream(b)
+	const n = 50
+	owner, client := remotePair(b, func(tr *Transport) { tr.MaxConnsPerKey = n })
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequest("GET", url+"/hold?ms=500", nil)
+			benchGet(b, owner.tr, req)
+		})
+	}
+	wg.Wait()
+	if got := owner.node.Stats().OpenConns; got != n {
+		b.Fatalf("owner has %d conns, want %d", got, n)
+	}
+	// One stream first, so that per-process one-offs are not counted.
+	bodies := []io.ReadCloser{openStream(b, client.tr, url)}
+	before := heapAndStacks()
+	for range n - 1 {
+		bodies = append(bodies, openStream(b, client.tr, url))
+	}
+	after := heapAndStacks()
+	if s := client.node.Stats(); s.ReusedRemote != n {
+		b.Fatalf("%d of %d streams went through the owner (%+v)", s.ReusedRemote, n, s)
+	}
+	for b.Loop() {
+	}
+	b.ReportMetric(float64(int64(after)-int64(before))/(n-1), "bytes/remote-stream")
+	for _, body := range bodies {
+		body.Close()
+	}
+}
+
+func openStream(b *testing.B, rt http.RoundTripper, url string) io.ReadCloser {
+	req, _ := http.NewRequestWithContext(context.Background(), "GET", url+"/stream", nil)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		b.Fatal(err)
+	}
+	return resp.Body
+}
+
+// BenchmarkUnixLegCodec is the HTTP/1.1 codec work the unix leg adds to one
+// exchange, in memory: the client writes the request, the owner parses it
+// and re-writes the upstream's response, the client parses that.
+func BenchmarkUnixLegCodec(b *testing.B) {
+	up, _ := http.NewRequest("GET", "http://example.com/path?q=1", nil)
+	up.Header.Set("Accept", "*/*")
+	up.Header.Set("X-Request-Id", "abc123")
+	rawResp := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nDate: " + fixedDate + "\r\nServer: x\r\n\r\nok"
+	upResp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(rawResp)), up)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wire bytes.Buffer
+	bw := bufio.NewWriter(&wire)
+	br := bufio.NewReader(&wire)
+	rl := &relay{bw: bw}
+	b.ReportAllocs()
+	for b.Loop() {
+		wire.Reset()
+		bw.Reset(&wire)
+		up.Write(bw)
+		bw.Flush()
+		br.Reset(&wire)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			b.Fatal(err)
+		}
+		upResp.Body = io.NopCloser(strings.NewReader("ok"))
+		rl.sentAccept = true
+		wire.Reset()
+		bw.Reset(&wire)
+		if !rl.response(upResp, req, nil, nil) {
+			b.Fatal("relay failed")
+		}
+		br.Reset(&wire)
+		readHead(br)
+		resp, err := http.ReadResponse(br, up)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+	}
+}

@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+)
+
+var errReadOnClosedBody = errors.New("http: read on closed response body")
+
+// body is a response body that gives its connection back when it has been
+// read to the end, and tears it down when it is closed early: draining an
+// unknown remainder (an endless stream) could take forever, so net/http closes
+// the connection too.
+type body struct {
+	rc   io.ReadCloser // net/http's framing reader: length, chunks, trailers
+	x    *exchange
+	keep bool // the connection may be reused after this body
+
+	mu     sync.Mutex
+	closed bool
+	rerr   error
+	ended  atomic.Bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	closed, rerr := b.closed, b.rerr
+	b.mu.Unlock()
+	if closed {
+		return 0, errReadOnClosedBody
+	}
+	if rerr != nil {
+		return 0, rerr
+	}
+	n, err := b.rc.Read(p)
+	if err == nil {
+		return n, nil
+	}
+	if err != io.EOF {
+		err = b.mapErr(err)
+	}
+	b.mu.Lock()
+	if b.rerr == nil {
+		b.rerr = err
+	}
+	b.mu.Unlock()
+	b.end(err == io.EOF)
+	return n, err
+}
+
+func (b *body) mapErr(err error) error {
+	if aerr := b.x.c.aborted(); aerr != nil {
+		return aerr
+	}
+	if cerr := ctxErr(b.x.req.Context()); cerr != nil {
+		b.x.c.abort(cerr)
+		return cerr
+	}
+	b.x.c.abort(err)
+	var pe *Error
+	if errors.As(err, &pe) {
+		return err
+	}
+	return &Error{Op: "read body", Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+}
+
+// end releases the read side of the exchange, once.
+func (b *body) end(eof bool) {
+	if b.ended.CompareAndSwap(false, true) {
+		b.x.finishRead(eof && b.keep)
+	}
+}
+
+func (b *body) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	rerr := b.rerr
+	b.mu.Unlock()
+	if rerr == nil && !b.ended.Load() {
+		b.x.c.abort(errBodyClosed)
+	}
+	b.end(rerr == io.EOF)
+	return nil
+}
+
+var errBodyClosed = errors.New("response body closed before the end")
+
+// upgradeBody is the Body of a 101 Switching Protocols response: the
+// connection itself, read-write, with CloseWrite for half-close. Bytes the
+// head reader buffered past the 101 are read first.
+type upgradeBody struct {
+	c    *conn
+	once sync.Once
+}
+
+func newUpgradeBody(c *conn) *upgradeBody { return &upgradeBody{c: c} }
+
+func (u *upgradeBody) Read(p []byte) (int, error) {
+	if u.c.br.Buffered() > 0 {
+		return u.c.br.Read(p)
+	}
+	return u.c.nc.Read(p)
+}
+
+func (u *upgradeBody) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
+
+// CloseWrite half-closes the connection: the peer reads EOF, and this side
+// can still read what it sends.
+func (u *upgradeBody) CloseWrite() error { return u.c.closeWrite() }
+
+func (u *upgradeBody) Close() error {
+	u.once.Do(u.c.close)
+	return nil
+}

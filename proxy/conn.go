@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// conn is one HTTP/1.1 client connection on which at most one exchange runs
+// at a time. The same type carries both legs: an upstream TCP or TLS
+// connection, and a unix stream from this process to an owner process. The
+// leg differs only in what the exchange writes before the request and reads
+// before each response head (see [leg]).
+type conn struct {
+	nc  net.Conn
+	raw net.Conn // the TCP or unix conn under nc, for CloseWrite and liveness
+	lr  limitReader
+	cw  countWriter
+	br  *bufio.Reader
+	bw  *bufio.Writer
+	tls *tls.ConnectionState
+
+	created  time.Time
+	idleAt   time.Time // when it last went idle; touched only by whoever holds the conn
+	requests int       // exchanges started; touched only by whoever holds the conn
+
+	abortOnce sync.Once
+	abortErr  atomic.Pointer[error] // why the conn was torn down mid-exchange
+	closed    atomic.Bool
+}
+
+const (
+	readBufSize  = 4 << 10
+	writeBufSize = 4 << 10
+)
+
+func newConn(nc, raw net.Conn) *conn {
+	c := &conn{nc: nc, raw: raw, created: time.Now()}
+	c.lr = limitReader{r: nc, n: math.MaxInt64}
+	c.cw = countWriter{w: nc}
+	c.br = bufio.NewReaderSize(&c.lr, readBufSize)
+	c.bw = bufio.NewWriterSize(&c.cw, writeBufSize)
+	if tc, ok := nc.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		c.tls = &st
+	}
+	return c
+}
+
+// abort tears the connection down in the middle of an exchange: every read
+// and write blocked on it returns, and err is what the exchange reports.
+func (c *conn) abort(err error) {
+	c.abortOnce.Do(func() {
+		c.abortErr.Store(&err)
+		c.close()
+	})
+}
+
+// aborted returns the error abort was given, or nil.
+func (c *conn) aborted() error {
+	if p := c.abortErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (c *conn) close() {
+	if c.closed.CompareAndSwap(false, true) {
+		c.nc.Close()
+	}
+}
+
+// closeWrite half-closes the connection's write side.
+func (c *conn) closeWrite() error {
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("proxy: connection does not support CloseWrite")
+}
+
+// limitReader caps how many bytes a response header may take. The exchange
+// sets n before reading a head and lifts it for the body, like net/http.
+type limitReader struct {
+	r io.Reader
+	n int64
+}
+
+var errHeaderLimit = errors.New("header limit reached")
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeaderLimit
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+// countWriter counts bytes the kernel accepted, so that a failed exchange can
+// tell whether anything of the request could have reached the peer.
+type countWriter struct {
+	w io.Writer
+	n atomic.Int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}

@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"time"
+)
+
+// upstream names one upstream and how to reach it: everything in it goes into
+// the pool Key, because anything that changes the wire forbids reuse.
+type upstream struct {
+	// Scheme is "http" or "https".
+	Scheme string
+	// Addr is the dial address, host:port.
+	Addr string
+	// ServerName is the TLS server name (SNI and verification); empty means
+	// the host of Addr.
+	ServerName string
+	// TLS is the client TLS configuration for https; its certificates are the
+	// client identity. Nil means defaults.
+	TLS *tls.Config
+}
+
+// dialer makes upstream connections.
+type dialer struct {
+	timeout   time.Duration
+	keepAlive time.Duration
+	sessions  tls.ClientSessionCache
+}
+
+const defaultDialTimeout = 10 * time.Second
+
+// dial connects to u within the dial timeout and, for https, completes the
+// TLS handshake, resuming a session from the cache when it can. Every
+// failure here is retry-safe: no request byte was sent.
+func (d *dialer) dial(ctx context.Context, u *upstream) (*conn, error) {
+	timeout := d.timeout
+	if timeout <= 0 {
+		timeout = defaultDialTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	nd := net.Dialer{KeepAlive: d.keepAlive}
+	raw, err := nd.DialContext(ctx, "tcp", u.Addr)
+	if err != nil {
+		return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
+	}
+	if u.Scheme != "https" {
+		return newConn(raw, raw), nil
+	}
+	cfg := d.tlsConfig(u)
+	tc := tls.Client(raw, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("tls handshake: %w", err)}
+	}
+	return newConn(tc, raw), nil
+}
+
+func (d *dialer) tlsConfig(u *upstream) *tls.Config {
+	var cfg *tls.Config
+	if u.TLS != nil {
+		cfg = u.TLS.Clone()
+	} else {
+		cfg = &tls.Config{}
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = u.ServerName
+	}
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(u.Addr)
+		if err != nil {
+			host = u.Addr
+		}
+		cfg.ServerName = host
+	}
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = d.sessions
+	}
+	// This transport speaks HTTP/1.1 only.
+	cfg.NextProtos = []string{"http/1.1"}
+	return cfg
+}

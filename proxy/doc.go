@@ -1,0 +1,106 @@
+// Package proxy is the HTTP/1.1 client side of an orbit fleet: several
+// processes on one Linux host that share their upstream connections through
+// an [orbitpool.Pool] in shared memory. [Transport] is an [http.RoundTripper]
+// that any Go program can use; the Caddy transport wraps it.
+//
+// # A request's path
+//
+// Transport computes the request's pool Key (a SHA-256 digest, truncated to
+// 128 bits, of the scheme, dial address, TLS server name, verification mode,
+// client certificates and [Transport.KeyExtra]) and asks the pool for a plan
+// under its policy ([orbitpool.LocalFirst] by default):
+//
+//   - reuse a connection this process owns: the exchange runs on it here;
+//   - reserve a sibling's connection: the request goes over a unix stream to
+//     the owner, which accepts the lease, runs the exchange on its connection
+//     and streams the response back;
+//   - create one within the key's fleet-wide budget: dial (TCP or TLS with
+//     session resumption) under the creation permit and register it with
+//     capacity 1, in use by its creator;
+//   - or wait on the pool until capacity returns anywhere in the fleet or the
+//     request's context ends.
+//
+// Failures are [*Error] values. [IsRetrySafe] tells those after which nothing
+// of the request can have reached the upstream (a dial, a refused lease, an
+// admission refusal, a write that the kernel took no byte of): the caller may
+// send the request anywhere again. Like net/http, a reused connection that
+// closes before answering is retried here for replayable requests.
+//
+// # The owner's side
+//
+// Each process ([Node]) listens on its own unix stream socket,
+// [SocketPath]([SocketDir](segment), lane): directory 0700, socket 0600, and
+// every peer's credentials checked with SO_PEERCRED (same uid only). Streams
+// between processes are persistent: each process keeps idle streams per
+// sibling. On a stream, a request frame (magic, version, flags, the lease,
+// the deadline in unix nanoseconds) is followed by the HTTP/1.1 request; the
+// owner answers with a frame (accept, reject with a reason, or error with the
+// failure's class and whether anything was sent upstream) and, after an
+// accept, the HTTP/1.1 response(s), each head preceded by a two-byte marker
+// carrying what the relay changed (a close-delimited body is re-framed as
+// chunked so the stream can persist; an HTTP/1.0 upstream is relayed as 1.1).
+// Interim responses are relayed as they arrive; a 101 turns the stream into a
+// tunnel with half-close passed both ways, and both the stream and the
+// upstream connection leave their pools. A stream that sends a frame that
+// does not decode, or a request that does not parse, is closed; nothing else
+// is affected. While a response is being produced the owner keeps a read
+// pending on the stream (after a short delay, so fast exchanges never pay for
+// it): if the peer goes, the exchange is cancelled and the upstream connection
+// closed rather than held. An owner that dies closes its streams, so a caller
+// reading a response from it gets an error at once.
+//
+// A [governor.Governor], when given, bounds the owner's forwarding work and
+// relay buffers; a [backpressure.Limiter] admits requests with their
+// deadline before they may wait on the pool.
+//
+// # Codec
+//
+// Every leg uses net/http's own HTTP/1.1 codec: [http.Request.Write] plus a
+// 100-continue gate for requests, [http.ReadResponse] with net/http's loop
+// over interim responses for responses, and [http.ReadRequest] on the owner.
+// The design named fasthttp for the unix leg; it is not used, because the
+// unix leg must give the caller exactly the *http.Response that net/http's
+// Transport (Caddy's stock transport) would: the same header map and
+// canonicalisation, ContentLength, TransferEncoding, Close, Trailer filled in
+// at EOF, interim responses through httptrace's Got1xxResponse, the
+// Expect: 100-continue decision taken by the upstream and relayed, and
+// streaming chunk by chunk. fasthttp has no hook for interim responses, its
+// server answers Expect: 100-continue itself, and it models trailers and
+// streamed bodies differently; every difference would have to be patched
+// over by hand and proven field by field. Parsing both ends with the same
+// code makes the remote response the local one by construction, and the
+// differential test checks it. The cost, measured by BenchmarkUnixLegCodec,
+// is about 6 µs and 30 allocations per remote exchange for the extra
+// serialise-and-parse of a small request and response; the remote path's
+// added latency is dominated by the two extra socket wake-ups, not by parsing.
+// Like net/http's, the transport asks for gzip when a request names no
+// Accept-Encoding and decodes what it asked for, unless DisableCompression is
+// set. On the remote path the response's TLS field is nil: the connection
+// state belongs to the owner's connection.
+//
+// # Upstream connections
+//
+// A connection costs no goroutine while idle. Before each reuse, and in a
+// periodic sweep, a non-blocking MSG_PEEK finds connections the upstream
+// closed (or sent anything to) while idle; those and the ones past their idle
+// timeout, lifetime or request count are closed and unregistered, which
+// invalidates every outstanding lease on them and gives the budget back. A
+// connection broken by an exchange leaves the pool at once.
+//
+// The package is Linux-only (SO_PEERCRED, MSG_PEEK through x/sys/unix).
+//
+// # Tests and benchmarks
+//
+//	go test ./proxy/...                      # differential, failures, multi-process, kill -9
+//	go test -race ./proxy/...
+//	go test -run '^$' -fuzz FuzzDecodeFrame ./proxy/
+//	go test -run '^$' -bench . -benchmem ./proxy/
+//
+// BenchmarkThroughput compares the local path with net/http.Transport (same
+// upstream, in another process): requests/s and allocations per request.
+// BenchmarkRemoteAddedLatency reports p50/p99 of the local and remote paths
+// and their difference. BenchmarkMemoryPerIdleConn and
+// BenchmarkMemoryPerRemoteStream report bytes per idle connection and per
+// in-flight remote stream (both ends). BenchmarkUnixLegCodec measures the
+// codec work of the unix leg.
+package proxy

@@ -1,0 +1,69 @@
+package proxy
+
+import "errors"
+
+// Sentinel errors. Match them with errors.Is; the concrete error a round trip
+// returns is usually an [*Error] that wraps one of them.
+var (
+	// ErrLeaseRefused means the owner process refused a lease (stale,
+	// aged out, or the owner is draining). Nothing reached the upstream.
+	ErrLeaseRefused = errors.New("proxy: lease refused by owner")
+	// ErrOwnerFailed means the owner accepted the lease but could not
+	// complete the exchange with the upstream and said so.
+	ErrOwnerFailed = errors.New("proxy: owner failed the request")
+	// ErrOwnerGone means the stream to the owner process broke: it exited,
+	// was killed, or closed the stream.
+	ErrOwnerGone = errors.New("proxy: owner process gone")
+	// ErrBadResponse means the upstream (or an owner relaying it) sent
+	// something that is not a valid HTTP/1.1 response. A gateway answers 502.
+	ErrBadResponse = errors.New("proxy: malformed upstream response")
+	// ErrHeaderTooLarge means the response header exceeded the configured
+	// limit.
+	ErrHeaderTooLarge = errors.New("proxy: response header too large")
+	// ErrConnBroken means the upstream connection failed while the request
+	// was being written or the response read.
+	ErrConnBroken = errors.New("proxy: upstream connection broken")
+	// ErrResponseHeaderTimeout means the upstream sent no response header in
+	// time.
+	ErrResponseHeaderTimeout = errors.New("proxy: timeout awaiting response headers")
+	// ErrBadFrame means a peer sent a frame that does not decode.
+	ErrBadFrame = errors.New("proxy: malformed frame")
+	// ErrNoCapacity means no connection could be had before the deadline.
+	ErrNoCapacity = errors.New("proxy: no upstream connection available before deadline")
+	// ErrClosed means the transport or server was closed.
+	ErrClosed = errors.New("proxy: closed")
+)
+
+// Error describes a failed round trip.
+//
+// RetrySafe reports that nothing of the request could have reached the
+// upstream (the dial failed, a lease was refused, or a reused connection
+// failed before a byte was written), so the caller may send the request again,
+// to this upstream or another, whatever its method. A gateway maps such an
+// error to a dial error; anything else is a 502 for this request.
+type Error struct {
+	Op        string // "dial", "write", "read", "lease", "owner", ...
+	RetrySafe bool
+	Err       error
+
+	// idleClosed marks a reused connection that closed before sending any
+	// response byte: the upstream probably timed it out as we sent. net/http
+	// sends a replayable request again in that case, and so does Transport.
+	idleClosed bool
+}
+
+func (e *Error) Error() string {
+	if e.Op == "" {
+		return e.Err.Error()
+	}
+	return "proxy: " + e.Op + ": " + e.Err.Error()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// IsRetrySafe reports whether err says that nothing of the request could have
+// reached the upstream.
+func IsRetrySafe(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.RetrySafe
+}

@@ -1,0 +1,457 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// outcome is how an exchange left its connection.
+type outcome uint8
+
+const (
+	outcomeReusable outcome = iota // idle, ready for the next exchange
+	outcomeBroken                  // closed; it must leave any pool
+	outcomeHijacked                // a 101 body owns it now; it must leave any pool, not be closed
+)
+
+// exchangeOpts configures one exchange on a conn.
+type exchangeOpts struct {
+	maxHeaderBytes        int64
+	expectContinueTimeout time.Duration
+	responseHeaderTimeout time.Duration
+	// leg is nil on the upstream leg; the unix leg supplies framing.
+	leg leg
+	// done is called exactly once, when both the request has been written and
+	// the response consumed, or the exchange failed.
+	done func(c *conn, o outcome)
+}
+
+// leg is what the unix leg adds around the HTTP/1.1 messages.
+type leg interface {
+	// writePreamble writes what precedes the request.
+	writePreamble(bw *bufio.Writer) error
+	// readPreamble reads what precedes the first response head.
+	readPreamble(br *bufio.Reader) error
+	// readHead reads what precedes each response head.
+	readHead(br *bufio.Reader) (headFlags, error)
+	// fixResponse restores what the relay changed about the final head.
+	fixResponse(resp *http.Response, f headFlags)
+}
+
+// exchange is one request and its response on a conn.
+type exchange struct {
+	c     *conn
+	req   *http.Request
+	o     *exchangeOpts
+	trace *httptrace.ClientTrace
+
+	pending   atomic.Int32 // parts still running: writing and reading
+	keepAlive atomic.Bool  // cleared by any part that leaves the conn unusable
+	hijacked  atomic.Bool
+	headDone  atomic.Bool
+	stopCtx   func() bool
+	headTimer atomic.Pointer[time.Timer]
+	// writeState is 0 while the request is being written, writeOver once
+	// it is out (or never will be), writeAborted once finishRead gave up
+	// waiting; one CAS decides between the last two.
+	writeState atomic.Uint32
+	writeTimer atomic.Pointer[time.Timer]
+
+	written0 int64 // conn's written byte count when the exchange began
+	reused   bool
+
+	// continueCh carries the 100-continue decision to the body writer: true
+	// to send the body, false to skip it. Nil when not expecting 100.
+	continueCh chan bool
+	contRecv   <-chan bool // the same channel, read only by the body writer
+}
+
+const defaultMaxHeaderBytes = 10 << 20
+
+// roundTrip runs one exchange. On error the connection has been closed and
+// o.done called (or it will be, once the body writer notices).
+func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, error) {
+	x := &exchange{c: c, req: req, o: o, written0: c.cw.n.Load(), reused: c.requests > 0}
+	c.requests++
+	x.pending.Store(2)
+	x.keepAlive.Store(true)
+	ctx := req.Context()
+	x.trace = httptrace.ContextClientTrace(ctx)
+	if ctx.Done() != nil {
+		x.stopCtx = context.AfterFunc(ctx, func() { c.abort(ctx.Err()) })
+	}
+
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	if !hasBody {
+		if err := x.writeRequest(req); err != nil {
+			c.abort(err)
+			x.finish(false)
+			x.finish(false)
+			return nil, x.writeError(err)
+		}
+		x.writeState.Store(writeOver)
+		x.wrote()
+		x.finish(true)
+	} else {
+		r := req
+		if req.ProtoAtLeast(1, 1) && expectsContinue(req) && o.expectContinueTimeout > 0 {
+			x.continueCh = make(chan bool, 1)
+			x.contRecv = x.continueCh
+			r2 := *req
+			r2.Body = &continueBody{ReadCloser: req.Body, x: x}
+			r = &r2
+		}
+		go x.writeLoop(r)
+	}
+
+	resp, err := x.readResponse()
+	if err != nil {
+		if x.continueCh != nil {
+			x.continueCh <- false
+		}
+		c.abort(err)
+		x.finish(false)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// maxWriteWait is how long a connection whose response is complete waits
+// for its request body to finish going out before it is closed instead of
+// reused: an upstream that answered early may never read the rest. net/http
+// waits the same 50ms.
+const maxWriteWait = 50 * time.Millisecond
+
+// finishRead ends the read part. If the request is still being written, the
+// write gets maxWriteWait to finish before the connection is torn down.
+func (x *exchange) finishRead(ok bool) {
+	if x.writeState.Load() == 0 {
+		c := x.c
+		t := time.AfterFunc(maxWriteWait, func() {
+			if x.writeState.CompareAndSwap(0, writeAborted) {
+				c.abort(errWriteStalled)
+			}
+		})
+		x.writeTimer.Store(t)
+	}
+	x.finish(ok)
+}
+
+const (
+	writeOver    = 1
+	writeAborted = 2
+)
+
+var errWriteStalled = errors.New("request body still being sent after the response ended")
+
+// finish ends one part of the exchange; the last one releases the conn.
+func (x *exchange) finish(ok bool) {
+	if !ok {
+		x.keepAlive.Store(false)
+	}
+	if x.pending.Add(-1) != 0 {
+		return
+	}
+	if x.stopCtx != nil {
+		x.stopCtx()
+	}
+	if t := x.headTimer.Load(); t != nil {
+		t.Stop()
+	}
+	if t := x.writeTimer.Load(); t != nil {
+		t.Stop()
+	}
+	switch {
+	case x.hijacked.Load():
+		x.o.done(x.c, outcomeHijacked)
+	case x.keepAlive.Load() && x.c.aborted() == nil:
+		x.o.done(x.c, outcomeReusable)
+	default:
+		x.c.close()
+		x.o.done(x.c, outcomeBroken)
+	}
+}
+
+func (x *exchange) writeRequest(r *http.Request) error {
+	c := x.c
+	if x.o.leg != nil {
+		if err := x.o.leg.writePreamble(c.bw); err != nil {
+			return err
+		}
+	}
+	err := r.Write(c.bw)
+	if err == nil {
+		err = c.bw.Flush()
+	}
+	if x.trace != nil && x.trace.WroteRequest != nil {
+		x.trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
+	}
+	return err
+}
+
+// writeLoop writes a request that has a body, concurrently with reading the
+// response: an upstream may answer before it has read the whole body.
+func (x *exchange) writeLoop(r *http.Request) {
+	err := x.writeRequest(r)
+	if !x.writeState.CompareAndSwap(0, writeOver) {
+		// finishRead gave up on this write and closed the connection.
+		x.finish(false)
+		return
+	}
+	if err != nil {
+		if errors.Is(err, errSkipBody) {
+			// Expect: 100-continue was answered with a final status on a
+			// connection about to close; the body was never sent.
+			x.finish(false)
+			return
+		}
+		if !x.headDone.Load() {
+			x.c.abort(x.writeError(err))
+		}
+		x.finish(false)
+		return
+	}
+	x.wrote()
+	x.finish(true)
+}
+
+// wrote starts the response header timeout once the request is out.
+func (x *exchange) wrote() {
+	if d := x.o.responseHeaderTimeout; d > 0 && !x.headDone.Load() {
+		c := x.c
+		x.headTimer.Store(time.AfterFunc(d, func() {
+			if !x.headDone.Load() {
+				c.abort(&Error{Op: "read", Err: ErrResponseHeaderTimeout})
+			}
+		}))
+	}
+}
+
+// writeError classifies a failure to write the request.
+func (x *exchange) writeError(err error) error {
+	if aerr := x.c.aborted(); aerr != nil && !errors.Is(aerr, err) {
+		err = aerr
+	}
+	if isContextErr(err) {
+		return err
+	}
+	nothing := x.c.cw.n.Load() == x.written0
+	var pe *Error
+	if errors.As(err, &pe) {
+		return err
+	}
+	return &Error{Op: "write", RetrySafe: nothing, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+}
+
+func (x *exchange) readResponse() (*http.Response, error) {
+	c, req := x.c, x.req
+	maxHeader := x.o.maxHeaderBytes
+	if maxHeader <= 0 {
+		maxHeader = defaultMaxHeaderBytes
+	}
+	c.lr.n = maxHeader
+	if x.o.leg != nil {
+		if err := x.o.leg.readPreamble(c.br); err != nil {
+			return nil, x.readError(err, false)
+		}
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		return nil, x.readError(err, false)
+	}
+	if x.trace != nil && x.trace.GotFirstResponseByte != nil {
+		x.trace.GotFirstResponseByte()
+	}
+	var (
+		resp *http.Response
+		hf   headFlags
+		err  error
+	)
+	for {
+		if x.o.leg != nil {
+			if hf, err = x.o.leg.readHead(c.br); err != nil {
+				return nil, x.readError(err, true)
+			}
+		}
+		resp, err = http.ReadResponse(c.br, req)
+		if err != nil {
+			return nil, x.readError(err, true)
+		}
+		code := resp.StatusCode
+		if code == http.StatusContinue && x.continueCh != nil {
+			if x.trace != nil && x.trace.Got100Continue != nil {
+				x.trace.Got100Continue()
+			}
+			x.continueCh <- true
+			x.continueCh = nil
+		}
+		if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+			if x.trace != nil && x.trace.Got1xxResponse != nil {
+				if err := x.trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
+					return nil, err
+				}
+				// The caller saw this 1xx and limits their number itself, as
+				// in net/http; otherwise all heads share one limit.
+				c.lr.n = maxHeader
+			}
+			continue
+		}
+		break
+	}
+	x.headDone.Store(true)
+	if t := x.headTimer.Load(); t != nil {
+		t.Stop()
+	}
+	c.lr.n = math.MaxInt64
+	if x.o.leg != nil {
+		x.o.leg.fixResponse(resp, hf)
+	}
+	if x.continueCh != nil {
+		// A final status instead of 100: send the body only if the
+		// connection stays open, exactly as net/http decides.
+		x.continueCh <- !(resp.Close || req.Close)
+		x.continueCh = nil
+	}
+	resp.TLS = c.tls
+
+	keep := true
+	if x.o.leg == nil {
+		keep = !resp.Close && !req.Close
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		x.hijacked.Store(true)
+		resp.Body = newUpgradeBody(c)
+		x.finish(true)
+		return resp, nil
+	}
+	if req.Method == http.MethodHead || resp.ContentLength == 0 || resp.Body == http.NoBody {
+		x.finishRead(keep)
+		return resp, nil
+	}
+	resp.Body = &body{rc: resp.Body, x: x, keep: keep}
+	return resp, nil
+}
+
+// readError classifies a failure to read a response head.
+func (x *exchange) readError(err error, gotByte bool) error {
+	c := x.c
+	if aerr := c.aborted(); aerr != nil {
+		return aerr
+	}
+	if cerr := ctxErr(x.req.Context()); cerr != nil {
+		return cerr
+	}
+	if errors.Is(err, errHeaderLimit) {
+		return &Error{Op: "read", Err: ErrHeaderTooLarge}
+	}
+	var pe *Error
+	if errors.As(err, &pe) {
+		return err
+	}
+	nothing := c.cw.n.Load() == x.written0
+	if x.o.leg != nil && isIOError(err) {
+		return &Error{Op: "read", RetrySafe: nothing, idleClosed: x.reused && !gotByte,
+			Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
+	}
+	if errors.Is(err, ErrBadFrame) {
+		return &Error{Op: "read", Err: err}
+	}
+	if !gotByte && isConnClosed(err) {
+		return &Error{Op: "read", RetrySafe: nothing, idleClosed: x.reused,
+			Err: fmt.Errorf("%w: closed before any response byte: %w", ErrConnBroken, err)}
+	}
+	if isIOError(err) {
+		return &Error{Op: "read", RetrySafe: nothing, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+	}
+	return &Error{Op: "read", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
+}
+
+func isConnClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed)
+}
+
+func isIOError(err error) bool {
+	if isConnClosed(err) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var errno syscall.Errno
+	return errors.As(err, &errno)
+}
+
+// ctxErr is ctx's error, or DeadlineExceeded once its deadline has passed
+// even if its timer has not fired yet: a failure that races the deadline is
+// reported as the deadline.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// expectsContinue reports whether the request asks for 100-continue.
+func expectsContinue(r *http.Request) bool {
+	for _, v := range r.Header["Expect"] {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), "100-continue") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+var errSkipBody = errors.New("request body not sent: final response before 100-continue")
+
+// continueBody holds the request body back until the upstream answers
+// Expect: 100-continue. Request.Write flushes the head before the first Read
+// of a body it does not know to be in memory, so blocking here is exactly
+// "write head, flush, wait".
+type continueBody struct {
+	io.ReadCloser
+	x      *exchange
+	waited bool
+}
+
+func (b *continueBody) Read(p []byte) (int, error) {
+	if !b.waited {
+		b.waited = true
+		x := b.x
+		if x.trace != nil && x.trace.Wait100Continue != nil {
+			x.trace.Wait100Continue()
+		}
+		t := time.NewTimer(x.o.expectContinueTimeout)
+		defer t.Stop()
+		select {
+		case send := <-x.contRecv:
+			if !send {
+				return 0, errSkipBody
+			}
+		case <-t.C:
+		}
+	}
+	return b.ReadCloser.Read(p)
+}

@@ -1,0 +1,433 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// paths runs f on the local path and on the remote path, warming the owner
+// first so that the remote path really is remote.
+func paths(t *testing.T, conf func(*Transport), f func(t *testing.T, rt http.RoundTripper, owner *member, before func() http.RoundTripper)) {
+	t.Run("local", func(t *testing.T) {
+		m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 32, ResourcesPerLane: 128}, conf)
+		f(t, m.tr, m, func() http.RoundTripper { return m.tr })
+	})
+	t.Run("remote", func(t *testing.T) {
+		owner, client := remotePair(t, conf)
+		f(t, client.tr, owner, func() http.RoundTripper { return owner.tr })
+	})
+}
+
+func get(t *testing.T, ctx context.Context, rt http.RoundTripper, url string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt.RoundTrip(req)
+}
+
+func TestStalledUpstreamEndsAtDeadline(t *testing.T) {
+	u := newTestUpstream(t)
+	paths(t, nil, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		for _, tc := range []struct{ name, url, warm string }{
+			{"before-head", u.rawURL("/stall-head"), u.rawURL("/reason")},
+			{"mid-body", u.url("/stall"), u.url("/cl")},
+		} {
+			warm(t, owner, tc.warm)
+			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+			start := time.Now()
+			resp, err := get(t, ctx, rt, tc.url)
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			cancel()
+			took := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: error %v, want deadline exceeded", tc.name, err)
+			}
+			if took > 400*time.Millisecond {
+				t.Errorf("%s: took %v past a 150ms deadline", tc.name, took)
+			}
+		}
+	})
+}
+
+func TestCancelWhileWaitingForHead(t *testing.T) {
+	u := newTestUpstream(t)
+	paths(t, nil, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, u.rawURL("/reason"))
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := get(t, ctx, rt, u.rawURL("/stall-head"))
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("error %v, want context.Canceled", err)
+		}
+		if took := time.Since(start); took > 300*time.Millisecond {
+			t.Fatalf("cancel took %v", took)
+		}
+		// The owner notices its peer leaving and frees the upstream
+		// connection rather than holding it until the upstream answers.
+		waitFor(t, 500*time.Millisecond, "the cancelled exchange's connection to be closed", func() bool {
+			return owner.node.Stats().OpenConns == 0
+		})
+	})
+}
+
+func TestUpstreamClosingMidResponseDropsConn(t *testing.T) {
+	u := newTestUpstream(t)
+	paths(t, nil, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, u.rawURL("/reason"))
+		resp, err := get(t, context.Background(), rt, u.rawURL("/truncated"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, ErrConnBroken) {
+			t.Fatalf("body error %v", err)
+		}
+		waitFor(t, 2*time.Second, "the broken connection to leave the pool", func() bool {
+			return owner.node.Stats().OpenConns == 0
+		})
+	})
+}
+
+func TestIdleConnClosedByUpstreamIsNoticed(t *testing.T) {
+	u := newTestUpstream(t)
+	m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 32, ResourcesPerLane: 128}, nil)
+	resp, err := get(t, context.Background(), m.tr, u.rawURL("/keepalive-then-close"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if n := m.node.Stats().OpenConns; n != 1 {
+		t.Fatalf("OpenConns %d after a keep-alive response", n)
+	}
+	// The upstream closes 20ms later; the sweep (50ms) must notice it
+	// without any request touching the connection.
+	waitFor(t, 2*time.Second, "the idle sweep to retire the closed connection", func() bool {
+		return m.node.Stats().OpenConns == 0
+	})
+	snap, err := m.pool.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range snap.Keys {
+		if k.Live != 0 {
+			t.Errorf("key %v still has %d live resources", k.Key, k.Live)
+		}
+	}
+}
+
+func TestRetryReplayableOnIdleClosedConn(t *testing.T) {
+	u := newTestUpstream(t)
+	paths(t, func(tr *Transport) { tr.MaxConnsPerKey = 1 }, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, u.rawURL("/once-per-conn"))
+		// The connection is idle and alive; the upstream closes it when the
+		// next request arrives, before answering. A GET goes again.
+		retries := rt.(*Transport).Node.Stats().Retries
+		resp, err := get(t, context.Background(), rt, u.rawURL("/once-per-conn"))
+		if err != nil {
+			t.Fatalf("replayable GET: %v", err)
+		}
+		drain(resp)
+		if rt.(*Transport).Node.Stats().Retries != retries+1 {
+			t.Fatalf("the GET was not retried once")
+		}
+
+		// A POST whose body cannot be replayed must not go again.
+		warm(t, owner, u.rawURL("/once-per-conn"))
+		req, _ := http.NewRequest("POST", u.rawURL("/once-per-conn"), io.NopCloser(strings.NewReader("x")))
+		req.ContentLength = 1
+		_, err = rt.RoundTrip(req)
+		if err == nil {
+			t.Fatal("non-replayable POST was sent again")
+		}
+		if IsRetrySafe(err) {
+			t.Errorf("POST error %v claims retry safety after the request was written", err)
+		}
+	})
+}
+
+func TestWaitForCapacityUntilDeadline(t *testing.T) {
+	u := newTestUpstream(t)
+	tr := localTransport(t, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
+	// Hold the only connection with a stalled response.
+	hold, cancelHold := context.WithCancel(context.Background())
+	resp, err := get(t, hold, tr, u.url("/stall"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = get(t, ctx, tr, u.url("/cl"))
+	if !errors.Is(err, ErrNoCapacity) || !IsRetrySafe(err) {
+		t.Fatalf("error %v, want a retry-safe ErrNoCapacity", err)
+	}
+	if took := time.Since(start); took < 90*time.Millisecond || took > 400*time.Millisecond {
+		t.Errorf("waited %v for a 100ms deadline", took)
+	}
+	// A waiter gets the connection as soon as it is freed.
+	done := make(chan error, 1)
+	go func() {
+		resp, err := get(t, context.Background(), tr, u.url("/cl"))
+		if err == nil {
+			drain(resp)
+		}
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	cancelHold()
+	resp.Body.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("waiter not woken when capacity returned")
+	}
+}
+
+func TestMaxRequestsPerConn(t *testing.T) {
+	u := newTestUpstream(t)
+	m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 32, ResourcesPerLane: 128}, func(tr *Transport) { tr.MaxRequestsPerConn = 2 })
+	for range 4 {
+		resp, err := get(t, context.Background(), m.tr, u.url("/cl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+	}
+	if s := m.node.Stats(); s.Created != 2 || s.ReusedLocal != 2 {
+		t.Fatalf("created %d reused %d, want 2 and 2", s.Created, s.ReusedLocal)
+	}
+}
+
+func TestUpgradeLeavesPool(t *testing.T) {
+	u := newTestUpstream(t)
+	paths(t, nil, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, u.url("/cl"))
+		req, _ := http.NewRequest("GET", u.url("/upgrade"), nil)
+		req.Header.Set("Upgrade", "echo")
+		req.Header.Set("Connection", "Upgrade")
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 101 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		waitFor(t, time.Second, "the upgraded connection to leave the pool", func() bool {
+			return owner.node.Stats().OpenConns == 0
+		})
+		rw := resp.Body.(io.ReadWriter)
+		io.WriteString(rw, "x")
+		resp.Body.(interface{ CloseWrite() error }).CloseWrite()
+		b, _ := io.ReadAll(rw)
+		resp.Body.Close()
+		if string(b) != "x|bye" {
+			t.Fatalf("tunnel gave %q", b)
+		}
+	})
+}
+
+func TestTLSSessionResumption(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tls") }))
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	tr := localTransport(t, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: pool} })
+	var resumed []bool
+	for range 2 {
+		resp, err := get(t, context.Background(), tr, srv.URL+"/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+		if resp.TLS == nil {
+			t.Fatal("no TLS state on an https response")
+		}
+		resumed = append(resumed, resp.TLS.DidResume)
+		tr.CloseIdleConnections()
+	}
+	if resumed[0] || !resumed[1] {
+		t.Fatalf("DidResume %v, want [false true]", resumed)
+	}
+}
+
+func TestLeaseRefusedIsTypedAndRetrySafe(t *testing.T) {
+	u := newTestUpstream(t)
+	owner, client := remotePair(t, nil)
+	warm(t, owner, u.url("/cl"))
+	// A well-formed lease that nobody reserved.
+	bogus := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99, Bit: 0}
+	b, _ := bogus.MarshalBinary()
+	req, _ := http.NewRequest("GET", u.url("/cl"), nil)
+	client.tr.initOnce.Do(client.tr.init)
+	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, nil)
+	if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
+		t.Fatalf("error %v, want retry-safe ErrLeaseRefused", err)
+	}
+}
+
+func TestMalformedFrameClosesOnlyThatStream(t *testing.T) {
+	u := newTestUpstream(t)
+	owner, client := remotePair(t, nil)
+	path := SocketPath(SocketDir(owner.pool.Spec().Path), owner.pool.Lane())
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v", fi.Mode().Perm())
+	}
+	di, _ := os.Stat(filepath.Dir(path))
+	if di.Mode().Perm() != 0o700 {
+		t.Errorf("socket dir mode %v", di.Mode().Perm())
+	}
+
+	// A stream that is in the middle of a streamed response.
+	warm(t, owner, u.url("/cl"))
+	resp, err := get(t, context.Background(), client.tr, u.url("/stream?id=malformed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := readWithTimeout(resp.Body, len("chunk-0;"), 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	for _, junk := range []string{"GET / HTTP/1.1\r\n\r\n", "OR\x01\x01\x00\x00\x00\x00", "OR\x09garbage and more garbage"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("unix", path)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			io.WriteString(c, junk)
+			if junk == "OR\x01\x01\x00\x00\x00\x00" {
+				c.(*net.UnixConn).CloseWrite()
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			b, err := io.ReadAll(bufio.NewReader(c))
+			if err != nil {
+				t.Errorf("owner did not close a stream sending %q: %v", junk, err)
+			}
+			if len(b) != 0 {
+				t.Errorf("owner answered junk with %q", b)
+			}
+		}()
+	}
+	wg.Wait()
+	// The other stream is unaffected.
+	u.gate("malformed") <- struct{}{}
+	u.gate("malformed") <- struct{}{}
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "chunk-1;chunk-2;" {
+		t.Fatalf("stream after junk: %q %v", rest, err)
+	}
+}
+
+func TestOwnerClosedMidStreamErrorsFast(t *testing.T) {
+	u := newTestUpstream(t)
+	owner, client := remotePair(t, nil)
+	warm(t, owner, u.url("/cl"))
+	resp, err := get(t, context.Background(), client.tr, u.url("/stream?id=ownergone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := readWithTimeout(resp.Body, len("chunk-0;"), 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	go owner.node.Close()
+	_, err = readWithTimeout(resp.Body, 1, time.Second)
+	if err == nil {
+		t.Fatal("read after the owner went succeeded")
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Fatalf("error after %v", took)
+	}
+	u.gate("ownergone") <- struct{}{}
+	u.gate("ownergone") <- struct{}{}
+}
+
+func TestTLSUpstreamRemotePath(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-T")
+		io.WriteString(w, "tls "+r.URL.Path)
+		w.Header().Set("X-T", "done")
+	}))
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	owner, client := remotePair(t, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: pool} })
+	warm(t, owner, srv.URL+"/warm")
+	resp, err := get(t, context.Background(), client.tr, srv.URL+"/remote")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(b) != "tls /remote" || resp.Trailer.Get("X-T") != "done" {
+		t.Fatalf("body %q trailer %v err %v", b, resp.Trailer, err)
+	}
+	if client.node.Stats().ReusedRemote != 1 || client.node.Stats().Created != 0 {
+		t.Fatalf("not served remotely: %+v", client.node.Stats())
+	}
+}
+
+// TestStaleStreamToGoneOwnerIsRetrySafe: an idle stream to an owner that has
+// since gone fails before anything is sent, so the request may go elsewhere.
+func TestStaleStreamToGoneOwnerIsRetrySafe(t *testing.T) {
+	u := newTestUpstream(t)
+	owner, client := remotePair(t, nil)
+	warm(t, owner, u.url("/cl"))
+	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if client.node.Stats().IdlePeerConns != 1 {
+		t.Fatalf("no idle stream kept: %+v", client.node.Stats())
+	}
+	owner.node.Close()
+	time.Sleep(10 * time.Millisecond)
+	lease := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99}
+	b, _ := lease.MarshalBinary()
+	req, _ := http.NewRequest("POST", u.url("/sink"), strings.NewReader("not replayable by method"))
+	_, err = client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, nil)
+	if err == nil {
+		t.Fatal("request through a closed owner succeeded")
+	}
+	var pe *Error
+	if !errors.As(err, &pe) || !(pe.RetrySafe || pe.idleClosed) {
+		t.Fatalf("error %v is neither retry-safe nor an idle close", err)
+	}
+	t.Logf("error: %v (retry-safe %v)", err, pe.RetrySafe)
+}

@@ -1,0 +1,318 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// The unix leg's frames. Both directions start with a small fixed header so a
+// reader can reject garbage after a few bytes, before it parses any HTTP:
+//
+//	request  = magic(2) version(1) type(1) flags(2) leaseLen(2) deadline(8) lease(leaseLen)
+//	           followed by one HTTP/1.1 request
+//	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
+//	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
+//	head     = 'H' flags(1)
+//
+// Integers are big-endian. Every field is checked strictly: unknown types or
+// flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
+// that sends one loses its stream (and only its stream).
+const (
+	frameMagic0   = 'O'
+	frameMagic1   = 'R'
+	frameVersion  = 1
+	maxLeaseLen   = 64
+	maxMessageLen = 1024
+
+	reqHeaderLen  = 16
+	respHeaderLen = 10
+)
+
+type frameType uint8
+
+const (
+	frameRequest frameType = 1 + iota
+	frameAccept
+	frameReject
+	frameError
+)
+
+// Response frame flags.
+const (
+	// flagNothingSent on an error frame: the owner sent nothing to the
+	// upstream, so the request may be retried anywhere.
+	flagNothingSent uint16 = 1 << iota
+	// flagIdleClosed on an error frame: the owner's reused connection
+	// closed before answering, so a replayable request may be sent again.
+	flagIdleClosed
+
+	respFlagsKnown = flagNothingSent | flagIdleClosed
+	reqFlagsKnown  = 0
+)
+
+// Reject reasons.
+const (
+	rejectUnknown  uint16 = iota // unclassified
+	rejectStale                  // the lease names no live reservation
+	rejectDeadline               // the deadline had passed on arrival
+	rejectGone                   // the connection was closed meanwhile
+	rejectClosing                // the owner is shutting down
+	rejectOverload               // the owner's budget refused the work
+	rejectMax
+)
+
+// Error frame codes: the class of the owner's failure, so the caller gets
+// the same sentinel it would have got on its own connection.
+const (
+	errCodeOther uint16 = iota
+	errCodeBadResponse
+	errCodeHeaderTooLarge
+	errCodeConnBroken
+	errCodeHeaderTimeout
+	errCodeDeadline
+	errCodeMax
+)
+
+var errCodeSentinels = [errCodeMax]error{
+	errCodeBadResponse:    ErrBadResponse,
+	errCodeHeaderTooLarge: ErrHeaderTooLarge,
+	errCodeConnBroken:     ErrConnBroken,
+	errCodeHeaderTimeout:  ErrResponseHeaderTimeout,
+	errCodeDeadline:       context.DeadlineExceeded,
+}
+
+func errCode(err error) uint16 {
+	for c, s := range errCodeSentinels {
+		if s != nil && errors.Is(err, s) {
+			return uint16(c)
+		}
+	}
+	return errCodeOther
+}
+
+// headFlags describe how the owner relayed one response head.
+type headFlags uint8
+
+const (
+	// headProto10: the upstream spoke HTTP/1.0.
+	headProto10 headFlags = 1 << iota
+	// headCloseDelimited: the upstream body ran to connection close; the
+	// relay re-framed it as chunked.
+	headCloseDelimited
+	// headClose: the upstream response asked for the connection to close
+	// (Response.Close), which says nothing about the unix stream.
+	headClose
+
+	headFlagsKnown = headProto10 | headCloseDelimited | headClose
+	headMarker     = 'H'
+)
+
+// requestFrame precedes a request on the unix leg.
+type requestFrame struct {
+	flags    uint16
+	deadline int64 // unix nanoseconds; 0 means none
+	leaseLen uint8
+	lease    [maxLeaseLen]byte
+}
+
+func (f *requestFrame) leaseBytes() []byte { return f.lease[:f.leaseLen] }
+
+func (f *requestFrame) deadlineTime() (time.Time, bool) {
+	if f.deadline == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, f.deadline), true
+}
+
+// appendRequestFrame encodes a request frame.
+func appendRequestFrame(b []byte, lease []byte, deadline time.Time, flags uint16) ([]byte, error) {
+	if len(lease) == 0 || len(lease) > maxLeaseLen {
+		return b, fmt.Errorf("%w: lease of %d bytes", ErrBadFrame, len(lease))
+	}
+	var dl int64
+	if !deadline.IsZero() {
+		dl = max(deadline.UnixNano(), 1)
+	}
+	b = append(b, frameMagic0, frameMagic1, frameVersion, byte(frameRequest))
+	b = binary.BigEndian.AppendUint16(b, flags)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(lease)))
+	b = binary.BigEndian.AppendUint64(b, uint64(dl))
+	return append(b, lease...), nil
+}
+
+// decodeRequestFrame decodes one request frame from the start of b and
+// returns its length. errShort means b holds only a prefix of a valid frame;
+// then n is the full length when b holds enough to know it.
+func decodeRequestFrame(b []byte) (f requestFrame, n int, err error) {
+	if err := checkPrefix(b, frameRequest); err != nil {
+		return f, 0, err
+	}
+	if len(b) < reqHeaderLen {
+		return f, 0, errShort
+	}
+	f.flags = binary.BigEndian.Uint16(b[4:])
+	if f.flags&^reqFlagsKnown != 0 {
+		return f, 0, fmt.Errorf("%w: unknown request flags %#x", ErrBadFrame, f.flags)
+	}
+	ll := int(binary.BigEndian.Uint16(b[6:]))
+	if ll == 0 || ll > maxLeaseLen {
+		return f, 0, fmt.Errorf("%w: lease length %d", ErrBadFrame, ll)
+	}
+	dl := binary.BigEndian.Uint64(b[8:])
+	if dl > 1<<63-1 {
+		return f, 0, fmt.Errorf("%w: negative deadline", ErrBadFrame)
+	}
+	f.deadline = int64(dl)
+	n = reqHeaderLen + ll
+	if len(b) < n {
+		return f, n, errShort
+	}
+	f.leaseLen = uint8(ll)
+	copy(f.lease[:], b[reqHeaderLen:n])
+	return f, n, nil
+}
+
+// responseFrame answers a request frame.
+type responseFrame struct {
+	typ   frameType
+	flags uint16
+	code  uint16
+	msg   string
+}
+
+func appendResponseFrame(b []byte, f responseFrame) []byte {
+	msg := f.msg
+	if len(msg) > maxMessageLen {
+		msg = msg[:maxMessageLen]
+	}
+	msg = strictUTF8(msg)
+	b = append(b, frameMagic0, frameMagic1, frameVersion, byte(f.typ))
+	b = binary.BigEndian.AppendUint16(b, f.flags)
+	b = binary.BigEndian.AppendUint16(b, f.code)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
+	return append(b, msg...)
+}
+
+// strictUTF8 trims a truncated rune so the message still decodes.
+func strictUTF8(s string) string {
+	for !utf8.ValidString(s) && len(s) > 0 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// decodeResponseFrame decodes one response frame from the start of b and
+// returns its length. On errShort, n is the full length when b holds enough
+// to know it.
+func decodeResponseFrame(b []byte) (f responseFrame, n int, err error) {
+	if len(b) < 4 {
+		return f, 0, checkPrefix(b, 0)
+	}
+	f.typ = frameType(b[3])
+	if err := checkPrefix(b, f.typ); err != nil {
+		return f, 0, err
+	}
+	switch f.typ {
+	case frameAccept, frameReject, frameError:
+	default:
+		return f, 0, fmt.Errorf("%w: response frame type %d", ErrBadFrame, f.typ)
+	}
+	if len(b) < respHeaderLen {
+		return f, 0, errShort
+	}
+	f.flags = binary.BigEndian.Uint16(b[4:])
+	f.code = binary.BigEndian.Uint16(b[6:])
+	ml := int(binary.BigEndian.Uint16(b[8:]))
+	if f.flags&^respFlagsKnown != 0 {
+		return f, 0, fmt.Errorf("%w: unknown response flags %#x", ErrBadFrame, f.flags)
+	}
+	switch f.typ {
+	case frameAccept:
+		if f.flags != 0 || f.code != 0 || ml != 0 {
+			return f, 0, fmt.Errorf("%w: accept frame with payload", ErrBadFrame)
+		}
+	case frameReject:
+		if f.flags != 0 || f.code >= rejectMax {
+			return f, 0, fmt.Errorf("%w: reject frame flags %#x code %d", ErrBadFrame, f.flags, f.code)
+		}
+	case frameError:
+		if f.code >= errCodeMax {
+			return f, 0, fmt.Errorf("%w: error frame code %d", ErrBadFrame, f.code)
+		}
+	}
+	if ml > maxMessageLen {
+		return f, 0, fmt.Errorf("%w: message length %d", ErrBadFrame, ml)
+	}
+	n = respHeaderLen + ml
+	if len(b) < n {
+		return f, n, errShort
+	}
+	msg := b[respHeaderLen:n]
+	if !utf8.Valid(msg) {
+		return f, 0, fmt.Errorf("%w: message is not UTF-8", ErrBadFrame)
+	}
+	f.msg = string(msg)
+	return f, n, nil
+}
+
+func checkPrefix(b []byte, typ frameType) error {
+	for i, want := range [...]byte{frameMagic0, frameMagic1, frameVersion, byte(typ)} {
+		if i >= len(b) {
+			return errShort
+		}
+		if b[i] != want {
+			if i < 3 {
+				return fmt.Errorf("%w: bad magic or version", ErrBadFrame)
+			}
+			return fmt.Errorf("%w: frame type %d, want %d", ErrBadFrame, b[i], typ)
+		}
+	}
+	return nil
+}
+
+var errShort = fmt.Errorf("%w: truncated", ErrBadFrame)
+
+// readFrame reads one frame from br: the fixed header first, then the rest
+// once the header says how long it is. Frames are far smaller than br's
+// buffer, so Peek never needs to grow it.
+func readFrame[F any](br *bufio.Reader, headerLen int, decode func([]byte) (F, int, error)) (F, error) {
+	need := headerLen
+	for {
+		b, err := br.Peek(need)
+		f, n, derr := decode(b)
+		if derr == nil {
+			br.Discard(n)
+			return f, nil
+		}
+		if derr != errShort {
+			return f, derr
+		}
+		if err != nil {
+			return f, err
+		}
+		if n <= need || n > br.Size() {
+			return f, fmt.Errorf("%w: bad length", ErrBadFrame)
+		}
+		need = n
+	}
+}
+
+func appendHead(b []byte, f headFlags) []byte { return append(b, headMarker, byte(f)) }
+
+func readHead(br *bufio.Reader) (headFlags, error) {
+	b, err := br.Peek(2)
+	if err != nil {
+		return 0, err
+	}
+	if b[0] != headMarker || headFlags(b[1])&^headFlagsKnown != 0 {
+		return 0, fmt.Errorf("%w: bad head marker %q", ErrBadFrame, b)
+	}
+	f := headFlags(b[1])
+	br.Discard(2)
+	return f, nil
+}

@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+func TestRequestFrameRoundTrip(t *testing.T) {
+	lease := bytes.Repeat([]byte{7}, 32)
+	dl := time.Unix(1700000000, 123456789)
+	b, err := appendRequestFrame(nil, lease, dl, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, n, err := decodeRequestFrame(b)
+	if err != nil || n != len(b) {
+		t.Fatalf("decode: n=%d err=%v", n, err)
+	}
+	if !bytes.Equal(f.leaseBytes(), lease) {
+		t.Errorf("lease %x", f.leaseBytes())
+	}
+	if got, ok := f.deadlineTime(); !ok || !got.Equal(dl) {
+		t.Errorf("deadline %v %v", got, ok)
+	}
+	// Every strict prefix is short, never accepted.
+	for i := range len(b) {
+		if _, _, err := decodeRequestFrame(b[:i]); !errors.Is(err, errShort) {
+			t.Fatalf("prefix %d: %v", i, err)
+		}
+	}
+	if _, err := appendRequestFrame(nil, nil, dl, 0); err == nil {
+		t.Error("empty lease encoded")
+	}
+	if _, err := appendRequestFrame(nil, make([]byte, maxLeaseLen+1), dl, 0); err == nil {
+		t.Error("oversized lease encoded")
+	}
+}
+
+func TestResponseFrameRoundTrip(t *testing.T) {
+	for _, f := range []responseFrame{
+		{typ: frameAccept},
+		{typ: frameReject, code: rejectStale, msg: "stale"},
+		{typ: frameError, flags: flagNothingSent | flagIdleClosed, code: errCodeBadResponse, msg: "bad ünïcode"},
+		{typ: frameError, msg: strings.Repeat("é", maxMessageLen)}, // truncated to a rune boundary
+	} {
+		b := appendResponseFrame(nil, f)
+		got, n, err := decodeResponseFrame(b)
+		if err != nil || n != len(b) {
+			t.Fatalf("%+v: n=%d err=%v", f, n, err)
+		}
+		if got.typ != f.typ || got.flags != f.flags || got.code != f.code || !strings.HasPrefix(f.msg, got.msg) {
+			t.Errorf("got %+v want %+v", got, f)
+		}
+	}
+}
+
+func TestFrameRejectsGarbage(t *testing.T) {
+	valid, _ := appendRequestFrame(nil, []byte("lease"), time.Now(), 0)
+	bad := map[string][]byte{
+		"magic":      append([]byte("XX"), valid[2:]...),
+		"version":    append([]byte{'O', 'R', 9}, valid[3:]...),
+		"type":       append([]byte{'O', 'R', 1, byte(frameAccept)}, valid[4:]...),
+		"flags":      append(append([]byte{}, valid[:4]...), append([]byte{0x80, 0}, valid[6:]...)...),
+		"lease zero": append(append([]byte{}, valid[:6]...), append([]byte{0, 0}, valid[8:]...)...),
+		"lease big":  append(append([]byte{}, valid[:6]...), append([]byte{0, 65}, valid[8:]...)...),
+		"negative":   append(append([]byte{}, valid[:8]...), append([]byte{0x80, 0, 0, 0, 0, 0, 0, 0}, valid[16:]...)...),
+	}
+	for name, b := range bad {
+		if _, _, err := decodeRequestFrame(b); err == nil || errors.Is(err, errShort) {
+			t.Errorf("%s: accepted or short: %v", name, err)
+		}
+	}
+	resp := map[string][]byte{
+		"accept payload": {'O', 'R', 1, byte(frameAccept), 0, 0, 0, 1, 0, 0},
+		"reject code":    {'O', 'R', 1, byte(frameReject), 0, 0, 0xff, 0, 0, 0},
+		"error flags":    {'O', 'R', 1, byte(frameError), 0x40, 0, 0, 0, 0, 0},
+		"bad utf8":       {'O', 'R', 1, byte(frameError), 0, 0, 0, 0, 0, 1, 0xff},
+		"long msg":       {'O', 'R', 1, byte(frameError), 0, 0, 0, 0, 0xff, 0xff},
+		"request type":   {'O', 'R', 1, byte(frameRequest), 0, 0, 0, 0, 0, 0},
+	}
+	for name, b := range resp {
+		if _, _, err := decodeResponseFrame(b); err == nil || errors.Is(err, errShort) {
+			t.Errorf("%s: accepted or short: %v", name, err)
+		}
+	}
+}
+
+func TestReadFrameFromStream(t *testing.T) {
+	b, _ := appendRequestFrame(nil, []byte("0123456789"), time.Time{}, 0)
+	b = append(b, "GET / HTTP/1.1\r\n"...)
+	br := bufio.NewReaderSize(iotest.OneByteReader(bytes.NewReader(b)), 32)
+	f, err := readFrame(br, reqHeaderLen, decodeRequestFrame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(f.leaseBytes()) != "0123456789" {
+		t.Errorf("lease %q", f.leaseBytes())
+	}
+	rest, _ := br.ReadString('\n')
+	if rest != "GET / HTTP/1.1\r\n" {
+		t.Errorf("rest %q", rest)
+	}
+}
+
+// FuzzDecodeFrame: decoding never panics, never reads past what it claims,
+// and whatever decodes re-encodes to the same bytes.
+func FuzzDecodeFrame(f *testing.F) {
+	req, _ := appendRequestFrame(nil, bytes.Repeat([]byte{1}, 32), time.Unix(0, 42), 0)
+	f.Add(req)
+	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+	f.Add(appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectGone, msg: "gone"}))
+	f.Add(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flagNothingSent, code: errCodeConnBroken, msg: "x"}))
+	f.Add([]byte("OR"))
+	f.Add([]byte{'H', 3})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if rf, n, err := decodeRequestFrame(b); err == nil {
+			if n > len(b) {
+				t.Fatalf("request n=%d > %d", n, len(b))
+			}
+			var dl time.Time
+			if rf.deadline != 0 {
+				dl = time.Unix(0, rf.deadline)
+			}
+			enc, err := appendRequestFrame(nil, rf.leaseBytes(), dl, rf.flags)
+			if err != nil || !bytes.Equal(enc, b[:n]) {
+				t.Fatalf("request re-encodes to %x, want %x (%v)", enc, b[:n], err)
+			}
+		} else if !errors.Is(err, ErrBadFrame) {
+			t.Fatalf("request error %v is not ErrBadFrame", err)
+		}
+		if rf, n, err := decodeResponseFrame(b); err == nil {
+			if n > len(b) {
+				t.Fatalf("response n=%d > %d", n, len(b))
+			}
+			if enc := appendResponseFrame(nil, rf); !bytes.Equal(enc, b[:n]) {
+				t.Fatalf("response re-encodes to %x, want %x", enc, b[:n])
+			}
+		} else if !errors.Is(err, ErrBadFrame) {
+			t.Fatalf("response error %v is not ErrBadFrame", err)
+		}
+		br := bufio.NewReaderSize(bytes.NewReader(b), 16)
+		for range 4 {
+			if _, err := readHead(br); err != nil {
+				break
+			}
+		}
+		br = bufio.NewReaderSize(bytes.NewReader(b), 128)
+		readFrame(br, respHeaderLen, decodeResponseFrame)
+	})
+}

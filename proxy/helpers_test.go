@@ -1,0 +1,107 @@
+package proxy
+
+import (
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// member is one process's worth of fleet inside the test process: opening
+// the segment again joins it as another lane, with its own Node and socket.
+type member struct {
+	pool *orbitpool.Pool
+	node *Node
+	tr   *Transport
+}
+
+var testSpec = orbitpool.PoolSpec{Lanes: 8, Keys: 32, ResourcesPerLane: 128}
+
+// newFleet opens a shared segment in a temp dir and joins it n times.
+func newFleet(t testing.TB, n int, conf func(*Transport)) []*member {
+	t.Helper()
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	var ms []*member
+	for range n {
+		ms = append(ms, newMember(t, spec, conf))
+	}
+	return ms
+}
+
+func newMember(t testing.TB, spec orbitpool.PoolSpec, conf func(*Transport)) *member {
+	t.Helper()
+	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd, err := NewNode(p, NodeOptions{SweepInterval: 50 * time.Millisecond})
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	tr := &Transport{Node: nd}
+	if conf != nil {
+		conf(tr)
+	}
+	t.Cleanup(func() {
+		nd.Close()
+		p.Close()
+	})
+	return &member{pool: p, node: nd, tr: tr}
+}
+
+// localTransport is a Transport over a pool in process memory.
+func localTransport(t testing.TB, conf func(*Transport)) *Transport {
+	t.Helper()
+	return newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 32, ResourcesPerLane: 128}, conf).tr
+}
+
+// remotePair returns an owner and a client transport sharing a segment, with
+// a budget of one connection per key: once the owner has made the connection
+// (warm), every client request must use it remotely.
+func remotePair(t testing.TB, conf func(*Transport)) (owner, client *member) {
+	t.Helper()
+	ms := newFleet(t, 2, func(tr *Transport) {
+		tr.MaxConnsPerKey = 1
+		if conf != nil {
+			conf(tr)
+		}
+	})
+	return ms[0], ms[1]
+}
+
+// warm makes owner create its connection to url.
+func warm(t testing.TB, owner *member, url string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	resp, err := owner.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	drain(resp)
+}
+
+func drain(resp *http.Response) {
+	buf := make([]byte, 32<<10)
+	for {
+		if _, err := resp.Body.Read(buf); err != nil {
+			break
+		}
+	}
+	resp.Body.Close()
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

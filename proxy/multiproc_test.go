@@ -1,0 +1,370 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// The multi-process tests run this test binary again as fleet members. A
+// child reads commands on stdin and answers on stdout, one line each:
+//
+//	ready                         after joining the fleet
+//	go      -> done {json}         run ORBIT_N concurrent requests
+//	warm N  -> warmed              make N connections (N concurrent slow requests)
+//	exit    (or stdin closed)      leave the fleet and exit
+const childEnv = "ORBIT_PROXY_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+type childResult struct {
+	OK, Failed   int
+	Errors       []string
+	Stats        NodeStats
+	ReusedRemote uint64
+}
+
+func runChild() int {
+	seg, upstream := os.Getenv("ORBIT_SEG"), os.Getenv("ORBIT_UPSTREAM")
+	n, _ := strconv.Atoi(os.Getenv("ORBIT_N"))
+	budget, _ := strconv.Atoi(os.Getenv("ORBIT_BUDGET"))
+	spec := testSpec
+	spec.Path = seg
+	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	nd, err := NewNode(p, NodeOptions{SweepInterval: 100 * time.Millisecond})
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer p.Close()
+	defer nd.Close()
+	tr := &Transport{Node: nd, MaxConnsPerKey: budget}
+	fmt.Println("ready")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		switch f[0] {
+		case "go":
+			fmt.Println("done", childLoad(tr, upstream, n))
+		case "warm":
+			k, _ := strconv.Atoi(f[1])
+			var wg sync.WaitGroup
+			for range k {
+				wg.Go(func() {
+					req, _ := http.NewRequest("GET", upstream+"/slow?ms=100", nil)
+					if resp, err := tr.RoundTrip(req); err == nil {
+						drain(resp)
+					}
+				})
+			}
+			wg.Wait()
+			fmt.Println("warmed", nd.Stats().OpenConns)
+		case "stats":
+			b, _ := json.Marshal(nd.Stats())
+			fmt.Println("stats", string(b))
+		case "exit":
+			return 0
+		}
+	}
+	return 0
+}
+
+func childLoad(tr *Transport, upstream string, n int) string {
+	var ok, failed atomic.Int64
+	var mu sync.Mutex
+	var errs []string
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/slow?ms=5&i=%d", upstream, i), nil)
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && string(b) != "ok" {
+					err = fmt.Errorf("body %q", b)
+				}
+			}
+			if err != nil {
+				failed.Add(1)
+				mu.Lock()
+				if len(errs) < 5 {
+					errs = append(errs, err.Error())
+				}
+				mu.Unlock()
+				return
+			}
+			ok.Add(1)
+		})
+	}
+	wg.Wait()
+	st := tr.Node.Stats()
+	b, _ := json.Marshal(childResult{OK: int(ok.Load()), Failed: int(failed.Load()), Errors: errs, Stats: st})
+	return string(b)
+}
+
+// child is a running fleet member process.
+type child struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func startChild(t *testing.T, seg, upstream string, n, budget int) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "ORBIT_SEG="+seg, "ORBIT_UPSTREAM="+upstream,
+		fmt.Sprintf("ORBIT_N=%d", n), fmt.Sprintf("ORBIT_BUDGET=%d", budget))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	c.out.Buffer(make([]byte, 1<<20), 1<<20)
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c.expect(t, "ready")
+	return c
+}
+
+func (c *child) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expect reads the child's next line, which must start with prefix, and
+// returns the rest.
+func (c *child) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	lines := make(chan string, 1)
+	go func() {
+		if c.out.Scan() {
+			lines <- c.out.Text()
+		}
+		close(lines)
+	}()
+	select {
+	case l, ok := <-lines:
+		if !ok {
+			t.Fatalf("child exited while waiting for %q", prefix)
+		}
+		if !strings.HasPrefix(l, prefix) {
+			t.Fatalf("child said %q, want %q", l, prefix)
+		}
+		return strings.TrimSpace(strings.TrimPrefix(l, prefix))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("child silent while waiting for %q", prefix)
+	}
+	return ""
+}
+
+// countingUpstream counts its open TCP connections and their peak.
+func countingUpstream(t *testing.T, h http.Handler) (*httptest.Server, func() (open, peak, total int64)) {
+	var open, peak, total atomic.Int64
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			total.Add(1)
+			n := open.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, func() (int64, int64, int64) { return open.Load(), peak.Load(), total.Load() }
+}
+
+func TestMultiProcessSharedBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	u := &testUpstream{gates: make(map[string]chan struct{})}
+	srv, counts := countingUpstream(t, http.HandlerFunc(u.serve))
+	seg := filepath.Join(t.TempDir(), "seg")
+	const procs, perProc, budget = 3, 100, 16
+	var kids []*child
+	for range procs {
+		kids = append(kids, startChild(t, seg, srv.URL, perProc, budget))
+	}
+	for _, k := range kids {
+		k.send(t, "go")
+	}
+	var total childResult
+	for _, k := range kids {
+		var r childResult
+		if err := json.Unmarshal([]byte(k.expect(t, "done")), &r); err != nil {
+			t.Fatal(err)
+		}
+		total.OK += r.OK
+		total.Failed += r.Failed
+		total.Errors = append(total.Errors, r.Errors...)
+	}
+	// Counters once every process is done: an owner keeps serving its
+	// siblings after its own requests end.
+	for i, k := range kids {
+		k.send(t, "stats")
+		var s NodeStats
+		if err := json.Unmarshal([]byte(k.expect(t, "stats")), &s); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("process %d: created=%d local=%d remote=%d served=%d refused=%d retries=%d",
+			i, s.Created, s.ReusedLocal, s.ReusedRemote, s.ServedRemote, s.Refused, s.Retries)
+		total.Stats.ReusedRemote += s.ReusedRemote
+		total.Stats.ServedRemote += s.ServedRemote
+		total.Stats.Created += s.Created
+		total.Stats.Refused += s.Refused
+		total.Stats.Retries += s.Retries
+	}
+	if len(total.Errors) > 0 {
+		t.Logf("errors: %v", total.Errors)
+	}
+	_, peak, conns := counts()
+	t.Logf("upstream: peak %d concurrent connections, %d in all", peak, conns)
+	if total.OK != procs*perProc || total.Failed != 0 {
+		t.Errorf("%d requests succeeded, %d failed; want all %d", total.OK, total.Failed, procs*perProc)
+	}
+	if peak > budget {
+		t.Errorf("upstream saw %d concurrent connections, budget %d", peak, budget)
+	}
+	if total.Stats.ReusedRemote == 0 {
+		t.Errorf("no remote reuse")
+	}
+	// Every remote use was served by its owner, or refused and retried.
+	if total.Stats.ServedRemote+total.Stats.Refused != total.Stats.ReusedRemote {
+		t.Errorf("remote uses %d, served %d, refused %d", total.Stats.ReusedRemote, total.Stats.ServedRemote, total.Stats.Refused)
+	}
+	for _, k := range kids {
+		k.send(t, "exit")
+	}
+}
+
+// TestOwnerKilledDuringStreams kills -9 the process that owns the
+// connections while this process streams responses through it: every stream
+// must fail within 100ms, and the dead owner's budget must come back.
+func TestOwnerKilledDuringStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	u := newTestUpstream(t)
+	const streams = 3
+	seg := filepath.Join(t.TempDir(), "seg")
+	owner := startChild(t, seg, u.srv.URL, 0, streams)
+	owner.send(t, "warm "+strconv.Itoa(streams))
+	if got := owner.expect(t, "warmed"); got != strconv.Itoa(streams) {
+		t.Fatalf("owner made %s connections, want %d", got, streams)
+	}
+	spec := testSpec
+	spec.Path = seg
+	me := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = streams })
+
+	bodies := make([]io.ReadCloser, streams)
+	for i := range streams {
+		resp, err := get(t, context.Background(), me.tr, u.url(fmt.Sprintf("/stream?id=kill%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies[i] = resp.Body
+		defer resp.Body.Close()
+		if _, err := readWithTimeout(resp.Body, len("chunk-0;"), 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := me.node.Stats(); s.ReusedRemote != streams {
+		t.Fatalf("%d of %d streams went through the owner", s.ReusedRemote, streams)
+	}
+	failedAt := make(chan time.Time, streams)
+	for _, b := range bodies {
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				if _, err := b.Read(buf); err != nil {
+					failedAt <- time.Now()
+					return
+				}
+			}
+		}()
+	}
+	killedAt := time.Now()
+	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for range streams {
+		select {
+		case at := <-failedAt:
+			d := at.Sub(killedAt)
+			t.Logf("stream failed %v after the kill", d)
+			if d > 100*time.Millisecond {
+				t.Errorf("a stream failed %v after the kill", d)
+			}
+		case <-time.After(time.Second):
+			t.Fatal("a stream hung after its owner was killed")
+		}
+	}
+	// The survivors reclaim the dead owner's connections and budget.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range streams {
+		wg.Go(func() {
+			resp, err := get(t, ctx, me.tr, u.url("/slow?ms=50"))
+			if err != nil {
+				t.Errorf("after the owner died: %v", err)
+				return
+			}
+			drain(resp)
+		})
+	}
+	wg.Wait()
+}

@@ -1,0 +1,413 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitproxy/orbit/governor"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+)
+
+// NodeOptions configures a Node.
+type NodeOptions struct {
+	// SocketDir holds the fleet's forwarding sockets. Default:
+	// SocketDir(pool.Spec().Path). A pool in process memory has no siblings
+	// and gets no socket.
+	SocketDir string
+	// Governor, if set, bounds the forwarding work this process does for
+	// its siblings: each remote exchange holds one worker and its relay
+	// buffer for as long as it runs. Nil means no bound beyond the pool's.
+	Governor *governor.Governor
+	// SweepInterval is how often idle connections are checked for an
+	// upstream that closed them, and for their idle timeout and lifetime.
+	// Default 1s.
+	SweepInterval time.Duration
+	// MaxIdlePeerStreams caps the idle unix streams kept to each sibling.
+	// Default 64.
+	MaxIdlePeerStreams int
+	// Logger receives the node's logs. Default: none.
+	Logger *zap.Logger
+}
+
+// Node is this process's part of a fleet: the pool table, the upstream
+// connections it owns, the forwarding socket on which its siblings send it
+// requests for those connections, and its own streams to its siblings. A
+// process has one Node per pool; every Transport of the process shares it.
+type Node struct {
+	pool  *orbitpool.Pool
+	log   *zap.Logger
+	gov   *governor.Governor
+	peers *peers
+	srv   *server
+	sweep time.Duration
+
+	slots []atomic.Pointer[owned] // by slot index in this process's lane
+
+	stats nodeCounters
+
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	closeMu  sync.Mutex
+	isClosed bool
+}
+
+// NodeStats counts what a node did since it started.
+type NodeStats struct {
+	Created       uint64 // upstream connections dialed and registered
+	ReusedLocal   uint64 // requests on a connection this process owns, reused
+	ReusedRemote  uint64 // requests sent to a sibling's connection
+	ServedRemote  uint64 // siblings' requests run on this process's connections
+	Refused       uint64 // siblings' leases refused
+	Retired       uint64 // connections closed and unregistered
+	Retries       uint64 // requests sent again after a retry-safe failure
+	OpenConns     int    // upstream connections owned now
+	IdlePeerConns int    // idle unix streams to siblings now
+}
+
+type nodeCounters struct {
+	created, reusedLocal, reusedRemote, servedRemote, refused, retired, retries atomic.Uint64
+}
+
+// NewNode joins the forwarding side of the fleet for pool: it listens on this
+// process's socket (for a pool in a shared segment) and starts the idle
+// sweep. Close it before closing the pool.
+func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	spec := pool.Spec()
+	n := &Node{
+		pool:  pool,
+		log:   log,
+		gov:   opts.Governor,
+		sweep: opts.SweepInterval,
+		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
+		stop:  make(chan struct{}),
+	}
+	if n.sweep <= 0 {
+		n.sweep = time.Second
+	}
+	if spec.Path != "" {
+		dir := opts.SocketDir
+		if dir == "" {
+			dir = SocketDir(spec.Path)
+		}
+		ln, err := listenUnix(SocketPath(dir, pool.Lane()))
+		if err != nil {
+			return nil, err
+		}
+		n.peers = newPeers(dir, opts.MaxIdlePeerStreams)
+		n.srv = newServer(ln, n, log)
+		if n.gov != nil {
+			n.srv.admit = n.admit
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.srv.serve()
+		}()
+	}
+	n.wg.Add(1)
+	go n.sweeper()
+	return n, nil
+}
+
+// Pool is the pool the node was made for.
+func (n *Node) Pool() *orbitpool.Pool { return n.pool }
+
+// Close stops serving siblings, closes the streams to them and every upstream
+// connection this process owns, unregistering them.
+func (n *Node) Close() error {
+	n.closeMu.Lock()
+	if n.isClosed {
+		n.closeMu.Unlock()
+		return nil
+	}
+	n.isClosed = true
+	close(n.stop)
+	n.closeMu.Unlock()
+	if n.srv != nil {
+		n.srv.close()
+	}
+	if n.peers != nil {
+		n.peers.close()
+	}
+	n.wg.Wait()
+	for i := range n.slots {
+		if oc := n.slots[i].Load(); oc != nil {
+			oc.c.close()
+			n.retire(oc)
+		}
+	}
+	return nil
+}
+
+// Stats returns the node's counters.
+func (n *Node) Stats() NodeStats {
+	s := NodeStats{
+		Created:      n.stats.created.Load(),
+		ReusedLocal:  n.stats.reusedLocal.Load(),
+		ReusedRemote: n.stats.reusedRemote.Load(),
+		ServedRemote: n.stats.servedRemote.Load(),
+		Refused:      n.stats.refused.Load(),
+		Retired:      n.stats.retired.Load(),
+		Retries:      n.stats.retries.Load(),
+	}
+	for i := range n.slots {
+		if n.slots[i].Load() != nil {
+			s.OpenConns++
+		}
+	}
+	if n.peers != nil {
+		n.peers.mu.Lock()
+		for _, l := range n.peers.idle {
+			s.IdlePeerConns += len(l)
+		}
+		n.peers.mu.Unlock()
+	}
+	return s
+}
+
+func (n *Node) admit(ctx context.Context) (func(), error) {
+	ls, err := n.gov.AcquireManyContext(ctx, 1, relayBufSize+2*readBufSize+2*writeBufSize)
+	if err != nil {
+		return nil, err
+	}
+	return ls.Release, nil
+}
+
+// owned is an upstream connection this process owns and has registered.
+type owned struct {
+	id    orbitpool.ResourceID
+	c     *conn
+	s     *connSettings
+	state atomic.Uint32
+	idle  atomic.Int64 // unix nanos the conn last went idle
+}
+
+// Connection states. A user takes an idle conn with one CAS; the sweep
+// probes or retires only an idle one, with one CAS too, so the two never
+// touch the same connection at once.
+const (
+	stIdle uint32 = iota
+	stBusy
+	stProbing
+	stDead
+)
+
+// connSettings are the per-connection limits of the Transport that made it;
+// an owner uses them for its siblings' requests too.
+type connSettings struct {
+	idleTimeout           time.Duration
+	maxLifetime           time.Duration
+	maxRequests           int
+	maxHeaderBytes        int64
+	expectContinueTimeout time.Duration
+	responseHeaderTimeout time.Duration
+}
+
+// expired reports whether the conn must not be used again.
+func (oc *owned) expired(now time.Time) bool {
+	s := oc.s
+	if s.maxRequests > 0 && oc.c.requests >= s.maxRequests {
+		return true
+	}
+	if s.maxLifetime > 0 && now.Sub(oc.c.created) >= s.maxLifetime {
+		return true
+	}
+	if s.idleTimeout > 0 && now.UnixNano()-oc.idle.Load() >= int64(s.idleTimeout) {
+		return true
+	}
+	return false
+}
+
+// take makes oc busy for the caller, who holds an accepted execution on it,
+// after checking that it is still fit: within its limits and not closed by
+// the upstream while idle.
+func (oc *owned) take() bool {
+	for {
+		if oc.state.CompareAndSwap(stIdle, stBusy) {
+			break
+		}
+		if oc.state.Load() != stProbing {
+			return false
+		}
+		runtime.Gosched()
+	}
+	if oc.expired(time.Now()) || !oc.c.idleAlive() {
+		oc.state.Store(stDead)
+		return false
+	}
+	return true
+}
+
+func (n *Node) lookup(id orbitpool.ResourceID) *owned {
+	s := id.Slot()
+	if s < 0 || s >= len(n.slots) {
+		return nil
+	}
+	oc := n.slots[s].Load()
+	if oc == nil || oc.id != id {
+		return nil
+	}
+	return oc
+}
+
+// install records a new connection under its registered id, busy for its
+// creator.
+func (n *Node) install(id orbitpool.ResourceID, c *conn, s *connSettings) (*owned, error) {
+	slot := id.Slot()
+	if slot < 0 || slot >= len(n.slots) {
+		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.slots))
+	}
+	oc := &owned{id: id, c: c, s: s}
+	oc.state.Store(stBusy)
+	oc.idle.Store(time.Now().UnixNano())
+	n.slots[slot].Store(oc)
+	return oc, nil
+}
+
+// retire unregisters oc and closes its connection (unless a 101 body owns
+// it now), once.
+func (n *Node) retire(oc *owned) {
+	if !n.slots[oc.id.Slot()].CompareAndSwap(oc, nil) {
+		return
+	}
+	oc.state.Store(stDead)
+	if err := n.pool.Unregister(oc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
+		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
+	}
+	n.stats.retired.Add(1)
+}
+
+// finish is an exchange's end on an owned connection: the connection goes
+// idle, or leaves the pool, and then the execution completes. That order
+// matters: Complete wakes waiters, who must find the connection ready.
+func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
+	switch o {
+	case outcomeReusable:
+		now := time.Now()
+		if oc.expired(now) || n.lookup(oc.id) != oc {
+			oc.c.close()
+			n.retire(oc)
+			break
+		}
+		oc.idle.Store(now.UnixNano())
+		oc.state.Store(stIdle)
+	case outcomeHijacked:
+		n.retire(oc)
+	default:
+		oc.c.close()
+		n.retire(oc)
+	}
+	exec.Complete()
+}
+
+// use runs req on oc under exec. onDone runs when the exchange is over.
+func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDone func()) (*http.Response, error) {
+	s := oc.s
+	opts := &exchangeOpts{
+		maxHeaderBytes:        s.maxHeaderBytes,
+		expectContinueTimeout: s.expectContinueTimeout,
+		responseHeaderTimeout: s.responseHeaderTimeout,
+		done: func(_ *conn, o outcome) {
+			n.finish(oc, exec, o)
+			if onDone != nil {
+				onDone()
+			}
+		},
+	}
+	return oc.c.roundTrip(req, opts)
+}
+
+// accept implements acceptor: a sibling presents a lease on one of our
+// connections.
+func (n *Node) accept(b []byte) (execution, error) {
+	var l orbitpool.Lease
+	if err := l.UnmarshalBinary(b); err != nil {
+		n.stats.refused.Add(1)
+		return nil, &rejectError{code: rejectStale, err: err}
+	}
+	exec, err := n.pool.Accept(l)
+	if err != nil {
+		n.stats.refused.Add(1)
+		code := rejectUnknown
+		switch {
+		case errors.Is(err, orbitpool.ErrStale):
+			code = rejectStale
+		case errors.Is(err, orbitpool.ErrClosed):
+			code = rejectClosing
+		}
+		return nil, &rejectError{code: code, err: err}
+	}
+	oc := n.lookup(exec.ID())
+	if oc == nil || !oc.take() {
+		if oc != nil && oc.state.Load() == stDead {
+			oc.c.close()
+			n.retire(oc)
+		}
+		exec.Complete()
+		n.stats.refused.Add(1)
+		return nil, &rejectError{code: rejectGone, err: errors.New("connection closed")}
+	}
+	n.stats.servedRemote.Add(1)
+	return &ownerExec{n: n, oc: oc, exec: exec}, nil
+}
+
+type ownerExec struct {
+	n    *Node
+	oc   *owned
+	exec *orbitpool.Execution
+}
+
+func (e *ownerExec) roundTrip(req *http.Request) (*http.Response, error) {
+	return e.n.use(e.oc, e.exec, req, nil)
+}
+
+func (e *ownerExec) abandon() {
+	e.oc.state.Store(stIdle)
+	e.oc.idle.Store(time.Now().UnixNano())
+	e.exec.Complete()
+}
+
+// sweeper closes idle connections past their idle timeout or lifetime, and
+// those the upstream closed while they sat idle, so that no request (here or
+// in a sibling) picks a dead one, and the fleet's budget gets the unit back.
+func (n *Node) sweeper() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			n.sweepOnce()
+		}
+	}
+}
+
+func (n *Node) sweepOnce() {
+	now := time.Now()
+	for i := range n.slots {
+		oc := n.slots[i].Load()
+		if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
+			continue
+		}
+		if oc.expired(now) || !oc.c.idleAlive() {
+			oc.state.Store(stDead)
+			oc.c.close()
+			n.retire(oc)
+			continue
+		}
+		oc.state.Store(stIdle)
+	}
+}

@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// relayBufSize is the copy buffer of one in-flight remote stream.
+const relayBufSize = 16 << 10
+
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+
+// buffered is implemented by response bodies that know whether a Read would
+// be served without waiting on the network.
+type buffered interface{ buffered() int }
+
+func (b *body) buffered() int { return b.x.c.br.Buffered() }
+
+// relay writes responses onto the unix leg.
+type relay struct {
+	bw         *bufio.Writer
+	log        *zap.Logger
+	stopWatch  func() // ends the background read before a tunnel reads the stream
+	sentAccept bool
+	err        error
+}
+
+func (r *relay) accept() {
+	if !r.sentAccept {
+		r.sentAccept = true
+		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+	}
+}
+
+// relay1xx forwards an interim response as it arrives.
+func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
+	if r.err != nil {
+		return r.err
+	}
+	r.accept()
+	r.bw.Write(appendHead(nil, 0))
+	fmt.Fprintf(r.bw, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
+	http.Header(h).Write(r.bw)
+	r.bw.WriteString("\r\n")
+	r.err = r.bw.Flush()
+	return r.err
+}
+
+// errPeerWrite marks a failure to write to the peer stream.
+var errPeerWrite = errors.New("proxy: writing to peer failed")
+
+func (r *relay) fail(err error) error {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: %w", errPeerWrite, err)
+	}
+	return r.err
+}
+
+// response relays the final response onto the unix leg and reports whether
+// the stream is still in step for another exchange. The head keeps the
+// upstream's headers; the body keeps its framing (Content-Length or chunked
+// with trailers), except that a body delimited by the upstream closing is
+// re-framed as chunked so the stream can persist; a head flag tells the
+// client to restore what the upstream actually sent.
+func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br *bufio.Reader) bool {
+	defer resp.Body.Close()
+	if r.err != nil {
+		return false
+	}
+	r.accept()
+	code := resp.StatusCode
+	var hf headFlags
+	if !resp.ProtoAtLeast(1, 1) {
+		hf |= headProto10
+	}
+	if resp.Close {
+		hf |= headClose
+	}
+	chunked := len(resp.TransferEncoding) > 0
+	hasBody := req.Method != http.MethodHead && resp.ContentLength != 0 && resp.Body != http.NoBody &&
+		code != http.StatusSwitchingProtocols && code != http.StatusNoContent && code != http.StatusNotModified
+	if hasBody && resp.ContentLength < 0 && !chunked {
+		hf |= headCloseDelimited
+		chunked = true
+	}
+	bw := r.bw
+	bw.Write(appendHead(nil, hf))
+	writeStatusLine(bw, resp)
+	resp.Header.Write(bw)
+	if chunked {
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+		if len(resp.Trailer) > 0 {
+			keys := make([]string, 0, len(resp.Trailer))
+			for k := range resp.Trailer {
+				keys = append(keys, k)
+			}
+			bw.WriteString("Trailer: " + strings.Join(keys, ", ") + "\r\n")
+		}
+	}
+	bw.WriteString("\r\n")
+	if code == http.StatusSwitchingProtocols {
+		if err := bw.Flush(); err != nil {
+			return false
+		}
+		if r.stopWatch != nil {
+			r.stopWatch()
+		}
+		if up, ok := resp.Body.(io.ReadWriteCloser); ok {
+			tunnel(up, nc, br, r.log)
+		}
+		return false
+	}
+	if !hasBody {
+		if err := bw.Flush(); err != nil {
+			r.fail(err)
+		}
+		return r.err == nil
+	}
+	if err := r.copyBody(resp, chunked); err != nil {
+		r.log.Debug("relay ended early", zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// writeStatusLine writes the upstream's status verbatim: net/http's reader
+// keeps everything after the version (left-trimmed) as Status, so writing it
+// back gives the caller the same Status, reason phrase or none.
+func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(resp.Status)
+	bw.WriteString("\r\n")
+}
+
+// copyBody streams the body: everything received is flushed to the peer
+// before the relay waits on the upstream again, so a stream's chunks arrive
+// as they are produced, while a body that is already buffered goes out in
+// full writes.
+func (r *relay) copyBody(resp *http.Response, chunked bool) error {
+	bp := relayBufs.Get().(*[]byte)
+	defer relayBufs.Put(bp)
+	buf := *bp
+	bw := r.bw
+	src, _ := resp.Body.(buffered)
+	var hdr [20]byte
+	for {
+		if bw.Buffered() > 0 && (src == nil || src.buffered() == 0) {
+			if err := bw.Flush(); err != nil {
+				return r.fail(err)
+			}
+		}
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if chunked {
+				h := strconv.AppendInt(hdr[:0], int64(n), 16)
+				h = append(h, '\r', '\n')
+				bw.Write(h)
+			}
+			bw.Write(buf[:n])
+			if chunked {
+				bw.WriteString("\r\n")
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			// The peer sees the stream end mid-body: an error there too.
+			return rerr
+		}
+	}
+	if chunked {
+		bw.WriteString("0\r\n")
+		resp.Trailer.Write(bw)
+		bw.WriteString("\r\n")
+	}
+	if err := bw.Flush(); err != nil {
+		return r.fail(err)
+	}
+	return nil
+}
+
+// tunnel joins an upgraded upstream connection and the peer stream until
+// both directions end, passing each half-close on.
+func tunnel(up io.ReadWriteCloser, nc net.Conn, br *bufio.Reader, log *zap.Logger) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := io.Copy(nc, up); err != nil && !errors.Is(err, net.ErrClosed) {
+			log.Debug("tunnel upstream->peer", zap.Error(err))
+			nc.Close()
+		}
+		closeWrite(nc)
+	}()
+	if _, err := io.Copy(up, br); err != nil {
+		log.Debug("tunnel peer->upstream", zap.Error(err))
+		up.Close()
+	} else {
+		closeWrite(up)
+	}
+	<-done
+	up.Close()
+	nc.Close()
+}
+
+func closeWrite(c any) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}

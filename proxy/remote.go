@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// peers keeps persistent unix streams to sibling processes: an idle list per
+// owner lane, most recently used first. An exchange takes a stream from the
+// list and puts it back when the response is over; a 101 takes it for good.
+type peers struct {
+	dir     string
+	maxIdle int // per lane
+
+	mu     sync.Mutex
+	idle   map[int][]*conn
+	closed bool
+}
+
+const defaultMaxIdlePeerConns = 64
+
+// peerIdleTimeout is how long a stream to a sibling may sit idle before the
+// client stops using it. The owner closes streams idle twice as long, so a
+// client never picks a stream its owner is closing.
+const peerIdleTimeout = time.Minute
+
+func newPeers(dir string, maxIdle int) *peers {
+	if maxIdle <= 0 {
+		maxIdle = defaultMaxIdlePeerConns
+	}
+	return &peers{dir: dir, maxIdle: maxIdle, idle: make(map[int][]*conn)}
+}
+
+// get returns an idle stream to lane's owner, or dials one.
+func (p *peers) get(ctx context.Context, lane int) (*conn, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, ErrClosed
+	}
+	for list := p.idle[lane]; len(list) > 0; list = p.idle[lane] {
+		c := list[len(list)-1]
+		p.idle[lane] = list[:len(list)-1]
+		p.mu.Unlock()
+		// No liveness probe: a write to a unix stream whose owner has gone
+		// fails at once with EPIPE, before any byte is taken, and that is
+		// retry-safe; a probe would only cost a syscall per request.
+		if time.Since(c.idleAt) < peerIdleTimeout && !c.closed.Load() {
+			return c, nil
+		}
+		c.close()
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	uc, err := dialUnix(ctx, SocketPath(p.dir, lane))
+	if err != nil {
+		return nil, &Error{Op: "dial owner", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
+	}
+	return newConn(uc, uc), nil
+}
+
+func (p *peers) put(lane int, c *conn, o outcome) {
+	if o != outcomeReusable {
+		if o == outcomeBroken {
+			c.close()
+		}
+		return
+	}
+	c.idleAt = time.Now()
+	p.mu.Lock()
+	if p.closed || len(p.idle[lane]) >= p.maxIdle {
+		p.mu.Unlock()
+		c.close()
+		return
+	}
+	p.idle[lane] = append(p.idle[lane], c)
+	p.mu.Unlock()
+}
+
+// dropLane closes the idle streams to a lane whose owner is gone.
+func (p *peers) dropLane(lane int) {
+	p.mu.Lock()
+	list := p.idle[lane]
+	delete(p.idle, lane)
+	p.mu.Unlock()
+	for _, c := range list {
+		c.close()
+	}
+}
+
+func (p *peers) close() {
+	p.mu.Lock()
+	p.closed = true
+	all := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, list := range all {
+		for _, c := range list {
+			c.close()
+		}
+	}
+}
+
+// remoteOpts are the client-side limits of a remote exchange.
+type remoteOpts struct {
+	maxHeaderBytes        int64
+	expectContinueTimeout time.Duration
+	responseHeaderTimeout time.Duration
+}
+
+// roundTrip sends req to the owner of lane under lease and returns its
+// response, whose Body streams from the owner. A refused lease or an owner
+// that reports failure before answering comes back as an *Error wrapping
+// ErrLeaseRefused or ErrOwnerFailed.
+func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOpts, onDone func()) (*http.Response, error) {
+	ctx := req.Context()
+	c, err := p.get(ctx, lane)
+	if err != nil {
+		return nil, err
+	}
+	dl, _ := ctx.Deadline()
+	lg := &remoteLeg{lease: lease, deadline: dl}
+	opts := &exchangeOpts{
+		maxHeaderBytes:        o.maxHeaderBytes,
+		expectContinueTimeout: o.expectContinueTimeout,
+		responseHeaderTimeout: o.responseHeaderTimeout,
+		leg:                   lg,
+		done: func(c *conn, oc outcome) {
+			p.put(lane, c, oc)
+			if onDone != nil {
+				onDone()
+			}
+		},
+	}
+	return c.roundTrip(req, opts)
+}
+
+// remoteLeg frames an exchange on a unix stream to an owner.
+type remoteLeg struct {
+	lease    []byte
+	deadline time.Time
+	scratch  [reqHeaderLen + maxLeaseLen]byte
+}
+
+func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
+	b, err := appendRequestFrame(l.scratch[:0], l.lease, l.deadline, 0)
+	if err != nil {
+		return &Error{Op: "lease", RetrySafe: true, Err: err}
+	}
+	_, err = bw.Write(b)
+	return err
+}
+
+func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
+	f, err := readFrame(br, respHeaderLen, decodeResponseFrame)
+	if err != nil {
+		return err
+	}
+	switch f.typ {
+	case frameAccept:
+		return nil
+	case frameReject:
+		return &Error{Op: "lease", RetrySafe: true, Err: fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)}
+	default:
+		err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
+		if s := errCodeSentinels[f.code]; s != nil {
+			err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, f.msg)
+		}
+		return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0, Err: err}
+	}
+}
+
+func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) { return readHead(br) }
+
+// fixResponse restores what the owner's relay had to change: the protocol
+// version the upstream spoke, its close-delimited framing and its wish to
+// close the connection.
+func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
+	if f&headProto10 != 0 {
+		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.0", 1, 0
+	}
+	if f&headCloseDelimited != 0 {
+		resp.TransferEncoding = nil
+	}
+	resp.Close = f&headClose != 0
+}

@@ -1,0 +1,445 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// Transport is an http.RoundTripper for HTTP/1.1 upstreams whose connections
+// are shared by every process of a fleet through its Node. Its zero value is
+// not usable: Node is required. Its fields must not change after first use.
+type Transport struct {
+	// Node is this process's membership of the fleet. Required.
+	Node *Node
+
+	// TLSClientConfig is used for https upstreams: its certificates are the
+	// client identity and go into the Key. Sessions are resumed from a cache
+	// shared by the Transport's connections unless it brings its own.
+	TLSClientConfig *tls.Config
+	// DialTimeout bounds a TCP connect plus TLS handshake. Default 10s.
+	DialTimeout time.Duration
+	// KeepAlive is the TCP keep-alive period. Default: the net package's.
+	KeepAlive time.Duration
+	// IdleConnTimeout closes a connection idle this long. Default 90s;
+	// negative means never.
+	IdleConnTimeout time.Duration
+	// MaxConnLifetime closes a connection this old when it next goes idle.
+	// Zero means no limit.
+	MaxConnLifetime time.Duration
+	// MaxRequestsPerConn closes a connection after this many requests. Zero
+	// means no limit.
+	MaxRequestsPerConn int
+	// MaxConnsPerKey caps the connections to one upstream Key across the
+	// whole fleet, live and being dialed. Zero means no cap.
+	MaxConnsPerKey int
+	// MaxDialingPerKey caps the connections to one Key being dialed at once
+	// across the fleet, so a cold upstream is not stampeded. Zero means no
+	// cap.
+	MaxDialingPerKey int
+	// Policy chooses between local reuse, remote reuse, creation and
+	// waiting. Default orbitpool.LocalFirst.
+	Policy orbitpool.Policy
+	// MaxResponseHeaderBytes limits the response header. Default 10 MiB.
+	MaxResponseHeaderBytes int64
+	// ExpectContinueTimeout is how long a request with Expect: 100-continue
+	// waits for the upstream's 100 before sending its body anyway. Default
+	// 1s; negative means send at once.
+	ExpectContinueTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for the response head after the
+	// request is written. Zero means none (the request's context still
+	// applies).
+	ResponseHeaderTimeout time.Duration
+	// Limiter, if set, admits each request with its context's deadline
+	// before it may wait on the pool, and holds the permit until the
+	// exchange is over.
+	Limiter *backpressure.Limiter
+	// KeyExtra is mixed into every Key: anything else about this
+	// Transport's connections that forbids sharing them with another
+	// Transport's.
+	KeyExtra string
+	// MaxRetries bounds how often one request is sent again after a
+	// retry-safe failure. Default 3.
+	MaxRetries int
+	// DisableCompression stops the transport from asking for gzip when the
+	// request names no Accept-Encoding, and from decoding gzip responses it
+	// asked for. As with net/http, compression is on by default.
+	DisableCompression bool
+
+	initOnce  sync.Once
+	dialer    dialer
+	settings  connSettings
+	remote    remoteOpts
+	upstreams sync.Map // "scheme://addr" -> *upstreamEntry
+}
+
+type upstreamEntry struct {
+	u   upstream
+	key orbitpool.Key
+}
+
+func (t *Transport) init() {
+	t.dialer = dialer{timeout: t.DialTimeout, keepAlive: t.KeepAlive, sessions: tls.NewLRUClientSessionCache(256)}
+	idle := t.IdleConnTimeout
+	switch {
+	case idle == 0:
+		idle = 90 * time.Second
+	case idle < 0:
+		idle = 0
+	}
+	ect := t.ExpectContinueTimeout
+	switch {
+	case ect == 0:
+		ect = time.Second
+	case ect < 0:
+		ect = 0
+	}
+	mh := t.MaxResponseHeaderBytes
+	if mh <= 0 {
+		mh = defaultMaxHeaderBytes
+	}
+	t.settings = connSettings{
+		idleTimeout:           idle,
+		maxLifetime:           t.MaxConnLifetime,
+		maxRequests:           t.MaxRequestsPerConn,
+		maxHeaderBytes:        mh,
+		expectContinueTimeout: ect,
+		responseHeaderTimeout: t.ResponseHeaderTimeout,
+	}
+	t.remote = remoteOpts{maxHeaderBytes: mh, expectContinueTimeout: ect, responseHeaderTimeout: t.ResponseHeaderTimeout}
+}
+
+// upstream resolves the request's upstream identity and Key, cached per
+// scheme and address.
+func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
+	scheme := strings.ToLower(req.URL.Scheme)
+	if scheme != "http" && scheme != "https" {
+		return nil, &Error{Op: "request", RetrySafe: true, Err: fmt.Errorf("unsupported protocol scheme %q", req.URL.Scheme)}
+	}
+	host := req.URL.Host
+	if host == "" {
+		return nil, &Error{Op: "request", RetrySafe: true, Err: errors.New("no Host in request URL")}
+	}
+	id := scheme + "://" + host
+	if e, ok := t.upstreams.Load(id); ok {
+		return e.(*upstreamEntry), nil
+	}
+	addr := host
+	if req.URL.Port() == "" {
+		port := "80"
+		if scheme == "https" {
+			port = "443"
+		}
+		addr = net.JoinHostPort(req.URL.Hostname(), port)
+	}
+	u := upstream{Scheme: scheme, Addr: addr, TLS: t.TLSClientConfig}
+	e := &upstreamEntry{u: u, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
+	v, _ := t.upstreams.LoadOrStore(id, e)
+	return v.(*upstreamEntry), nil
+}
+
+// RoundTrip implements http.RoundTripper. It takes a local connection with
+// room, else reserves a sibling's and sends the request to its owner, else
+// dials within the fleet-wide budget, else waits on the pool until the
+// request's context ends. Errors are *Error where the transport classified
+// them; IsRetrySafe tells those after which nothing could have reached the
+// upstream.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.initOnce.Do(t.init)
+	closeBody := func() {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+	}
+	if t.Node == nil {
+		closeBody()
+		return nil, errors.New("proxy: Transport has no Node")
+	}
+	if req.URL == nil {
+		closeBody()
+		return nil, errors.New("proxy: nil Request.URL")
+	}
+	if req.Header == nil {
+		closeBody()
+		return nil, errors.New("proxy: nil Request.Header")
+	}
+	if req.RequestURI != "" {
+		closeBody()
+		return nil, errors.New("proxy: Request.RequestURI can't be set in client requests")
+	}
+	e, err := t.upstream(req)
+	if err != nil {
+		closeBody()
+		return nil, err
+	}
+	ctx := req.Context()
+
+	var release func()
+	if t.Limiter != nil {
+		p, err := t.Limiter.Acquire(ctx)
+		if err != nil {
+			closeBody()
+			return nil, &Error{Op: "admit", RetrySafe: true, Err: err}
+		}
+		var once atomic.Bool
+		release = func() {
+			if once.CompareAndSwap(false, true) {
+				p.Release()
+			}
+		}
+	}
+
+	r := req
+	var tb *trackBody
+	if req.Body != nil && req.Body != http.NoBody {
+		tb = &trackBody{rc: req.Body}
+		r = shallowWithBody(req, tb)
+	}
+	gz := !t.DisableCompression && wantsGzip(req)
+	if gz {
+		r = withGzip(r)
+	}
+	maxRetries := t.MaxRetries
+	if maxRetries <= 0 {
+		maxRetries = 3
+	}
+	for attempt := 0; ; attempt++ {
+		onDone, delivered := attemptRelease(release)
+		resp, err := t.once(r, e, onDone)
+		if err == nil {
+			delivered()
+			if resp.Request == r && r != req {
+				resp.Request = req
+			}
+			if gz {
+				ungzip(resp)
+			}
+			return resp, nil
+		}
+		if attempt < maxRetries && ctx.Err() == nil {
+			if next, ok := rewind(req, r, tb, err); ok {
+				t.Node.stats.retries.Add(1)
+				if nb, ok := next.Body.(*trackBody); ok && next != r {
+					tb = nb
+				}
+				if gz && next != r {
+					next = withGzip(next)
+				}
+				r = next
+				continue
+			}
+		}
+		if release != nil {
+			release()
+		}
+		if tb != nil {
+			tb.Close()
+		}
+		if cerr := ctx.Err(); cerr != nil && !isContextErr(err) {
+			err = cerr
+		}
+		return nil, err
+	}
+}
+
+// attemptRelease ties the admission permit to the attempt that delivers a
+// response: it is released when that exchange ends, and a failed attempt
+// (which the caller may retry) leaves it held. onDone is the exchange's end;
+// delivered is called when the attempt returns a response. Either may come
+// first: a response without a body ends its exchange before it is returned.
+func attemptRelease(release func()) (onDone, delivered func()) {
+	if release == nil {
+		return nil, func() {}
+	}
+	var state atomic.Uint32 // 0 running, 1 delivered, 2 exchange ended first
+	onDone = func() {
+		if !state.CompareAndSwap(0, 2) {
+			release()
+		}
+	}
+	delivered = func() {
+		if !state.CompareAndSwap(0, 1) {
+			release()
+		}
+	}
+	return onDone, delivered
+}
+
+// once runs one attempt: acquire a plan and carry it out.
+func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*http.Response, error) {
+	n := t.Node
+	ctx := req.Context()
+	lim := orbitpool.Limits{MaxResources: t.MaxConnsPerKey, MaxCreating: t.MaxDialingPerKey}
+	policy := t.Policy
+	if policy == nil {
+		policy = orbitpool.LocalFirst{}
+	}
+	for {
+		plan, err := n.pool.Acquire(ctx, e.key, policy, lim)
+		if err != nil {
+			if isContextErr(err) {
+				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
+			}
+			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
+		}
+		switch plan.Kind {
+		case orbitpool.PlanReuseLocal:
+			oc := n.lookup(plan.Execution.ID())
+			if oc == nil || !oc.take() {
+				if oc != nil && oc.state.Load() == stDead {
+					oc.c.close()
+					n.retire(oc)
+				}
+				plan.Execution.Complete()
+				continue
+			}
+			n.stats.reusedLocal.Add(1)
+			return n.use(oc, plan.Execution, req, release)
+
+		case orbitpool.PlanReuseRemote:
+			if n.peers == nil {
+				return nil, &Error{Op: "lease", RetrySafe: true, Err: errors.New("remote plan on a pool without siblings")}
+			}
+			var buf [orbitpool.LeaseSize]byte
+			lb, err := plan.Lease.AppendBinary(buf[:0])
+			if err != nil {
+				return nil, &Error{Op: "lease", RetrySafe: true, Err: err}
+			}
+			n.stats.reusedRemote.Add(1)
+			lane := plan.Lease.ID.Lane()
+			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, release)
+			if err != nil && errors.Is(err, ErrOwnerGone) {
+				// Let the pool learn of a dead sibling now rather than at
+				// its next reconcile.
+				n.peers.dropLane(lane)
+				n.pool.Reconcile()
+			}
+			return resp, err
+
+		case orbitpool.PlanCreate:
+			c, err := t.dialer.dial(ctx, &e.u)
+			if err != nil {
+				plan.Permit.Close()
+				return nil, err
+			}
+			exec, err := plan.Permit.RegisterAndAccept(1)
+			if err != nil {
+				plan.Permit.Close()
+				c.close()
+				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
+			}
+			oc, err := n.install(exec.ID(), c, &t.settings)
+			if err != nil {
+				c.close()
+				n.pool.Unregister(exec.ID())
+				exec.Complete()
+				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
+			}
+			n.stats.created.Add(1)
+			return n.use(oc, exec, req, release)
+
+		default:
+			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
+		}
+	}
+}
+
+// CloseIdleConnections closes every idle connection this process owns.
+func (t *Transport) CloseIdleConnections() {
+	n := t.Node
+	if n == nil {
+		return
+	}
+	for i := range n.slots {
+		oc := n.slots[i].Load()
+		if oc == nil || !oc.state.CompareAndSwap(stIdle, stDead) {
+			continue
+		}
+		oc.c.close()
+		n.retire(oc)
+	}
+}
+
+// trackBody records whether a request body has been touched, so a failed
+// attempt knows whether it can be sent again as it is.
+type trackBody struct {
+	rc     io.ReadCloser
+	used   atomic.Bool
+	closed atomic.Bool
+}
+
+func (b *trackBody) Read(p []byte) (int, error) {
+	b.used.Store(true)
+	return b.rc.Read(p)
+}
+
+func (b *trackBody) Close() error {
+	if b.closed.CompareAndSwap(false, true) {
+		return b.rc.Close()
+	}
+	return nil
+}
+
+func shallowWithBody(req *http.Request, body io.ReadCloser) *http.Request {
+	r := *req
+	r.Body = body
+	return &r
+}
+
+// rewind decides whether a failed attempt may be sent again and returns the
+// request to send. Like net/http: a failure after which nothing could have
+// reached the upstream is retried whatever the method; a reused connection
+// that closed before answering only for a replayable request (no body or
+// GetBody, and an idempotent method or an Idempotency-Key). A body already
+// read is replaced through GetBody, or the request is not retried.
+func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, bool) {
+	var pe *Error
+	if !errors.As(err, &pe) {
+		return nil, false
+	}
+	switch {
+	case pe.RetrySafe:
+	case pe.idleClosed && isReplayable(orig):
+	default:
+		return nil, false
+	}
+	if tb == nil || (!tb.used.Load() && !tb.closed.Load()) {
+		return cur, true
+	}
+	if orig.GetBody == nil {
+		return nil, false
+	}
+	body, gerr := orig.GetBody()
+	if gerr != nil {
+		return nil, false
+	}
+	return shallowWithBody(orig, &trackBody{rc: body}), true
+}
+
+func isReplayable(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody || r.GetBody != nil {
+		switch r.Method {
+		case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+			return true
+		}
+		if _, ok := r.Header["Idempotency-Key"]; ok {
+			return true
+		}
+		if _, ok := r.Header["X-Idempotency-Key"]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+var _ http.RoundTripper = (*Transport)(nil)

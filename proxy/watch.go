@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"io"
+	"sync"
+	"time"
+)
+
+// watchDelay is how long an exchange runs before the owner starts watching
+// for its peer going away. Most exchanges end sooner and never pay for the
+// watch (a goroutine and two deadline changes); a stalled or streaming one
+// is cancelled within about twice this much of its peer leaving.
+const watchDelay = 2 * time.Millisecond
+
+// watchIdleExit is how long the watcher goroutine lingers with nothing to
+// watch before it exits.
+const watchIdleExit = 100 * time.Millisecond
+
+// watch runs the background read of one exchange once the request has been
+// read whole (before that the peer is still sending) and watchDelay has
+// passed. Once the peer has nothing left to send until the response is over,
+// a read that returns means the peer has gone: the exchange is cancelled and
+// the upstream connection torn down rather than held. It also cancels the
+// exchange at its deadline (plus grace): the owner's backstop for a caller
+// that can no longer say it has given up.
+type watch struct {
+	cr       *bgReader
+	cancel   func()
+	start    time.Time
+	deadline time.Time // zero: none
+
+	mu                       sync.Mutex
+	body, fired, stopped, on bool
+}
+
+func (w *watch) fire()     { w.set(&w.fired) }
+func (w *watch) bodyDone() { w.set(&w.body) }
+
+func (w *watch) set(flag *bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	*flag = true
+	if w.body && w.fired && !w.stopped && !w.on {
+		w.on = true
+		w.cr.startBackgroundRead(w.cancel)
+	}
+}
+
+// stop ends the watch; none starts after it.
+func (w *watch) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	on := w.on
+	w.mu.Unlock()
+	if on {
+		w.cr.abortPendingRead()
+	}
+}
+
+// watcher is the owner's one clock for its exchanges' watches and
+// deadlines. A timer per exchange would cost a wake-up of the runtime's
+// poller on nearly every request; one ticker that runs only while the owner
+// is busy costs one wake-up per watchDelay instead.
+type watcher struct {
+	mu      sync.Mutex
+	live    map[*watch]struct{}
+	running bool
+	due     []*watch
+}
+
+func (l *watcher) add(w *watch) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.live == nil {
+		l.live = make(map[*watch]struct{})
+	}
+	l.live[w] = struct{}{}
+	if !l.running {
+		l.running = true
+		go l.loop()
+	}
+}
+
+func (l *watcher) remove(w *watch) {
+	l.mu.Lock()
+	delete(l.live, w)
+	l.mu.Unlock()
+	w.stop()
+}
+
+func (l *watcher) loop() {
+	t := time.NewTicker(watchDelay)
+	defer t.Stop()
+	var idle time.Time
+	for now := range t.C {
+		l.mu.Lock()
+		if len(l.live) == 0 {
+			if idle.IsZero() {
+				idle = now
+			} else if now.Sub(idle) >= watchIdleExit {
+				l.running = false
+				l.mu.Unlock()
+				return
+			}
+		} else {
+			idle = time.Time{}
+		}
+		due := l.due[:0]
+		for w := range l.live {
+			if now.Sub(w.start) >= watchDelay {
+				due = append(due, w)
+			}
+		}
+		l.due = due
+		l.mu.Unlock()
+		for _, w := range due {
+			w.fire()
+			if !w.deadline.IsZero() && now.After(w.deadline) {
+				w.cancel()
+			}
+		}
+	}
+}
+
+// bodyDone tells when a relayed request body has been read to the end.
+type bodyDone struct {
+	io.ReadCloser
+	mu    sync.Mutex
+	done  bool
+	onEOF func()
+}
+
+func (b *bodyDone) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.mu.Lock()
+		first := !b.done
+		b.done = true
+		fn := b.onEOF
+		b.mu.Unlock()
+		if first && fn != nil {
+			fn()
+		}
+	}
+	return n, err
+}
+
+func (b *bodyDone) isDone() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.done
+}
+
+// Close does not close the peer stream: the request body is a window on it.
+func (b *bodyDone) Close() error { return nil }
