@@ -1,0 +1,82 @@
+// Command orbit-demo shows what orbit does for a fleet: it builds this
+// module's Caddy, starts the demo upstream and a fleet of workers on one
+// port, drives the same load through the orbit_pool transport and through
+// Caddy's stock http transport, and prints what each cost the upstream.
+//
+//	go run ./integration/cmd/orbit-demo                  # fast and slow, 5s each
+//	go run ./integration/cmd/orbit-demo -all -d 30s      # every scenario, longer
+//	go run ./integration/cmd/orbit-demo -scenarios capped,kill
+//
+// Everything runs on loopback; every process it starts is stopped before it
+// exits.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/orbitproxy/orbit/integration/scenario"
+)
+
+func main() {
+	var (
+		caddy   = flag.String("caddy", "", "Caddy binary with orbit (default: build ./cmd/caddy)")
+		workers = flag.Int("workers", 4, "workers per fleet")
+		conns   = flag.Int("c", 256, "client connections")
+		dur     = flag.Duration("d", 5*time.Second, "load duration per scenario and variant")
+		names   = flag.String("scenarios", "fast,slow", "scenarios to run, comma-separated")
+		all     = flag.Bool("all", false, "run every scenario")
+	)
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all); err != nil {
+		fmt.Fprintln(os.Stderr, "orbit-demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool) error {
+	catalogue := scenario.Catalogue(d)
+	list := catalogue
+	if !all {
+		var err error
+		if list, err = scenario.Lookup(catalogue, strings.Split(names, ",")...); err != nil {
+			return err
+		}
+	}
+	dir, err := os.MkdirTemp("", "orbit-demo-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if caddy == "" {
+		fmt.Fprintln(os.Stderr, "building ./cmd/caddy (the first build takes a few minutes)...")
+		if caddy, err = scenario.BuildCaddy(ctx, dir); err != nil {
+			return err
+		}
+	}
+	r := &scenario.Runner{Caddy: caddy, Workers: workers, Dir: dir, Progress: os.Stderr}
+	var rows []scenario.Row
+	for _, s := range list {
+		if s.Conns == 0 {
+			s.Conns = conns
+		}
+		for _, v := range []scenario.Variant{scenario.Orbit, scenario.Stock} {
+			fmt.Fprintf(os.Stderr, "%s, %d workers, %s transport, %d connections for %v\n", s.Name, workers, v, s.Conns, d)
+			row, err := r.Run(ctx, s, v)
+			if err != nil {
+				return err
+			}
+			rows = append(rows, row)
+		}
+	}
+	fmt.Println()
+	scenario.PrintTable(os.Stdout, rows)
+	return nil
+}

@@ -1,0 +1,137 @@
+package scenario
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/orbitproxy/orbit/integration/load"
+	"github.com/orbitproxy/orbit/integration/upstream"
+)
+
+// Catalogue is every scenario, with load bounded by d.
+func Catalogue(d time.Duration) []Scenario {
+	return []Scenario{
+		{Name: "fast", Duration: d},
+		{Name: "slow", Duration: d, Upstream: upstream.Options{Delay: 20 * time.Millisecond}},
+		{Name: "tls", Duration: d, Upstream: upstream.Options{TLS: true}},
+		{Name: "stampede", Duration: d, Upstream: upstream.Options{Delay: 20 * time.Millisecond}, MaxDialing: 8},
+		{Name: "capped", Duration: d, Upstream: upstream.Options{MaxConns: 16, Delay: 5 * time.Millisecond}, MaxConns: 16},
+		{Name: "kill", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: killOneWorker},
+		{Name: "reload", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: reloadFleet},
+		{Name: "websocket", Duration: d, Conns: 64, Client: webSocketEcho},
+		{Name: "large", Duration: d, Conns: 16, Method: "POST", Path: "/echo", Body: bytes.Repeat([]byte("orbit"), 1<<18)},
+	}
+}
+
+// Lookup returns the scenarios named, in catalogue order.
+func Lookup(all []Scenario, names ...string) ([]Scenario, error) {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []Scenario
+	for _, s := range all {
+		if want[s.Name] {
+			out = append(out, s)
+			delete(want, s.Name)
+		}
+	}
+	for n := range want {
+		return nil, fmt.Errorf("no scenario named %q", n)
+	}
+	return out, nil
+}
+
+// killOneWorker SIGKILLs worker 0 a third of the way into the load; the
+// fleet restarts it and the others must keep serving.
+func killOneWorker(ctx context.Context, f *Fleet, row *Row) error {
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	pid, err := f.KillWorker(0)
+	if err != nil {
+		return fmt.Errorf("killing worker 0: %w", err)
+	}
+	row.Notes = append(row.Notes, fmt.Sprintf("worker 0 (pid %d) killed with SIGKILL after 1s", pid))
+	return nil
+}
+
+// reloadFleet reloads every worker's configuration a second into the load.
+func reloadFleet(ctx context.Context, f *Fleet, row *Row) error {
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	row.Notes = append(row.Notes, "configuration reloaded into every worker after 1s")
+	return f.Reload()
+}
+
+// webSocketEcho opens conns upgraded connections through the fleet and
+// echoes 64-byte messages on each until d has passed; each message is a
+// request in the result.
+func webSocketEcho(ctx context.Context, addr string, conns int, d time.Duration) (load.Result, error) {
+	res := load.Result{Errors: map[string]int{}, Status: map[int]int{}}
+	var mu sync.Mutex
+	fail := func(kind string) {
+		mu.Lock()
+		res.Errors[kind]++
+		mu.Unlock()
+	}
+	start := time.Now()
+	deadline := start.Add(d)
+	msg := bytes.Repeat([]byte("w"), 64)
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Go(func() {
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				fail("dial")
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(deadline.Add(10 * time.Second))
+			fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", addr)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				fail("upgrade")
+				return
+			}
+			buf := make([]byte, len(msg))
+			n := 0
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				if _, err := c.Write(msg); err != nil {
+					fail("write")
+					return
+				}
+				if _, err := io.ReadFull(br, buf); err != nil || !bytes.Equal(buf, msg) {
+					fail("echo")
+					return
+				}
+				n++
+			}
+			c.(*net.TCPConn).CloseWrite()
+			if rest, _ := io.ReadAll(br); len(rest) != 0 {
+				fail("trailing bytes")
+			}
+			mu.Lock()
+			res.Requests += n
+			res.OK += n
+			res.Status[http.StatusSwitchingProtocols]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	return res, nil
+}

@@ -1,0 +1,150 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// BuildCaddy builds this module's Caddy (./cmd/caddy) into dir and returns
+// the binary's path. The module root is found from the go command, so it
+// works from any package directory.
+func BuildCaddy(ctx context.Context, dir string) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the module: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside the orbit module: run from the repository")
+	}
+	bin := filepath.Join(dir, "caddy")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
+	cmd.Dir = filepath.Dir(gomod)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/caddy: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Fleet is N Caddy workers on one port run by `caddy orbit-fleet`.
+type Fleet struct {
+	cmd    *exec.Cmd
+	runDir string
+	n      int
+	log    bytes.Buffer
+	exited chan error
+}
+
+// StartFleet runs `caddy orbit-fleet` with config (a Caddyfile) and waits
+// until every worker's admin endpoint answers.
+func StartFleet(ctx context.Context, caddy, config string, workers int, dir string) (*Fleet, error) {
+	cfgPath := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
+		return nil, err
+	}
+	f := &Fleet{runDir: filepath.Join(dir, "run"), n: workers, exited: make(chan error, 1)}
+	f.cmd = exec.Command(caddy, "orbit-fleet", "--workers", strconv.Itoa(workers),
+		"--config", cfgPath, "--run-dir", f.runDir, "--stop-timeout", "10s")
+	f.cmd.Stdout, f.cmd.Stderr = &f.log, &f.log
+	f.cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	if err := f.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the fleet: %w", err)
+	}
+	go func() { f.exited <- f.cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for i := range workers {
+		for !f.adminUp(i) {
+			select {
+			case err := <-f.exited:
+				f.exited <- err
+				return nil, fmt.Errorf("fleet exited while starting (%v):\n%s", err, f.Log())
+			case <-ctx.Done():
+				f.Stop()
+				return nil, ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				f.Stop()
+				return nil, fmt.Errorf("worker %d not ready after 60s:\n%s", i, f.Log())
+			}
+		}
+	}
+	return f, nil
+}
+
+// Log is what the fleet printed.
+func (f *Fleet) Log() string { return f.log.String() }
+
+func (f *Fleet) adminUp(i int) bool {
+	resp, err := f.Admin(i, "/config/")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Admin sends a GET to worker i's admin endpoint.
+func (f *Fleet) Admin(i int, path string) (*http.Response, error) {
+	sock := filepath.Join(f.runDir, fmt.Sprintf("worker-%d.sock", i))
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	return c.Get("http://localhost" + path)
+}
+
+// WorkerPID is the process ID of worker i, from its pid file.
+func (f *Fleet) WorkerPID(i int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(f.runDir, fmt.Sprintf("worker-%d.pid", i)))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// KillWorker sends SIGKILL to worker i; the fleet starts it again.
+func (f *Fleet) KillWorker(i int) (int, error) {
+	pid, err := f.WorkerPID(i)
+	if err != nil {
+		return 0, err
+	}
+	return pid, syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// Reload asks the fleet to reload its configuration into every worker.
+func (f *Fleet) Reload() error { return f.cmd.Process.Signal(syscall.SIGHUP) }
+
+// Stop stops the fleet gracefully, and kills it if it does not stop.
+func (f *Fleet) Stop() error {
+	f.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-f.exited:
+		f.exited <- err
+		return err
+	case <-time.After(20 * time.Second):
+	}
+	// The supervisor did not stop: kill it and whatever workers it left.
+	for i := range f.n {
+		if pid, err := f.WorkerPID(i); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	f.cmd.Process.Kill()
+	err := <-f.exited
+	f.exited <- err
+	return fmt.Errorf("fleet did not stop within 20s: %v", err)
+}

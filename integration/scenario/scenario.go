@@ -1,0 +1,251 @@
+// Package scenario runs orbit's end-to-end scenarios: a fleet of Caddy
+// workers in front of the counting upstream, once with the orbit_pool
+// transport and once with Caddy's stock http transport under the same load,
+// and prints what each cost the upstream side by side.
+//
+// Everything runs on loopback, bounded in requests and time, and every
+// process a run starts is stopped by it.
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/orbitproxy/orbit/integration/load"
+	"github.com/orbitproxy/orbit/integration/upstream"
+)
+
+// Variant is which transport the fleet's reverse_proxy uses.
+type Variant string
+
+// Variants.
+const (
+	Orbit Variant = "orbit"
+	Stock Variant = "stock"
+)
+
+// Scenario is one situation to put a fleet in.
+type Scenario struct {
+	Name     string
+	Upstream upstream.Options
+	// Path, Method and Body make the request. Default GET /.
+	Path   string
+	Method string
+	Body   []byte
+	// Conns is the load's concurrency. Default 256.
+	Conns int
+	// Duration is how long the load runs. Default 5s.
+	Duration time.Duration
+	// MaxConns caps connections to the upstream: fleet-wide for orbit,
+	// split evenly over the workers for the stock transport (the best an
+	// operator can do without a shared pool). 0 means no cap.
+	MaxConns int
+	// MaxDialing caps orbit's concurrent dials per upstream (its creation
+	// budget). 0 means no cap.
+	MaxDialing int
+	// During runs while the load does, from its start; for killing or
+	// reloading a worker under load.
+	During func(ctx context.Context, f *Fleet, row *Row) error
+	// Client replaces the HTTP load, for traffic the load tool does not
+	// speak (WebSocket).
+	Client func(ctx context.Context, addr string, conns int, d time.Duration) (load.Result, error)
+}
+
+// Row is one scenario run on one variant.
+type Row struct {
+	Scenario string
+	Variant  Variant
+	Load     load.Result
+	Upstream upstream.Stats
+	// FirstSecond is the upstream connections accepted in the load's first
+	// second: the stampede a cold fleet puts on its upstream.
+	FirstSecond int64
+	Notes       []string
+}
+
+// Reuse is 1 - new upstream connections / requests.
+func (r Row) Reuse() float64 {
+	if r.Load.Requests == 0 {
+		return 0
+	}
+	return 1 - float64(r.Upstream.Accepted)/float64(r.Load.Requests)
+}
+
+// Runner runs scenarios with one Caddy binary.
+type Runner struct {
+	Caddy   string // binary with orbit compiled in
+	Workers int    // default 4
+	// Dir holds the runs' files. Default: a temporary directory.
+	Dir string
+	// Progress receives the load tool's status lines.
+	Progress io.Writer
+}
+
+// Run runs s on variant v and returns what it measured. A scenario that
+// could not run is an error; what it measured (errors included) is the row.
+func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
+	s = s.withDefaults()
+	workers := r.Workers
+	if workers <= 0 {
+		workers = 4
+	}
+	dir, err := os.MkdirTemp(r.Dir, "orbit-scenario-*")
+	if err != nil {
+		return Row{}, err
+	}
+	defer os.RemoveAll(dir)
+
+	up, err := upstream.Start(s.Upstream)
+	if err != nil {
+		return Row{}, err
+	}
+	defer up.Close()
+	port, err := freePort()
+	if err != nil {
+		return Row{}, err
+	}
+	seg := filepath.Join("/dev/shm", fmt.Sprintf("orbit-scenario-%d-%s", os.Getpid(), filepath.Base(dir)))
+	defer os.Remove(seg)
+	fleet, err := StartFleet(ctx, r.Caddy, Caddyfile(s, v, port, up.URL, seg, filepath.Join(dir, "sock"), workers), workers, dir)
+	if err != nil {
+		return Row{}, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+	}
+	defer fleet.Stop()
+
+	row := Row{Scenario: s.Name, Variant: v}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	base := up.Stats()
+	firstSecond := time.AfterFunc(time.Second, func() { row.FirstSecond = up.Stats().Accepted - base.Accepted })
+	defer firstSecond.Stop()
+	during := make(chan error, 1)
+	if s.During != nil {
+		go func() { during <- s.During(ctx, fleet, &row) }()
+	} else {
+		during <- nil
+	}
+	if s.Client != nil {
+		row.Load, err = s.Client(ctx, addr, s.Conns, s.Duration)
+	} else {
+		row.Load, err = load.Run(ctx, load.Config{
+			URL:      "http://" + addr + s.Path,
+			Method:   s.Method,
+			Body:     s.Body,
+			Conns:    s.Conns,
+			Duration: s.Duration,
+			Timeout:  10 * time.Second,
+			Progress: r.Progress,
+		})
+	}
+	if err != nil {
+		return row, err
+	}
+	if err := <-during; err != nil {
+		return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+	}
+	row.Upstream = up.Stats()
+	return row, nil
+}
+
+func (s Scenario) withDefaults() Scenario {
+	if s.Path == "" {
+		s.Path = "/"
+	}
+	if s.Method == "" {
+		s.Method = "GET"
+	}
+	if s.Conns <= 0 {
+		s.Conns = 256
+	}
+	if s.Duration <= 0 {
+		s.Duration = 5 * time.Second
+	}
+	return s
+}
+
+// Caddyfile is the fleet's configuration for s on variant v: the same site,
+// with only the transport changed.
+func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir string, workers int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "{\n\tauto_https off\n")
+	if v == Orbit {
+		fmt.Fprintf(&b, "\torbit_pool {\n\t\tsegment %s\n\t\tsocket_dir %s\n\t\twait_timeout 10s\n", segment, sockDir)
+		if s.MaxConns > 0 {
+			fmt.Fprintf(&b, "\t\tmax_conns_per_host %d\n", s.MaxConns)
+		}
+		if s.MaxDialing > 0 {
+			fmt.Fprintf(&b, "\t\tmax_dialing_per_host %d\n", s.MaxDialing)
+		}
+		b.WriteString("\t}\n")
+	}
+	fmt.Fprintf(&b, "}\n\n:%d {\n\tbind 127.0.0.1\n\treverse_proxy %s {\n", port, upstreamURL)
+	if v == Orbit {
+		b.WriteString("\t\ttransport orbit_pool {\n")
+	} else {
+		// The stock transport keeps 32 idle connections per host unless
+		// told otherwise; give it room for the whole load, so that what
+		// the table shows is sharing, not a small idle pool.
+		b.WriteString("\t\ttransport http {\n\t\t\tkeepalive_idle_conns_per_host 1024\n")
+		if s.MaxConns > 0 {
+			fmt.Fprintf(&b, "\t\t\tmax_conns_per_host %d\n", int(math.Ceil(float64(s.MaxConns)/float64(workers))))
+		}
+	}
+	if s.Upstream.TLS {
+		b.WriteString("\t\t\ttls_insecure_skip_verify\n")
+	}
+	b.WriteString("\t\t}\n\t}\n}\n")
+	return b.String()
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// PrintTable writes rows as one table, with orbit's throughput relative to
+// stock's for each scenario that ran on both.
+func PrintTable(w io.Writer, rows []Row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tTLS hs\treuse\t")
+	rps := map[string]map[Variant]float64{}
+	for _, r := range rows {
+		if rps[r.Scenario] == nil {
+			rps[r.Scenario] = map[Variant]float64{}
+		}
+		rps[r.Scenario][r.Variant] = r.Load.RPS()
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t\n",
+			r.Scenario, r.Variant, r.Load.RPS(), r.Load.P50.Round(10*time.Microsecond), r.Load.P99.Round(10*time.Microsecond),
+			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.Handshakes, 100*r.Reuse())
+	}
+	tw.Flush()
+	for _, r := range rows {
+		if r.Variant != Orbit {
+			continue
+		}
+		if s := rps[r.Scenario][Stock]; s > 0 {
+			fmt.Fprintf(w, "%s: orbit %.2fx stock's requests/s\n", r.Scenario, rps[r.Scenario][Orbit]/s)
+		}
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "%s/%s: %s\n", r.Scenario, r.Variant, n)
+		}
+		if r.Load.ErrorCount() > 0 {
+			fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
+		}
+	}
+	for _, r := range rows {
+		if r.Variant == Stock && r.Load.ErrorCount() > 0 {
+			fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
+		}
+	}
+}
