@@ -7,7 +7,7 @@
 //
 //	/                 a short body, after the configured delay
 //	/bytes?n=N        N bytes
-//	/echo             the request body back (any size, streamed)
+//	/echo             the request body back, once it has all arrived
 //	/stream?n=N&gap=D N chunks, flushed D apart
 //	/status?code=C    an empty response with status C
 //	/ws               a WebSocket-style upgrade that echoes bytes
@@ -160,10 +160,16 @@ func (s *Server) routes() http.Handler {
 		io.CopyN(w, zeros{}, n)
 	}))
 	mux.HandleFunc("/echo", count(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength >= 0 {
-			w.Header().Set("Content-Length", strconv.FormatInt(r.ContentLength, 10))
+		// Read the whole body before answering: an HTTP/1.1 server that
+		// answers while the request is still arriving is not something a
+		// proxy can be held to (net/http's own server stops reading then).
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
 		}
-		io.Copy(w, r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.Write(b)
 	}))
 	mux.HandleFunc("/stream", count(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
