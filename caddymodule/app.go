@@ -1,0 +1,430 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/governor"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"github.com/orbitproxy/orbit/proxy"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// Policies an App can name.
+const (
+	PolicyLocalFirst = "local_first"
+	PolicyLocalOnly  = "local_only"
+)
+
+// Defaults an App falls back on.
+const (
+	// DefaultWaitTimeout is how long a request may wait for an upstream
+	// connection, and for a back-pressure permit, before it is refused.
+	DefaultWaitTimeout = 5 * time.Second
+	// DefaultReconcileInterval is how often a process checks for dead
+	// siblings and ages the reservations nobody presented.
+	DefaultReconcileInterval = 250 * time.Millisecond
+	// DefaultReservationTimeout is how long a reservation on one of this
+	// process's connections may go unpresented before it is dropped.
+	DefaultReservationTimeout = time.Second
+	// DefaultForwardingWorkers is how many siblings' requests a process
+	// forwards at once unless configured: far above what connection caps
+	// produce, so that it only ever stops a runaway.
+	DefaultForwardingWorkers = 1024
+)
+
+// App is the `orbit_pool` app: this process's membership of a fleet of Caddy
+// processes that share their upstream connections through one pool table in
+// shared memory. It owns the table, the forwarding socket on which siblings
+// send requests for the connections this process owns, the process's budget
+// of forwarding workers and relay memory, and the back-pressure permits every
+// request through an `orbit_pool` transport takes.
+//
+// All of it is opened in Start, not Provision, and kept in a process-wide
+// usage pool: a config reload (whose new config starts before the old one
+// stops) reuses it and drops nothing in flight, and it is closed once the last
+// config using it has stopped and its last in-flight request has finished.
+//
+// Every process of a fleet must name the same segment with the same table
+// sizes. The per-request settings (policy, caps, wait timeout) may differ
+// between processes and may change on a reload.
+type App struct {
+	// Segment is the shared-memory file holding the fleet's pool table.
+	// Processes that name the same file form one fleet. Default:
+	// /dev/shm/orbit-pool.
+	Segment string `json:"segment,omitempty"`
+
+	// SocketDir is the directory of the fleet's forwarding sockets, one per
+	// process; every process of the fleet must use the same directory.
+	// It is created 0700 and each socket 0600, and only processes of the
+	// same user may connect. Default: the segment's path with ".sock"
+	// appended (or, when that path is too long for a unix socket, a
+	// directory in the system temp directory named after the segment).
+	SocketDir string `json:"socket_dir,omitempty"`
+
+	// Processes is how many processes can be members of the fleet at once,
+	// counting old and new ones overlapping during an upgrade. Part of the
+	// table's size: every process must use the same value. Default: 64,
+	// which is also the maximum.
+	Processes int `json:"processes,omitempty"`
+
+	// Keys is how many distinct upstreams (scheme, address and TLS
+	// identity) the table can track at once. Part of the table's size.
+	// Default: 1024.
+	Keys int `json:"keys,omitempty"`
+
+	// ConnsPerProcess is how many upstream connections one process can own
+	// at once. Part of the table's size. Default: 1024.
+	ConnsPerProcess int `json:"conns_per_process,omitempty"`
+
+	// Policy decides where a request's connection comes from. "local_first"
+	// takes one of this process's connections with room, else a sibling's
+	// (least loaded first), else dials one within the budget, else waits.
+	// "local_only" never uses a sibling's connection. Default: local_first.
+	Policy string `json:"policy,omitempty"`
+
+	// MaxConnsPerHost caps the connections to one upstream across the whole
+	// fleet, open and being dialed. A request finding the cap reached waits
+	// for a connection to come free anywhere in the fleet. A transport may
+	// set its own. Default: 0, no cap.
+	MaxConnsPerHost int `json:"max_conns_per_host,omitempty"`
+
+	// MaxDialingPerHost caps the connections to one upstream being dialed at
+	// once across the fleet, so that a cold upstream is warmed gradually
+	// rather than stampeded by every process at once. A transport may set
+	// its own. Default: 0, no cap.
+	MaxDialingPerHost int `json:"max_dialing_per_host,omitempty"`
+
+	// WaitTimeout is how long a request may wait for a back-pressure permit
+	// and an upstream connection together; past it the request is refused
+	// with 503. A transport may set its own. Default: 5s.
+	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
+
+	// DeadlineNearWindow is how close to its deadline a request with one
+	// may still start upstream work: closer than this it is refused with
+	// 503 at once instead of failing late with 504. Default: 50ms.
+	DeadlineNearWindow caddy.Duration `json:"deadline_near_window,omitempty"`
+
+	// MaxInFlight is the back-pressure cap: how many requests this process
+	// sends upstream through orbit_pool transports at once; more wait, in
+	// arrival order, within their wait timeout. 0 drains the process: every
+	// new request is refused with 503 and Retry-After at once, in-flight
+	// ones finish. Default: 1024.
+	MaxInFlight *int `json:"max_in_flight,omitempty"`
+
+	// Workers is how many siblings' requests this process forwards on its
+	// connections at once. A forwarded request holds its worker for its
+	// whole exchange, mostly waiting on the upstream, so this is a backstop
+	// against pathological fan-out, not a CPU budget: sized by CPU count it
+	// would let a slow upstream's siblings queue behind two exchanges.
+	// Default: 1024, like max_in_flight.
+	Workers int `json:"workers,omitempty"`
+
+	// MemoryLimit is the relay buffer memory, in bytes, this process may
+	// use for siblings' requests. Default: from the machine (a quarter of
+	// the cgroup memory limit or GOMEMLIMIT, else 256 MiB).
+	MemoryLimit uint64 `json:"memory_limit,omitempty"`
+
+	// ReconcileInterval is how often this process checks for dead siblings,
+	// reclaims what they held and ages reservations nobody presented.
+	// Default: 250ms.
+	ReconcileInterval caddy.Duration `json:"reconcile_interval,omitempty"`
+
+	// ReservationTimeout is how long a reservation on one of this process's
+	// connections may wait to be presented before it is dropped. Default:
+	// 1s.
+	ReservationTimeout caddy.Duration `json:"reservation_timeout,omitempty"`
+
+	logger *zap.Logger
+	policy orbitpool.Policy
+	key    string // the fleet's entry in the usage pool
+	st     *appState
+}
+
+// appState is the app's membership and the requests in flight through it.
+type appState struct {
+	mu       sync.Mutex
+	fl       *fleet
+	stopping atomic.Bool
+	inflight atomic.Int64
+	release  sync.Once
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "orbit_pool",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision sets up the app's defaults and registers its metrics. It opens
+// nothing: the segment and socket are opened in Start.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	a.st = new(appState)
+
+	if a.Segment == "" {
+		a.Segment = orbitpool.DefaultSegmentPath
+	}
+	if a.SocketDir == "" && filepath.IsAbs(a.Segment) {
+		a.SocketDir = proxy.SocketDir(filepath.Clean(a.Segment))
+	}
+	spec := orbitpool.PoolSpec{Lanes: a.Processes, Keys: a.Keys, ResourcesPerLane: a.ConnsPerProcess}.WithDefaults()
+	if a.Processes == 0 {
+		a.Processes = spec.Lanes
+	}
+	if a.Keys == 0 {
+		a.Keys = spec.Keys
+	}
+	if a.ConnsPerProcess == 0 {
+		a.ConnsPerProcess = spec.ResourcesPerLane
+	}
+	if a.Policy == "" {
+		a.Policy = PolicyLocalFirst
+	}
+	switch a.Policy {
+	case PolicyLocalFirst:
+		a.policy = orbitpool.LocalFirst{}
+	case PolicyLocalOnly:
+		a.policy = orbitpool.LocalOnly{}
+	}
+	if a.WaitTimeout == 0 {
+		a.WaitTimeout = caddy.Duration(DefaultWaitTimeout)
+	}
+	if a.DeadlineNearWindow == 0 {
+		a.DeadlineNearWindow = caddy.Duration(backpressure.DefaultNearWindow)
+	}
+	if a.MaxInFlight == nil {
+		n := backpressure.DefaultCap
+		a.MaxInFlight = &n
+	}
+	if a.Workers == 0 {
+		a.Workers = DefaultForwardingWorkers
+	}
+	if a.MemoryLimit == 0 {
+		a.MemoryLimit = governor.FromInputs(governor.DetectInputs(), 0).MemoryLimit()
+	}
+	if a.ReconcileInterval == 0 {
+		a.ReconcileInterval = caddy.Duration(DefaultReconcileInterval)
+	}
+	if a.ReservationTimeout == 0 {
+		a.ReservationTimeout = caddy.Duration(DefaultReservationTimeout)
+	}
+
+	cfg := a.fleetConfig()
+	a.key = cfg.usageKey()
+
+	registerMetrics(ctx, a)
+	return nil
+}
+
+// Validate rejects a configuration that cannot work.
+func (a *App) Validate() error {
+	if !filepath.IsAbs(a.Segment) {
+		return fmt.Errorf("segment must be an absolute path, got %q", a.Segment)
+	}
+	if !filepath.IsAbs(a.SocketDir) {
+		return fmt.Errorf("socket_dir must be an absolute path, got %q", a.SocketDir)
+	}
+	if a.Processes < 1 || a.Processes > orbitpool.MaxLanes {
+		return fmt.Errorf("processes must be between 1 and %d, got %d", orbitpool.MaxLanes, a.Processes)
+	}
+	if a.Keys < 1 {
+		return fmt.Errorf("keys must be at least 1, got %d", a.Keys)
+	}
+	if a.ConnsPerProcess < 1 || a.ConnsPerProcess > orbitpool.MaxResourcesPerLane {
+		return fmt.Errorf("conns_per_process must be between 1 and %d, got %d", orbitpool.MaxResourcesPerLane, a.ConnsPerProcess)
+	}
+	if err := a.fleetConfig().spec().Validate(); err != nil {
+		return fmt.Errorf("table sizes: %w", err)
+	}
+	if a.policy == nil {
+		return fmt.Errorf("unknown policy %q: want %s or %s", a.Policy, PolicyLocalFirst, PolicyLocalOnly)
+	}
+	if a.MaxConnsPerHost < 0 {
+		return fmt.Errorf("max_conns_per_host must not be negative, got %d", a.MaxConnsPerHost)
+	}
+	if a.MaxDialingPerHost < 0 {
+		return fmt.Errorf("max_dialing_per_host must not be negative, got %d", a.MaxDialingPerHost)
+	}
+	if a.WaitTimeout < 0 {
+		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(a.WaitTimeout))
+	}
+	if a.DeadlineNearWindow < 0 {
+		return fmt.Errorf("deadline_near_window must not be negative, got %s", time.Duration(a.DeadlineNearWindow))
+	}
+	if *a.MaxInFlight < 0 {
+		return fmt.Errorf("max_in_flight must not be negative, got %d", *a.MaxInFlight)
+	}
+	if a.Workers < 0 {
+		return fmt.Errorf("workers must not be negative, got %d", a.Workers)
+	}
+	if a.ReconcileInterval < 0 {
+		return fmt.Errorf("reconcile_interval must be positive, got %s", time.Duration(a.ReconcileInterval))
+	}
+	if a.ReservationTimeout < 0 {
+		return fmt.Errorf("reservation_timeout must be positive, got %s", time.Duration(a.ReservationTimeout))
+	}
+	return nil
+}
+
+// Start joins the fleet, or reuses the membership an earlier config of this
+// process holds with the same settings.
+func (a *App) Start() error {
+	f, err := a.fleet()
+	if err != nil {
+		return err
+	}
+	if *a.MaxInFlight == 0 {
+		a.logger.Warn("max_in_flight is 0: draining, every request through orbit_pool is refused")
+	}
+	a.logger.Info("joined the fleet",
+		zap.String("segment", f.cfg.Segment),
+		zap.String("socket_dir", f.cfg.SocketDir),
+		zap.Int("lane", f.pool.Lane()),
+		zap.String("policy", a.Policy),
+		zap.Int("max_conns_per_host", a.MaxConnsPerHost),
+		zap.Duration("wait_timeout", time.Duration(a.WaitTimeout)))
+	return nil
+}
+
+// Stop lets go of the fleet. The membership is closed once no config uses
+// it any more, and not before the requests this config still has in flight
+// through it have finished: a reload that starts a new config before this
+// one stops reuses it, and an in-flight WebSocket keeps it open.
+func (a *App) Stop() error {
+	if a.st == nil || !a.st.stopping.CompareAndSwap(false, true) {
+		return nil
+	}
+	if a.st.inflight.Load() == 0 {
+		a.releaseFleet()
+	}
+	return nil
+}
+
+// Cleanup lets go of the fleet as Stop does, for a config that took it but
+// was never stopped (another app failed to start); after a failed Provision
+// there is nothing to let go of.
+func (a *App) Cleanup() error {
+	return a.Stop()
+}
+
+// fleet returns the app's membership of the fleet, taking it from the usage
+// pool (opening the segment if this process has not yet) on first use. Start
+// does this; a transport whose server started before this app did may too.
+func (a *App) fleet() (*fleet, error) {
+	st := a.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.fl != nil {
+		return st.fl, nil
+	}
+	if st.stopping.Load() {
+		return nil, errAppStopped
+	}
+	cfg := a.fleetConfig()
+	v, loaded, err := fleets.LoadOrNew(a.key, func() (caddy.Destructor, error) {
+		return openFleet(cfg, a.logger)
+	})
+	if err != nil {
+		return nil, err
+	}
+	f := v.(*fleet)
+	if loaded {
+		// Follow this config's logs from now on.
+		f.setLogger(a.logger)
+	}
+	st.fl = f
+	return f, nil
+}
+
+var errAppStopped = errors.New("orbit_pool app stopped")
+
+// begin counts a request in flight through the app's fleet, joining the
+// fleet if Start has not run yet; end must follow once the exchange is over.
+func (a *App) begin() (*fleet, error) {
+	a.st.inflight.Add(1)
+	f, err := a.fleet()
+	if err != nil {
+		a.end()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (a *App) end() {
+	if a.st.inflight.Add(-1) == 0 && a.st.stopping.Load() {
+		// Not on the caller's goroutine: closing the membership waits for
+		// the node's goroutines.
+		go a.releaseFleet()
+	}
+}
+
+func (a *App) releaseFleet() {
+	f := a.currentFleet()
+	if f == nil {
+		return
+	}
+	a.st.release.Do(func() {
+		if _, err := fleets.Delete(a.key); err != nil && a.logger != nil {
+			a.logger.Error("leaving the fleet", zap.String("segment", f.cfg.Segment), zap.Error(err))
+		}
+	})
+}
+
+// currentFleet is the app's membership if it has one, without taking one.
+func (a *App) currentFleet() *fleet {
+	if a.st == nil {
+		return nil
+	}
+	a.st.mu.Lock()
+	defer a.st.mu.Unlock()
+	return a.st.fl
+}
+
+// limits are the pool limits of a transport that sets none of its own.
+func (a *App) limits() orbitpool.Limits {
+	return orbitpool.Limits{MaxResources: a.MaxConnsPerHost, MaxCreating: a.MaxDialingPerHost}
+}
+
+func (a *App) fleetConfig() fleetConfig {
+	cfg := fleetConfig{
+		Segment:            filepath.Clean(a.Segment),
+		SocketDir:          a.SocketDir,
+		Processes:          a.Processes,
+		Keys:               a.Keys,
+		ConnsPerProcess:    a.ConnsPerProcess,
+		DeadlineNearWindow: time.Duration(a.DeadlineNearWindow),
+		Workers:            a.Workers,
+		MemoryLimit:        a.MemoryLimit,
+		ReconcileInterval:  time.Duration(a.ReconcileInterval),
+		ReservationTimeout: time.Duration(a.ReservationTimeout),
+	}
+	if a.SocketDir != "" {
+		cfg.SocketDir = filepath.Clean(a.SocketDir)
+	}
+	if a.MaxInFlight != nil {
+		cfg.MaxInFlight = *a.MaxInFlight
+	}
+	return cfg
+}
+
+// Interface guards
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)

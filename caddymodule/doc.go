@@ -1,0 +1,40 @@
+// Package caddymodule plugs orbit into Caddy: the `orbit_pool` app, which
+// joins this process to a fleet of Caddy processes sharing one pool table in
+// shared memory, and the `orbit_pool` reverse_proxy transport, which sends
+// requests over the fleet's shared upstream connections.
+//
+// Changing a reverse_proxy's transport is all it takes:
+//
+//	reverse_proxy 10.0.0.5:8080 {
+//		transport orbit_pool
+//	}
+//
+// Every Caddy process on the host that names the same segment (by default
+// /dev/shm/orbit-pool) then shares its upstream connections: a request takes
+// a connection of its own process, else reserves a sibling's and has the
+// sibling forward it, else dials one within the upstream's fleet-wide budget,
+// else waits for capacity until its wait timeout, and is refused with a clear
+// status (503 or 504) rather than a late failure. Load balancing, health
+// checks, retries, header manipulation, streaming and WebSockets are
+// reverse_proxy's and keep working unchanged.
+//
+// The fleet-wide settings live in the `orbit_pool` global option (JSON: the
+// `orbit_pool` app); without one, the defaults apply. The package also
+// provides:
+//
+//   - Prometheus metrics in Caddy's registry, read from the shared table at
+//     scrape time (caddy_orbit_pool_*);
+//   - the admin API route GET /orbit_pool/, the fleet's table as JSON;
+//   - the `caddy orbit-fleet` command, which runs N workers of this binary on
+//     one port, each with its own admin socket, restarts a crashed worker and
+//     passes reloads and stops to all.
+//
+// Refusals reach the client as caddyhttp errors: 503 when the upstream's
+// connections, the process's in-flight cap or the request's remaining time
+// leave no room, 504 when the request's deadline passed. A transport cannot
+// write response headers, so the suggested Retry-After is published in the
+// placeholder {http.vars.orbit_pool_retry_after} (whole seconds) for a
+// handle_errors route to send; Caddyfile.example shows one. As with any
+// transport error, reverse_proxy's passive health checks count a refusal as a
+// failure of the upstream.
+package caddymodule

@@ -1,0 +1,149 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"github.com/orbitproxy/orbit/proxy"
+)
+
+// Refusal reasons beyond backpressure's, for logs and metrics: a wait for a
+// connection that timed out, labelled by what the pool lacked, and a policy
+// that declined.
+const (
+	ReasonBusy     = "busy"     // every connection of the upstream was in use
+	ReasonBudget   = "budget"   // the upstream's max_conns_per_host was reached
+	ReasonCreating = "creating" // the upstream's max_dialing_per_host was reached
+	ReasonPolicy   = "policy"   // the pool policy declined the request
+)
+
+// Placeholders the transport sets on a refused request, for handle_errors
+// routes: {http.vars.orbit_pool_retry_after} is the suggested Retry-After in
+// whole seconds (unset when a retry would not help), and
+// {http.vars.orbit_pool_refusal} the reason.
+const (
+	VarRetryAfter = "orbit_pool_retry_after"
+	VarRefusal    = "orbit_pool_refusal"
+)
+
+// RefusalError is a request the fleet would not send upstream now. It is
+// returned to reverse_proxy inside a caddyhttp.HandlerError carrying Status.
+type RefusalError struct {
+	// Status is the HTTP status to answer with: 503 or 504.
+	Status int
+	// RetryAfter is the suggested Retry-After, or 0 when a retry would not
+	// help.
+	RetryAfter time.Duration
+	// Reason labels the refusal in logs and metrics.
+	Reason string
+	// Upstream is the upstream the request was for.
+	Upstream string
+
+	cause  error // the sentinel it matches
+	detail error // what happened, for the message only
+}
+
+func (e *RefusalError) Error() string {
+	return fmt.Sprintf("orbit_pool: request to %s refused (%s): %v", e.Upstream, e.Reason, e.detail)
+}
+
+// Unwrap returns the sentinel the refusal matches (backpressure's errors, or
+// proxy.ErrNoCapacity for a wait that timed out, or orbitpool.ErrRefused),
+// never the context error a timed-out wait ends with: reverse_proxy takes a
+// context.Canceled for a client that went away.
+func (e *RefusalError) Unwrap() error { return e.cause }
+
+// classify turns a failed round trip into what reverse_proxy should see:
+// the client's cancellation as is, refusals as caddyhttp errors with their
+// status, retry-safe failures as dial errors, and a response header timeout
+// as 504.
+func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard, err error) error {
+	if perr := req.Context().Err(); perr != nil {
+		if errors.Is(perr, context.Canceled) {
+			if !errors.Is(err, context.Canceled) {
+				err = fmt.Errorf("%w: %w", perr, err)
+			}
+			return err
+		}
+		r, _ := backpressure.RefusalFor(backpressure.ErrDeadlineElapsed)
+		return t.refuse(req, up, r, backpressure.ErrDeadlineElapsed, err)
+	}
+	if wg.expired() {
+		var we *orbitpool.WaitError
+		if errors.As(err, &we) {
+			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: waitReason(we.Reason)}
+			return t.refuse(req, up, r, proxy.ErrNoCapacity, fmt.Errorf("no connection free within %s", t.wait))
+		}
+		r, _ := backpressure.RefusalFor(backpressure.ErrSaturated)
+		return t.refuse(req, up, r, backpressure.ErrSaturated, fmt.Errorf("no permit free within %s", t.wait))
+	}
+	for _, sentinel := range []error{
+		backpressure.ErrQuotaExceeded,
+		backpressure.ErrSaturated,
+		backpressure.ErrDeadlineNear,
+		backpressure.ErrDeadlineElapsed,
+	} {
+		if errors.Is(err, sentinel) {
+			r, _ := backpressure.RefusalFor(sentinel)
+			return t.refuse(req, up, r, sentinel, err)
+		}
+	}
+	if errors.Is(err, orbitpool.ErrRefused) {
+		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonPolicy}
+		return t.refuse(req, up, r, orbitpool.ErrRefused, err)
+	}
+	if proxy.IsRetrySafe(err) {
+		return reverseproxy.NewDialError(err)
+	}
+	if errors.Is(err, proxy.ErrResponseHeaderTimeout) {
+		return caddyhttp.Error(http.StatusGatewayTimeout, err)
+	}
+	return err
+}
+
+func waitReason(r orbitpool.Reason) string {
+	switch r {
+	case orbitpool.ReasonBudget:
+		return ReasonBudget
+	case orbitpool.ReasonCreating:
+		return ReasonCreating
+	case orbitpool.ReasonPolicy:
+		return ReasonPolicy
+	}
+	return ReasonBusy
+}
+
+// refuse counts and logs a refusal, publishes its Retry-After for error
+// routes, and returns it as a caddyhttp error.
+func (t *Transport) refuse(req *http.Request, up *upstreamInfo, r backpressure.Refusal, cause, detail error) error {
+	localMetrics.refused.WithLabelValues(up.name, r.Reason).Inc()
+	ctx := req.Context()
+	if ra := r.RetryAfterHeader(); ra != "" {
+		caddyhttp.SetVar(ctx, VarRetryAfter, ra)
+	}
+	caddyhttp.SetVar(ctx, VarRefusal, r.Reason)
+	t.logf(zapcore.DebugLevel, "request refused",
+		zap.String("upstream", up.name),
+		zap.String("reason", r.Reason),
+		zap.Int("status", r.Status),
+		zap.Duration("retry_after", r.RetryAfter),
+		zap.Error(detail))
+	return caddyhttp.Error(r.Status, &RefusalError{
+		Status:     r.Status,
+		RetryAfter: r.RetryAfter,
+		Reason:     r.Reason,
+		Upstream:   up.name,
+		cause:      cause,
+		detail:     detail,
+	})
+}

@@ -1,0 +1,145 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/governor"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"github.com/orbitproxy/orbit/proxy"
+)
+
+// fleets holds this process's memberships, by their settings. A config
+// reload that keeps the settings reuses the open membership; one that changes
+// them gets a new membership (another lane of the same segment), and the old
+// one closes when the old config's last request is over.
+var fleets = caddy.NewUsagePool()
+
+// fleetConfig is everything about a membership that is fixed once it is
+// open. Settings read per request (policy, caps, wait timeout) are not here:
+// changing them on a reload keeps the membership.
+type fleetConfig struct {
+	Segment            string        `json:"segment"`
+	SocketDir          string        `json:"socket_dir"`
+	Processes          int           `json:"processes"`
+	Keys               int           `json:"keys"`
+	ConnsPerProcess    int           `json:"conns_per_process"`
+	MaxInFlight        int           `json:"max_in_flight"`
+	DeadlineNearWindow time.Duration `json:"deadline_near_window"`
+	Workers            int           `json:"workers"`
+	MemoryLimit        uint64        `json:"memory_limit"`
+	ReconcileInterval  time.Duration `json:"reconcile_interval"`
+	ReservationTimeout time.Duration `json:"reservation_timeout"`
+}
+
+func (c fleetConfig) usageKey() string {
+	b, _ := json.Marshal(c) // plain fields: cannot fail
+	return "orbit_pool:" + string(b)
+}
+
+func (c fleetConfig) spec() orbitpool.PoolSpec {
+	return orbitpool.PoolSpec{
+		Path:             c.Segment,
+		Lanes:            c.Processes,
+		Keys:             c.Keys,
+		ResourcesPerLane: c.ConnsPerProcess,
+	}
+}
+
+// fleet is one open membership: the pool table, the node that owns this
+// process's upstream connections and serves siblings, the governor bounding
+// that service, and the back-pressure permits shared by every transport.
+type fleet struct {
+	cfg     fleetConfig
+	pool    *orbitpool.Pool
+	node    *proxy.Node
+	gov     *governor.Governor
+	limiter *backpressure.Limiter
+	opened  time.Time
+	log     atomic.Pointer[zap.Logger]
+}
+
+func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	f := &fleet{cfg: cfg, opened: time.Now()}
+	f.log.Store(log)
+	pool, err := orbitpool.Open(cfg.spec(), orbitpool.Options{
+		ReconcileInterval:  cfg.ReconcileInterval,
+		ReservationTimeout: cfg.ReservationTimeout,
+		OnReclaim: func(li orbitpool.LaneInfo) {
+			f.logger().Warn("reclaimed the connections of a dead process",
+				zap.Int("pid", li.PID),
+				zap.Int("lane", li.Lane),
+				zap.Int("connections", li.Resources))
+		},
+		OnError: func(err error) {
+			f.logger().Error("pool housekeeping", zap.Error(err))
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening segment %s: %w", cfg.Segment, err)
+	}
+	f.pool = pool
+	f.gov = governor.New(cfg.Workers, cfg.MemoryLimit)
+	node, err := proxy.NewNode(pool, proxy.NodeOptions{
+		SocketDir: cfg.SocketDir,
+		Governor:  f.gov,
+		Logger:    log.Named("node"),
+	})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("listening for siblings in %s: %w", cfg.SocketDir, err)
+	}
+	f.node = node
+	f.limiter = backpressure.New(
+		backpressure.WithCap(cfg.MaxInFlight),
+		backpressure.WithNearWindow(cfg.DeadlineNearWindow),
+	)
+	return f, nil
+}
+
+func (f *fleet) logger() *zap.Logger { return f.log.Load() }
+
+func (f *fleet) setLogger(l *zap.Logger) {
+	if l != nil {
+		f.log.Store(l)
+	}
+}
+
+// Destruct leaves the fleet: this process's connections are closed and
+// unregistered, its socket removed and its lane freed.
+func (f *fleet) Destruct() error {
+	f.logger().Info("leaving the fleet", zap.String("segment", f.cfg.Segment), zap.Int("lane", f.pool.Lane()))
+	nerr := f.node.Close()
+	perr := f.pool.Close()
+	if nerr != nil {
+		return fmt.Errorf("closing node: %w", nerr)
+	}
+	if perr != nil {
+		return fmt.Errorf("closing pool: %w", perr)
+	}
+	return nil
+}
+
+// openFleets lists the memberships this process holds now.
+func openFleets() []*fleet {
+	var out []*fleet
+	fleets.Range(func(_, v any) bool {
+		if f, ok := v.(*fleet); ok {
+			out = append(out, f)
+		}
+		return true
+	})
+	return out
+}
+
+// Interface guards
+var _ caddy.Destructor = (*fleet)(nil)

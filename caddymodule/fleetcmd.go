@@ -1,0 +1,125 @@
+package caddymodule
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "orbit-fleet",
+		Usage: "[--config <path> [--adapter <name>]] [--workers <n>] [--run-dir <dir>] [--pidfile <file>] [--stop-timeout <duration>]",
+		Short: "Runs a fleet of Caddy workers on one port, sharing upstream connections",
+		Long: `
+Runs N Caddy workers of this binary with one configuration, on the same
+ports, and an orbit_pool transport in the configuration makes them share
+their upstream connections.
+
+The fleet opens one listening socket for each TCP address the configuration's
+HTTP servers listen on and passes it to every worker, which accept from it in
+turn. The socket outlives any worker, so a worker that reloads, crashes or
+restarts loses none of the connections waiting to be accepted (separate
+SO_REUSEPORT sockets would reset them). HTTP/3 (UDP) is bound by each worker
+with SO_REUSEPORT. Addresses a reload adds are bound by each worker until the
+fleet restarts.
+
+Each worker gets its own admin endpoint, a unix socket in the run directory
+(worker-<i>.sock), and persist_config off; the configuration's own admin
+address is replaced (a configuration with 'admin off' is refused: reloads
+need the admin endpoint). Workers see ORBIT_FLEET_WORKER (their index) and
+ORBIT_FLEET_WORKERS in their environment.
+
+A worker that exits is started again, after a delay that doubles from 100ms
+to 10s while it keeps failing. SIGHUP reloads the configuration file into
+every worker (gracefully, through its admin endpoint); SIGTERM or SIGINT stops
+every worker gracefully, killing those still running after --stop-timeout.
+
+The run directory (default: $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/orbit-fleet,
+else a directory in the system temp directory) holds the workers' admin
+sockets, their configurations and pid files, and a lock that keeps two fleets
+out of one directory.
+
+A systemd template unit, caddy-fleet@.service, for /etc/caddy/<name>.Caddyfile:
+
+	[Service]
+	Type=simple
+	User=caddy
+	Group=caddy
+	RuntimeDirectory=caddy-fleet-%i
+	ExecStart=/usr/bin/caddy orbit-fleet --workers 4 --config /etc/caddy/%i.Caddyfile
+	ExecReload=/bin/kill -HUP $MAINPID
+	KillMode=mixed
+	TimeoutStopSec=70s
+	LimitNOFILE=1048576
+	AmbientCapabilities=CAP_NET_BIND_SERVICE
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Flags().StringP("config", "c", "", "Configuration file")
+			cmd.Flags().StringP("adapter", "a", "", "Name of config adapter to apply")
+			cmd.Flags().IntP("workers", "w", 2, "Number of worker processes")
+			cmd.Flags().String("run-dir", "", "Directory for the workers' admin sockets and configurations")
+			cmd.Flags().String("pidfile", "", "Path of a file to write the fleet's process ID to")
+			cmd.Flags().Duration("stop-timeout", 60*time.Second, "How long workers may take to stop gracefully")
+			cmd.Flags().Duration("start-timeout", 60*time.Second, "How long workers may take to load the configuration at startup")
+			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdOrbitFleet)
+		},
+	})
+}
+
+func cmdOrbitFleet(fl caddycmd.Flags) (int, error) {
+	n := fl.Int("workers")
+	if n < 1 || n > 64 {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("--workers must be between 1 and 64, got %d", n)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding this executable: %w", err)
+	}
+	runDir := fl.String("run-dir")
+	if runDir == "" {
+		runDir = defaultRunDir()
+	}
+	runDir, err = filepath.Abs(runDir)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("run directory: %w", err)
+	}
+	if pidfile := fl.String("pidfile"); pidfile != "" {
+		if err := os.WriteFile(pidfile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+			return caddy.ExitCodeFailedStartup, fmt.Errorf("writing pidfile: %w", err)
+		}
+		defer os.Remove(pidfile)
+	}
+	s := &supervisor{
+		exe:          exe,
+		configFile:   fl.String("config"),
+		adapter:      fl.String("adapter"),
+		n:            n,
+		runDir:       runDir,
+		stopTimeout:  fl.Duration("stop-timeout"),
+		startTimeout: fl.Duration("start-timeout"),
+		log:          caddy.Log().Named("orbit-fleet"),
+	}
+	if err := s.run(); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+// defaultRunDir is systemd's RuntimeDirectory when there is one, else a
+// directory in the user's runtime directory or in the temp directory.
+func defaultRunDir() string {
+	if d := os.Getenv("RUNTIME_DIRECTORY"); d != "" {
+		return filepath.SplitList(d)[0]
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "orbit-fleet")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("orbit-fleet-%d", os.Getuid()))
+}

@@ -1,0 +1,348 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"golang.org/x/sys/unix"
+)
+
+// The workers of `caddy orbit-fleet` accept on listening sockets the
+// supervisor opened and passed down, one per TCP address, shared by every
+// worker. Binding each worker's own SO_REUSEPORT socket instead would lose
+// connections: when a worker reloads (Caddy opens a new socket for the new
+// config and closes the old one) or dies, the kernel resets the connections
+// still queued on the socket it closes. A shared socket lives as long as the
+// supervisor, so its queue survives every reload, crash and restart.
+//
+// The supervisor rewrites each HTTP server's TCP listen address to one of the
+// networks below; a worker resolves it to the inherited socket named in
+// ORBIT_FLEET_LISTENERS. HTTP/3 stays on a UDP socket each worker binds with
+// SO_REUSEPORT (a shared UDP socket would scatter a QUIC connection's packets
+// over the workers).
+const fleetListenersEnv = "ORBIT_FLEET_LISTENERS"
+
+// fleetNetworks maps a TCP network to the network naming its inherited
+// socket, and fleetNetworksH3 that network to HTTP/3's.
+var (
+	fleetNetworks   = map[string]string{"tcp": "orbittcp", "tcp4": "orbittcp4", "tcp6": "orbittcp6"}
+	fleetNetworksH3 = map[string]string{"orbittcp": "udp", "orbittcp4": "udp4", "orbittcp6": "udp6"}
+)
+
+func init() {
+	for fleetNet, h3Net := range fleetNetworksH3 {
+		caddy.RegisterNetwork(fleetNet, listenInherited)
+		caddyhttp.RegisterNetworkHTTP3(fleetNet, h3Net)
+	}
+}
+
+// listenerKey names one TCP socket: network/host:port.
+func listenerKey(network, host string, port uint) string {
+	return network + "/" + net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
+}
+
+var inherited = sync.OnceValues(func() (map[string]*os.File, error) {
+	v := os.Getenv(fleetListenersEnv)
+	if v == "" {
+		return nil, nil
+	}
+	var fds map[string]int
+	if err := json.Unmarshal([]byte(v), &fds); err != nil {
+		return nil, fmt.Errorf("%s: %w", fleetListenersEnv, err)
+	}
+	files := make(map[string]*os.File, len(fds))
+	for key, fd := range fds {
+		files[key] = os.NewFile(uintptr(fd), key)
+	}
+	return files, nil
+})
+
+// listenInherited returns a listener on the inherited socket for the
+// address, or, for an address the supervisor opened no socket for (one a
+// reload added, or a process not started by orbit-fleet), a listener of its
+// own as Caddy would make it.
+func listenInherited(ctx context.Context, network, host, portRange string, portOffset uint, cfg net.ListenConfig) (any, error) {
+	tcpNet := strings.TrimPrefix(network, "orbit")
+	start, _, err := parsePortRange(portRange)
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s:%s: %w", network, host, portRange, err)
+	}
+	port := start + portOffset
+	files, err := inherited()
+	if err != nil {
+		return nil, err
+	}
+	key := listenerKey(tcpNet, host, port)
+	if f := files[key]; f != nil {
+		// A new descriptor for the same socket: closing it when this
+		// config stops leaves the socket, and its queue, to the others.
+		ln, err := net.FileListener(f)
+		if err != nil {
+			return nil, err
+		}
+		tl, ok := ln.(*net.TCPListener)
+		if !ok {
+			ln.Close()
+			return nil, fmt.Errorf("%s: inherited descriptor is not a TCP listener", key)
+		}
+		return newHandoffListener(key, tl), nil
+	}
+	na := caddy.NetworkAddress{Network: tcpNet, Host: host, StartPort: port, EndPort: port}
+	return na.Listen(ctx, 0, cfg)
+}
+
+// socketGroups are this process's open listeners on each inherited
+// socket, oldest first: during a config reload the old config's server and
+// the new one's both have one.
+var socketGroups sync.Map // listenerKey -> *socketGroup
+
+type socketGroup struct {
+	mu      sync.Mutex
+	lns     []*handoffListener
+	changed chan struct{} // closed when lns changes
+}
+
+// handoffListener hands a socket over from one config to the next: once a
+// newer listener on the same socket exists in this process, it stops
+// accepting, and resumes only if the newer one closes first (a new config
+// that failed to start). Without the hand-over, the old config's server would
+// go on accepting until it shuts down, and net/http drops the request of a
+// connection whose server began shutting down before the request was read:
+// a client would see the connection closed with no response.
+type handoffListener struct {
+	*net.TCPListener
+	g      *socketGroup
+	closed bool // under g.mu
+}
+
+func newHandoffListener(key string, tl *net.TCPListener) *handoffListener {
+	v, _ := socketGroups.LoadOrStore(key, &socketGroup{changed: make(chan struct{})})
+	g := v.(*socketGroup)
+	l := &handoffListener{TCPListener: tl, g: g}
+	g.mu.Lock()
+	for _, old := range g.lns {
+		old.TCPListener.SetDeadline(time.Now()) // interrupt its Accept
+	}
+	g.lns = append(g.lns, l)
+	g.notifyLocked()
+	g.mu.Unlock()
+	return l
+}
+
+func (g *socketGroup) notifyLocked() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// Accept accepts while l is the newest listener on its socket.
+func (l *handoffListener) Accept() (net.Conn, error) {
+	g := l.g
+	for {
+		g.mu.Lock()
+		if l.closed {
+			g.mu.Unlock()
+			return nil, net.ErrClosed
+		}
+		if g.lns[len(g.lns)-1] != l {
+			ch := g.changed
+			g.mu.Unlock()
+			<-ch
+			continue
+		}
+		// Under g.mu, so that a newer listener's interruption cannot
+		// come between this and the Accept below unnoticed.
+		l.TCPListener.SetDeadline(time.Time{})
+		g.mu.Unlock()
+		c, err := l.TCPListener.Accept()
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			return nil, err
+		}
+		return c, nil
+	}
+}
+
+// Close closes this descriptor of the socket; the socket stays open.
+func (l *handoffListener) Close() error {
+	g := l.g
+	g.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		for i, x := range g.lns {
+			if x == l {
+				g.lns = append(g.lns[:i], g.lns[i+1:]...)
+				break
+			}
+		}
+		g.notifyLocked()
+	}
+	g.mu.Unlock()
+	return l.TCPListener.Close()
+}
+
+// reusePortControl sets SO_REUSEPORT, as Caddy does on its own listeners.
+func reusePortControl(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+func parsePortRange(r string) (start, end uint, err error) {
+	lo, hi, isRange := strings.Cut(r, "-")
+	s, err := strconv.ParseUint(lo, 10, 16)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bad port %q", r)
+	}
+	e := s
+	if isRange {
+		if e, err = strconv.ParseUint(hi, 10, 16); err != nil || e < s {
+			return 0, 0, fmt.Errorf("bad port range %q", r)
+		}
+	}
+	return uint(s), uint(e), nil
+}
+
+// fleetSockets are the listening sockets a supervisor shares with its
+// workers.
+type fleetSockets struct {
+	files []*os.File     // passed as descriptors 3, 4, ...
+	fds   map[string]int // listenerKey -> descriptor in the worker
+}
+
+// openFleetSockets opens a listening socket for every TCP address the HTTP
+// servers of config listen on. The sockets have SO_REUSEPORT set, so that a
+// new fleet can start on the same ports before the old one stops.
+func openFleetSockets(config []byte) (*fleetSockets, error) {
+	fs := &fleetSockets{fds: make(map[string]int)}
+	addrs, err := tcpListenAddrs(config)
+	if err != nil {
+		return nil, err
+	}
+	lc := net.ListenConfig{Control: reusePortControl}
+	for _, na := range addrs {
+		for p := na.StartPort; p <= na.EndPort; p++ {
+			key := listenerKey(na.Network, na.Host, p)
+			if _, ok := fs.fds[key]; ok {
+				continue
+			}
+			ln, err := lc.Listen(context.Background(), na.Network, net.JoinHostPort(na.Host, strconv.FormatUint(uint64(p), 10)))
+			if err != nil {
+				fs.close()
+				return nil, fmt.Errorf("listening on %s: %w", key, err)
+			}
+			f, err := ln.(*net.TCPListener).File()
+			ln.Close()
+			if err != nil {
+				fs.close()
+				return nil, fmt.Errorf("listening on %s: %w", key, err)
+			}
+			fs.fds[key] = 3 + len(fs.files)
+			fs.files = append(fs.files, f)
+		}
+	}
+	return fs, nil
+}
+
+func (fs *fleetSockets) close() {
+	for _, f := range fs.files {
+		f.Close()
+	}
+}
+
+// env is the environment variable telling a worker which descriptor holds
+// which socket.
+func (fs *fleetSockets) env() string {
+	b, _ := json.Marshal(fs.fds) // map[string]int: cannot fail
+	return fleetListenersEnv + "=" + string(b)
+}
+
+// rewrite points every listen address of cfg's HTTP servers that has shared
+// sockets at them; other addresses are left for the worker to bind.
+func (fs *fleetSockets) rewrite(cfg map[string]any) {
+	servers := httpServers(cfg)
+	for _, srv := range servers {
+		list, _ := srv["listen"].([]any)
+		for i, v := range list {
+			s, _ := v.(string)
+			na, ok := tcpAddr(s)
+			if !ok {
+				continue
+			}
+			all := true
+			for p := na.StartPort; p <= na.EndPort; p++ {
+				if _, ok := fs.fds[listenerKey(na.Network, na.Host, p)]; !ok {
+					all = false
+				}
+			}
+			if all {
+				ports := strconv.FormatUint(uint64(na.StartPort), 10)
+				if na.EndPort != na.StartPort {
+					ports += "-" + strconv.FormatUint(uint64(na.EndPort), 10)
+				}
+				list[i] = fleetNetworks[na.Network] + "/" + net.JoinHostPort(na.Host, ports)
+			}
+		}
+	}
+}
+
+// tcpListenAddrs lists the TCP listen addresses of config's HTTP servers.
+func tcpListenAddrs(config []byte) ([]caddy.NetworkAddress, error) {
+	var cfg map[string]any
+	if err := json.Unmarshal(config, &cfg); err != nil {
+		return nil, fmt.Errorf("decoding configuration: %w", err)
+	}
+	var out []caddy.NetworkAddress
+	for _, srv := range httpServers(cfg) {
+		list, _ := srv["listen"].([]any)
+		for _, v := range list {
+			s, _ := v.(string)
+			if na, ok := tcpAddr(s); ok {
+				out = append(out, na)
+			}
+		}
+	}
+	return out, nil
+}
+
+// tcpAddr parses a listen address that names TCP ports, without
+// placeholders.
+func tcpAddr(s string) (caddy.NetworkAddress, bool) {
+	if s == "" || strings.Contains(s, "{") {
+		return caddy.NetworkAddress{}, false
+	}
+	na, err := caddy.ParseNetworkAddressWithDefaults(s, "tcp", 0)
+	if err != nil || fleetNetworks[na.Network] == "" || na.StartPort == 0 {
+		return caddy.NetworkAddress{}, false
+	}
+	return na, true
+}
+
+func httpServers(cfg map[string]any) []map[string]any {
+	apps, _ := cfg["apps"].(map[string]any)
+	httpApp, _ := apps["http"].(map[string]any)
+	servers, _ := httpApp["servers"].(map[string]any)
+	var out []map[string]any
+	for _, v := range servers {
+		if srv, ok := v.(map[string]any); ok {
+			out = append(out, srv)
+		}
+	}
+	return out
+}

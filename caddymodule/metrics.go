@@ -1,0 +1,152 @@
+package caddymodule
+
+import (
+	"errors"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+const (
+	metricsNamespace = "caddy"
+	metricsSubsystem = "orbit_pool"
+)
+
+// waitObserver records one request's wait.
+type waitObserver interface{ Observe(float64) }
+
+// localMetrics are what this process saw of its own requests. They are
+// process-wide, so that they survive config reloads, and registered in each
+// config's registry.
+var localMetrics = struct {
+	refused *prometheus.CounterVec
+	wait    *prometheus.HistogramVec
+}{
+	refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "refused_total",
+		Help:      "Requests this process refused instead of sending them upstream, by upstream and reason.",
+	}, []string{"upstream", "reason"}),
+	wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "wait_duration_seconds",
+		Help:      "Time a request of this process took to get its upstream connection: back-pressure permit, pool wait and, for a new connection, the dial.",
+		Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"upstream"}),
+}
+
+// registerMetrics registers the app's collectors in the config's registry.
+// A registry that has them already (the app provisioned twice in one
+// context) keeps the ones it has.
+func registerMetrics(ctx caddy.Context, a *App) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	for _, c := range []prometheus.Collector{localMetrics.refused, localMetrics.wait, &tableCollector{app: a}} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				a.logger.Error("registering metrics", zap.Error(err))
+			}
+		}
+	}
+}
+
+func newDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name), help, labels, nil)
+}
+
+// Descriptions of the metrics read from the shared table at scrape time.
+// Gauges are the fleet's state now; counters are summed over every process
+// of the fleet since the upstream's table entry was made.
+var (
+	descProcesses   = newDesc("processes", "Processes that are members of the fleet.")
+	descUpstream    = newDesc("upstream_info", "The upstream a pool key stands for, for the keys this process has sent requests to.", "key", "upstream")
+	descLive        = newDesc("connections", "Open upstream connections across the fleet.", "key")
+	descDialing     = newDesc("connections_dialing", "Upstream connections being dialed across the fleet.", "key")
+	descIdle        = newDesc("connections_idle", "Open upstream connections with no request on them.", "key")
+	descBusy        = newDesc("connections_busy", "Open upstream connections with a request on them or reserved.", "key")
+	descInUse       = newDesc("requests_in_flight", "Requests using upstream connections across the fleet.", "key")
+	descPending     = newDesc("reservations_pending", "Reservations on connections not yet taken up by their owner.", "key")
+	descWaiting     = newDesc("requests_waiting", "Requests waiting across the fleet for a connection to come free.", "key")
+	descCreated     = newDesc("connections_created_total", "Upstream connections dialed and shared.", "key")
+	descReused      = newDesc("reused_total", "Requests that reused an open connection, of their own process (local) or a sibling's (remote).", "key", "where")
+	descAccepted    = newDesc("leases_accepted_total", "Reservations taken up by the connection's owner.", "key")
+	descAged        = newDesc("reservations_aged_total", "Reservations dropped because they were never taken up.", "key")
+	descWaits       = newDesc("waits_total", "Requests that waited for a connection and got one.", "key")
+	descTimeouts    = newDesc("wait_timeouts_total", "Requests that waited for a connection and gave up.", "key")
+	descWaitSeconds = newDesc("wait_seconds_total", "Total time requests spent waiting for a connection.", "key")
+
+	descOwned        = newDesc("owned_connections", "Upstream connections this process owns.")
+	descServedRemote = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
+	descLeaseRefused = newDesc("leases_refused_total", "Siblings' reservations this process refused (stale, or the connection closed).")
+	descRetired      = newDesc("connections_retired_total", "Upstream connections this process closed.")
+	descRetries      = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
+)
+
+// tableCollector reads the fleet's table when scraped.
+type tableCollector struct{ app *App }
+
+func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
+		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
+		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descLeaseRefused,
+		descRetired, descRetries,
+	} {
+		ch <- d
+	}
+}
+
+func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
+	f := c.app.currentFleet()
+	if f == nil {
+		return
+	}
+	snap, err := f.pool.Snapshot()
+	if err != nil {
+		f.logger().Error("reading the pool table for metrics", zap.Error(err))
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge(descProcesses, float64(len(snap.Lanes)))
+	for _, ks := range snap.Keys {
+		k := ks.Key.String()
+		for _, name := range upstreamNames(ks.Key) {
+			gauge(descUpstream, 1, k, name)
+		}
+		gauge(descLive, float64(ks.Live), k)
+		gauge(descDialing, float64(ks.Creating), k)
+		gauge(descIdle, float64(ks.Idle), k)
+		gauge(descBusy, float64(ks.Busy), k)
+		gauge(descInUse, float64(ks.InUse), k)
+		gauge(descPending, float64(ks.Pending), k)
+		gauge(descWaiting, float64(ks.Waiting), k)
+		counter(descCreated, float64(ks.Created), k)
+		counter(descReused, float64(ks.ReusedLocal), k, "local")
+		counter(descReused, float64(ks.ReusedRemote), k, "remote")
+		counter(descAccepted, float64(ks.Accepted), k)
+		counter(descAged, float64(ks.Aged), k)
+		counter(descWaits, float64(ks.Waits), k)
+		counter(descTimeouts, float64(ks.Timeouts), k)
+		counter(descWaitSeconds, ks.WaitTime.Seconds(), k)
+	}
+	st := f.node.Stats()
+	gauge(descOwned, float64(st.OpenConns))
+	counter(descServedRemote, float64(st.ServedRemote))
+	counter(descLeaseRefused, float64(st.Refused))
+	counter(descRetired, float64(st.Retired))
+	counter(descRetries, float64(st.Retries))
+}
+
+// Interface guards
+var _ prometheus.Collector = (*tableCollector)(nil)

@@ -1,0 +1,609 @@
+package caddymodule
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// Restart delays of a worker that keeps exiting: doubling from the first to
+// the last; a worker that ran for stableRun starts again from the first.
+const (
+	restartDelayMin = 100 * time.Millisecond
+	restartDelayMax = 10 * time.Second
+	stableRun       = 30 * time.Second
+
+	// workerShutdownDelay is how long a worker's old servers keep serving
+	// what they accepted before shutting down, on a reload or a stop, when
+	// the configuration sets no shutdown_delay.
+	workerShutdownDelay = time.Second
+)
+
+// supervisor runs the workers of `caddy orbit-fleet`. One goroutine, run's
+// event loop, owns all of its state; process exits, pingbacks, timers and
+// signals reach it as events.
+type supervisor struct {
+	exe          string
+	configFile   string
+	adapter      string
+	n            int
+	runDir       string
+	stopTimeout  time.Duration
+	startTimeout time.Duration
+	log          *zap.Logger
+
+	ln        net.Listener  // pingbacks: a worker echoes its token once its config runs
+	sockets   *fleetSockets // listening sockets shared by the workers
+	events    chan event
+	spawn     chan spawnRequest
+	workers   []*worker
+	config    []byte // the adapted configuration, before per-worker changes
+	stopping  bool
+	reloading bool
+	reloadDue bool
+}
+
+type worker struct {
+	id      int
+	sock    string // admin endpoint, a unix socket
+	cfgPath string
+	pidPath string
+
+	gen     int // incremented on each start
+	token   string
+	proc    *os.Process
+	started time.Time
+	running bool
+	ready   bool
+	delay   time.Duration
+	timer   *time.Timer
+}
+
+type eventKind int
+
+const (
+	evExited eventKind = iota
+	evReady
+	evRestart
+	evReloaded
+	evSignal
+	evStartTimeout
+	evStopTimeout
+)
+
+type event struct {
+	kind  eventKind
+	id    int
+	gen   int
+	err   error
+	token string
+	sig   os.Signal
+}
+
+type spawnRequest struct {
+	w     *worker
+	reply chan error
+}
+
+func (s *supervisor) run() error {
+	if err := os.MkdirAll(s.runDir, 0o700); err != nil {
+		return fmt.Errorf("creating run directory: %w", err)
+	}
+	if err := os.Chmod(s.runDir, 0o700); err != nil {
+		return fmt.Errorf("securing run directory: %w", err)
+	}
+	lock, err := lockRunDir(s.runDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+
+	if err := s.loadConfig(); err != nil {
+		return err
+	}
+	s.sockets, err = openFleetSockets(s.config)
+	if err != nil {
+		return err
+	}
+	defer s.sockets.close()
+	for i := range s.n {
+		w := &worker{
+			id:      i,
+			sock:    filepath.Join(s.runDir, fmt.Sprintf("worker-%d.sock", i)),
+			cfgPath: filepath.Join(s.runDir, fmt.Sprintf("worker-%d.json", i)),
+			pidPath: filepath.Join(s.runDir, fmt.Sprintf("worker-%d.pid", i)),
+		}
+		if len(w.sock) > 100 {
+			return fmt.Errorf("run directory %s is too long for a unix socket path; choose a shorter --run-dir", s.runDir)
+		}
+		s.workers = append(s.workers, w)
+	}
+	if err := s.writeConfigs(); err != nil {
+		return err
+	}
+
+	s.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("listening for worker pingbacks: %w", err)
+	}
+	defer s.ln.Close()
+	s.events = make(chan event, 4*s.n+16)
+	go s.acceptPingbacks()
+
+	// Children are started from one locked OS thread that lives as long as
+	// the fleet: Pdeathsig fires when the thread that forked a child exits,
+	// not when the process does.
+	s.spawn = make(chan spawnRequest)
+	spawnerDone := make(chan struct{})
+	go s.spawner(spawnerDone)
+	defer func() {
+		close(s.spawn)
+		<-spawnerDone
+	}()
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		for sig := range sigs {
+			s.events <- event{kind: evSignal, sig: sig}
+		}
+	}()
+
+	keys := make([]string, 0, len(s.sockets.fds))
+	for k := range s.sockets.fds {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	s.log.Info("starting fleet",
+		zap.Int("workers", s.n),
+		zap.Strings("shared_sockets", keys),
+		zap.String("config", s.configFile),
+		zap.String("run_dir", s.runDir))
+	var startErr error
+	for _, w := range s.workers {
+		if startErr = s.start(w); startErr != nil {
+			s.log.Error("fleet failed to start", zap.Error(startErr))
+			s.stopAll()
+			break
+		}
+	}
+	return s.loop(startErr)
+}
+
+// loop handles events until every worker has stopped. startErr is a failure
+// to start the fleet, already being stopped.
+func (s *supervisor) loop(startErr error) error {
+	starting := true
+	startTimer := time.AfterFunc(s.startTimeout, func() { s.events <- event{kind: evStartTimeout} })
+	defer startTimer.Stop()
+	var stopTimer *time.Timer
+	if s.stopping {
+		stopTimer = s.armStopTimer()
+	}
+	defer func() {
+		if stopTimer != nil {
+			stopTimer.Stop()
+		}
+	}()
+	for {
+		if s.stopping && s.runningCount() == 0 {
+			for _, w := range s.workers {
+				os.Remove(w.pidPath)
+			}
+			s.log.Info("fleet stopped")
+			return startErr
+		}
+		ev := <-s.events
+		switch ev.kind {
+		case evReady:
+			for _, w := range s.workers {
+				if w.running && !w.ready && w.token == ev.token {
+					w.ready = true
+					s.log.Info("worker ready", zap.Int("worker", w.id), zap.Int("pid", w.proc.Pid), zap.String("admin", "unix/"+w.sock))
+				}
+			}
+			if starting && s.readyCount() == s.n {
+				starting = false
+				startTimer.Stop()
+				s.log.Info("fleet ready", zap.Int("workers", s.n))
+			}
+
+		case evExited:
+			w := s.workers[ev.id]
+			if ev.gen != w.gen || !w.running {
+				break
+			}
+			w.running = false
+			wasReady := w.ready
+			w.ready = false
+			os.Remove(w.pidPath)
+			if s.stopping {
+				s.log.Info("worker stopped", zap.Int("worker", w.id), zap.String("status", exitStatus(ev.err)))
+				break
+			}
+			if starting && !wasReady {
+				startErr = fmt.Errorf("worker %d exited before its configuration ran (%s); see its log above", w.id, exitStatus(ev.err))
+				s.log.Error("worker failed to start", zap.Int("worker", w.id), zap.String("status", exitStatus(ev.err)))
+				s.stopAll()
+				stopTimer = s.armStopTimer()
+				break
+			}
+			if time.Since(w.started) >= stableRun || w.delay == 0 {
+				w.delay = restartDelayMin
+			} else {
+				w.delay = min(2*w.delay, restartDelayMax)
+			}
+			s.log.Warn("worker exited; restarting it",
+				zap.Int("worker", w.id),
+				zap.String("status", exitStatus(ev.err)),
+				zap.Duration("delay", w.delay))
+			id, gen := w.id, w.gen
+			w.timer = time.AfterFunc(w.delay, func() { s.events <- event{kind: evRestart, id: id, gen: gen} })
+
+		case evRestart:
+			w := s.workers[ev.id]
+			if s.stopping || w.running || ev.gen != w.gen {
+				break
+			}
+			if err := s.start(w); err != nil {
+				s.log.Error("restarting worker", zap.Int("worker", w.id), zap.Error(err))
+				id, gen := w.id, w.gen
+				w.delay = min(2*max(w.delay, restartDelayMin), restartDelayMax)
+				w.timer = time.AfterFunc(w.delay, func() { s.events <- event{kind: evRestart, id: id, gen: gen} })
+			}
+
+		case evReloaded:
+			s.reloading = false
+			if s.reloadDue && !s.stopping {
+				s.reloadDue = false
+				s.reload()
+			}
+
+		case evStartTimeout:
+			if starting && !s.stopping {
+				startErr = fmt.Errorf("%d of %d workers did not load their configuration within %s", s.n-s.readyCount(), s.n, s.startTimeout)
+				s.log.Error("fleet failed to start", zap.Error(startErr))
+				s.stopAll()
+				stopTimer = s.armStopTimer()
+			}
+
+		case evStopTimeout:
+			s.killAll()
+
+		case evSignal:
+			switch ev.sig {
+			case syscall.SIGHUP:
+				if s.stopping {
+					break
+				}
+				if s.reloading {
+					s.reloadDue = true
+					break
+				}
+				s.reload()
+			default:
+				if s.stopping {
+					s.log.Warn("second stop signal: killing workers", zap.Stringer("signal", ev.sig))
+					s.killAll()
+					break
+				}
+				s.log.Info("stopping fleet", zap.Stringer("signal", ev.sig))
+				s.stopAll()
+				stopTimer = s.armStopTimer()
+			}
+		}
+	}
+}
+
+func (s *supervisor) armStopTimer() *time.Timer {
+	return time.AfterFunc(s.stopTimeout, func() { s.events <- event{kind: evStopTimeout} })
+}
+
+func (s *supervisor) runningCount() int {
+	n := 0
+	for _, w := range s.workers {
+		if w.running {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *supervisor) readyCount() int {
+	n := 0
+	for _, w := range s.workers {
+		if w.ready {
+			n++
+		}
+	}
+	return n
+}
+
+// start starts worker w with a fresh token.
+func (s *supervisor) start(w *worker) error {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("making a pingback token: %w", err)
+	}
+	w.gen++
+	w.token = hex.EncodeToString(b[:])
+	reply := make(chan error, 1)
+	s.spawn <- spawnRequest{w: w, reply: reply}
+	if err := <-reply; err != nil {
+		return fmt.Errorf("starting worker %d: %w", w.id, err)
+	}
+	w.running = true
+	w.ready = false
+	w.started = time.Now()
+	if err := os.WriteFile(w.pidPath, []byte(strconv.Itoa(w.proc.Pid)+"\n"), 0o600); err != nil {
+		s.log.Warn("writing worker pid file", zap.Int("worker", w.id), zap.Error(err))
+	}
+	s.log.Info("worker started", zap.Int("worker", w.id), zap.Int("pid", w.proc.Pid))
+	return nil
+}
+
+// spawner forks the workers from its own OS thread.
+func (s *supervisor) spawner(done chan<- struct{}) {
+	runtime.LockOSThread()
+	defer close(done)
+	for req := range s.spawn {
+		req.reply <- s.fork(req.w)
+	}
+	// Keep the thread locked: it exits with this goroutine, which is fine
+	// now that every worker has exited.
+}
+
+func (s *supervisor) fork(w *worker) error {
+	cmd := exec.Command(s.exe, "run", "--config", w.cfgPath, "--pingback", s.ln.Addr().String())
+	cmd.Stdin = strings.NewReader(w.token)
+	cmd.Stdout = os.Stdout
+	cmd.Stderr = os.Stderr
+	cmd.Env = append(os.Environ(),
+		"ORBIT_FLEET_WORKER="+strconv.Itoa(w.id),
+		"ORBIT_FLEET_WORKERS="+strconv.Itoa(s.n),
+		s.sockets.env())
+	cmd.ExtraFiles = s.sockets.files
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// Its own process group: a terminal's Ctrl-C reaches the
+		// supervisor, which stops the workers once, gracefully.
+		Setpgid: true,
+		// A supervisor that dies without stopping its workers takes them
+		// with it rather than leaving an unsupervised fleet.
+		Pdeathsig: syscall.SIGTERM,
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	w.proc = cmd.Process
+	id, gen := w.id, w.gen
+	go func() {
+		err := cmd.Wait()
+		s.events <- event{kind: evExited, id: id, gen: gen, err: err}
+	}()
+	return nil
+}
+
+// acceptPingbacks turns each worker's echoed token into a ready event.
+func (s *supervisor) acceptPingbacks() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			b, err := io.ReadAll(io.LimitReader(c, 64))
+			if err != nil {
+				return
+			}
+			s.events <- event{kind: evReady, token: string(b)}
+		}()
+	}
+}
+
+// stopAll asks every running worker to stop gracefully.
+func (s *supervisor) stopAll() {
+	s.stopping = true
+	for _, w := range s.workers {
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		if w.running {
+			if err := w.proc.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+				s.log.Warn("signalling worker", zap.Int("worker", w.id), zap.Error(err))
+			}
+		}
+	}
+}
+
+// killAll kills every worker still running.
+func (s *supervisor) killAll() {
+	for _, w := range s.workers {
+		if w.running {
+			s.log.Warn("killing worker", zap.Int("worker", w.id), zap.Int("pid", w.proc.Pid))
+			w.proc.Kill()
+		}
+	}
+}
+
+// reload loads the configuration file again and hands it to every worker.
+// A worker that is not running gets it when it next starts.
+func (s *supervisor) reload() {
+	s.log.Info("reloading configuration", zap.String("config", s.configFile))
+	if err := s.loadConfig(); err != nil {
+		s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
+		return
+	}
+	if err := s.writeConfigs(); err != nil {
+		s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
+		return
+	}
+	type target struct {
+		id   int
+		sock string
+		cfg  string
+	}
+	var targets []target
+	for _, w := range s.workers {
+		if w.running && w.ready {
+			targets = append(targets, target{w.id, w.sock, w.cfgPath})
+		}
+	}
+	s.reloading = true
+	go func() {
+		defer func() { s.events <- event{kind: evReloaded} }()
+		// All at once: each worker hands its sockets from its old servers
+		// to its new ones, so none stops serving meanwhile.
+		var wg sync.WaitGroup
+		for _, t := range targets {
+			wg.Go(func() {
+				body, err := os.ReadFile(t.cfg)
+				if err == nil {
+					err = loadInto(t.sock, body)
+				}
+				if err != nil {
+					s.log.Error("reloading worker", zap.Int("worker", t.id), zap.Error(err))
+					return
+				}
+				s.log.Info("worker reloaded", zap.Int("worker", t.id))
+			})
+		}
+		wg.Wait()
+	}()
+}
+
+// loadInto makes the worker at admin socket sock run config, even if it is
+// unchanged (as `caddy reload --force` does).
+func loadInto(sock string, config []byte) error {
+	hdr := make(http.Header)
+	hdr.Set("Cache-Control", "must-revalidate")
+	resp, err := caddycmd.AdminAPIRequest("unix/"+sock, http.MethodPost, "/load", hdr, bytes.NewReader(config))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// loadConfig reads and adapts the configuration file.
+func (s *supervisor) loadConfig() error {
+	cfg, _, _, err := caddycmd.LoadConfig(s.configFile, s.adapter)
+	if err != nil {
+		return err
+	}
+	if len(cfg) == 0 {
+		return errors.New("no configuration to run: use --config")
+	}
+	s.config = cfg
+	return nil
+}
+
+// writeConfigs writes each worker's configuration file.
+func (s *supervisor) writeConfigs() error {
+	for _, w := range s.workers {
+		b, err := workerConfig(s.config, w.sock, s.sockets)
+		if err != nil {
+			return err
+		}
+		tmp := w.cfgPath + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			return fmt.Errorf("writing worker %d configuration: %w", w.id, err)
+		}
+		if err := os.Rename(tmp, w.cfgPath); err != nil {
+			return fmt.Errorf("writing worker %d configuration: %w", w.id, err)
+		}
+	}
+	return nil
+}
+
+// workerConfig is config with its admin endpoint moved to the unix socket
+// sock and config persistence off (workers sharing a port must not share an
+// admin address, nor overwrite one another's autosaved config), and its HTTP
+// servers listening on the shared sockets.
+func workerConfig(config []byte, sock string, sockets *fleetSockets) ([]byte, error) {
+	var cfg map[string]any
+	if err := json.Unmarshal(config, &cfg); err != nil {
+		return nil, fmt.Errorf("decoding configuration: %w", err)
+	}
+	if cfg == nil {
+		cfg = make(map[string]any)
+	}
+	admin, _ := cfg["admin"].(map[string]any)
+	if admin == nil {
+		admin = make(map[string]any)
+	}
+	if off, _ := admin["disabled"].(bool); off {
+		return nil, errors.New("the configuration turns the admin endpoint off; orbit-fleet needs it to reload workers (it moves it to a unix socket per worker)")
+	}
+	admin["listen"] = "unix/" + sock
+	adminCfg, _ := admin["config"].(map[string]any)
+	if adminCfg == nil {
+		adminCfg = make(map[string]any)
+	}
+	adminCfg["persist"] = false
+	admin["config"] = adminCfg
+	cfg["admin"] = admin
+	if sockets != nil {
+		sockets.rewrite(cfg)
+	}
+	// net/http drops, unanswered, the request of a connection its server
+	// accepted but had not read from when it began shutting down. A worker
+	// that reloads hands its sockets to the new config's servers at once,
+	// but the old ones must read what they already accepted before they
+	// shut down: give them a moment, unless the configuration says.
+	if apps, _ := cfg["apps"].(map[string]any); apps != nil {
+		if httpApp, _ := apps["http"].(map[string]any); httpApp != nil {
+			if _, set := httpApp["shutdown_delay"]; !set {
+				httpApp["shutdown_delay"] = workerShutdownDelay.String()
+			}
+		}
+	}
+	return json.Marshal(cfg)
+}
+
+// lockRunDir keeps a second fleet out of the run directory for as long as
+// the returned file is open.
+func lockRunDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "fleet.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening run directory lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another orbit-fleet is running in %s", dir)
+		}
+		return nil, fmt.Errorf("locking run directory: %w", err)
+	}
+	return f, nil
+}
+
+func exitStatus(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}

@@ -1,0 +1,501 @@
+package caddymodule
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+	"github.com/orbitproxy/orbit/proxy"
+)
+
+func init() {
+	caddy.RegisterModule(Transport{})
+}
+
+// Defaults a Transport falls back on. They match Caddy's `http` transport.
+const (
+	DefaultDialTimeout           = 3 * time.Second
+	DefaultKeepAliveProbe        = 30 * time.Second
+	DefaultIdleConnTimeout       = 2 * time.Minute
+	DefaultExpectContinueTimeout = time.Second
+	DefaultMaxResponseHeaderSize = 10 << 20
+)
+
+// Transport is the `orbit_pool` reverse_proxy transport: an HTTP/1.1
+// transport whose upstream connections are shared by every Caddy process of
+// the fleet the `orbit_pool` app joined. A request uses a connection of this
+// process with room, else a sibling's (the sibling forwards it), else dials
+// one within the upstream's fleet-wide budget, else waits for one until its
+// wait timeout.
+//
+// Failures after which nothing of the request reached the upstream are
+// reported as dial errors, so reverse_proxy may retry them on another
+// upstream whatever the method; refusals are caddyhttp errors: 503 when
+// there is no room (with a suggested Retry-After in the placeholder
+// {http.vars.orbit_pool_retry_after}), 504 when the request's deadline
+// passed.
+type Transport struct {
+	// TLS configures TLS to the upstream, as for the `http` transport.
+	// Setting it to an empty struct enables TLS with reasonable defaults.
+	// A connection is shared only with requests made under the same TLS
+	// settings. The server name may not hold placeholders. Default: none
+	// (plain HTTP).
+	TLS *reverseproxy.TLSConfig `json:"tls,omitempty"`
+
+	// KeepAlive configures the reuse and lifetime of upstream connections.
+	// Default: enabled, 30s TCP probes, 2m idle timeout.
+	KeepAlive *KeepAlive `json:"keep_alive,omitempty"`
+
+	// DialTimeout bounds connecting to an upstream; a TLS handshake gets
+	// the TLS handshake timeout on top of it. Default: 3s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// ResponseHeaderTimeout bounds the wait for the response header once
+	// the request is written; past it the request fails with 504. Default:
+	// no timeout.
+	ResponseHeaderTimeout caddy.Duration `json:"response_header_timeout,omitempty"`
+
+	// ExpectContinueTimeout is how long a request with
+	// "Expect: 100-continue" waits for the upstream's 100 before sending
+	// its body anyway. Default: 1s.
+	ExpectContinueTimeout caddy.Duration `json:"expect_continue_timeout,omitempty"`
+
+	// MaxResponseHeaderSize is the most bytes of response header read from
+	// the upstream. Default: 10MiB.
+	MaxResponseHeaderSize int64 `json:"max_response_header_size,omitempty"`
+
+	// MaxConnsPerHost caps the connections to one upstream across the whole
+	// fleet, open and being dialed. Default: the app's max_conns_per_host.
+	MaxConnsPerHost int `json:"max_conns_per_host,omitempty"`
+
+	// MaxDialingPerHost caps the connections to one upstream being dialed
+	// at once across the fleet. Default: the app's max_dialing_per_host.
+	MaxDialingPerHost int `json:"max_dialing_per_host,omitempty"`
+
+	// WaitTimeout is how long a request may wait for a back-pressure permit
+	// and an upstream connection together before it is refused with 503.
+	// Default: the app's wait_timeout.
+	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
+
+	// Versions are the HTTP versions spoken to the upstream. The transport
+	// speaks HTTP/1.1 only, so the one accepted value is "1.1". Default:
+	// ["1.1"].
+	Versions []string `json:"versions,omitempty"`
+
+	app       *App
+	logger    *zap.Logger
+	tlsConfig *tls.Config
+	keyExtra  string
+	limits    orbitpool.Limits
+	wait      time.Duration
+	st        *transportState
+}
+
+// transportState is the proxy transport a Transport drives and what it
+// learnt of its upstreams.
+type transportState struct {
+	mu        sync.Mutex
+	rt        atomic.Pointer[proxy.Transport]
+	upstreams sync.Map // scheme://host -> *upstreamInfo
+}
+
+// KeepAlive configures how long upstream connections live and how often
+// they are reused.
+type KeepAlive struct {
+	// Enabled is whether connections are kept for more than one request.
+	// Turned off, every request dials its own connection and closes it
+	// afterwards, and nothing is shared. Default: true.
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// ProbeInterval is the TCP keep-alive probe interval of upstream
+	// connections; negative turns the probes off. Default: 30s.
+	ProbeInterval caddy.Duration `json:"probe_interval,omitempty"`
+
+	// IdleConnTimeout closes a connection nobody in the fleet has used for
+	// this long. Default: 2m.
+	IdleConnTimeout caddy.Duration `json:"idle_timeout,omitempty"`
+
+	// MaxLifetime closes a connection this old when it next goes idle.
+	// Default: no limit.
+	MaxLifetime caddy.Duration `json:"max_lifetime,omitempty"`
+
+	// MaxRequests closes a connection after this many requests. Default: no
+	// limit.
+	MaxRequests int `json:"max_requests,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Transport) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.transport.orbit_pool",
+		New: func() caddy.Module { return new(Transport) },
+	}
+}
+
+// Provision sets the transport's defaults, builds its TLS client config and
+// finds the `orbit_pool` app (which runs with its defaults when the config
+// does not name it).
+func (t *Transport) Provision(ctx caddy.Context) error {
+	t.logger = ctx.Logger()
+	t.st = new(transportState)
+	appIface, err := ctx.App("orbit_pool")
+	if err != nil {
+		return fmt.Errorf("getting orbit_pool app: %w", err)
+	}
+	t.app = appIface.(*App)
+
+	if t.DialTimeout == 0 {
+		t.DialTimeout = caddy.Duration(DefaultDialTimeout)
+	}
+	if t.ExpectContinueTimeout == 0 {
+		t.ExpectContinueTimeout = caddy.Duration(DefaultExpectContinueTimeout)
+	}
+	if t.MaxResponseHeaderSize == 0 {
+		t.MaxResponseHeaderSize = DefaultMaxResponseHeaderSize
+	}
+	if t.KeepAlive == nil {
+		t.KeepAlive = new(KeepAlive)
+	}
+	if t.KeepAlive.ProbeInterval == 0 {
+		t.KeepAlive.ProbeInterval = caddy.Duration(DefaultKeepAliveProbe)
+	}
+	if t.KeepAlive.IdleConnTimeout == 0 {
+		t.KeepAlive.IdleConnTimeout = caddy.Duration(DefaultIdleConnTimeout)
+	}
+	if len(t.Versions) == 0 {
+		t.Versions = []string{"1.1"}
+	}
+	if t.WaitTimeout == 0 {
+		t.WaitTimeout = t.app.WaitTimeout
+	}
+	t.wait = time.Duration(t.WaitTimeout)
+	t.limits = t.app.limits()
+	if t.MaxConnsPerHost != 0 {
+		t.limits.MaxResources = t.MaxConnsPerHost
+	}
+	if t.MaxDialingPerHost != 0 {
+		t.limits.MaxCreating = t.MaxDialingPerHost
+	}
+
+	if t.TLS != nil {
+		if strings.Contains(t.TLS.ServerName, "{") {
+			return fmt.Errorf("tls_server_name %q: placeholders are not supported by the orbit_pool transport", t.TLS.ServerName)
+		}
+		cfg, err := t.TLS.MakeTLSClientConfig(ctx)
+		if err != nil {
+			return fmt.Errorf("making TLS client config: %w", err)
+		}
+		t.tlsConfig = cfg
+		// Connections made under other TLS settings (trusted CAs, client
+		// identity, verification) must not serve this transport's requests.
+		b, err := json.Marshal(tlsIdentity{t.TLS.CARaw, t.TLS.RootCAPool, t.TLS.RootCAPEMFiles,
+			t.TLS.ClientCertificateFile, t.TLS.ClientCertificateKeyFile, t.TLS.ClientCertificateAutomate,
+			t.TLS.InsecureSkipVerify, t.TLS.ServerName, t.TLS.Renegotiation, t.TLS.Curves})
+		if err != nil {
+			return fmt.Errorf("encoding TLS settings: %w", err)
+		}
+		sum := sha256.Sum256(b)
+		t.keyExtra = "tls:" + hex.EncodeToString(sum[:16])
+	}
+	return nil
+}
+
+// tlsIdentity is what of a TLS config changes which connections a request
+// may use.
+type tlsIdentity struct {
+	CA            json.RawMessage
+	RootCAPool    []string
+	RootCAFiles   []string
+	CertFile      string
+	KeyFile       string
+	Automate      string
+	Insecure      bool
+	ServerName    string
+	Renegotiation string
+	Curves        []string
+}
+
+// Validate rejects settings the transport cannot honour.
+func (t *Transport) Validate() error {
+	for _, v := range t.Versions {
+		if v != "1.1" {
+			return fmt.Errorf("unsupported HTTP version %q: the orbit_pool transport speaks HTTP/1.1 only", v)
+		}
+	}
+	switch {
+	case t.DialTimeout < 0:
+		return fmt.Errorf("dial_timeout must be positive, got %s", time.Duration(t.DialTimeout))
+	case t.ResponseHeaderTimeout < 0:
+		return fmt.Errorf("response_header_timeout must not be negative, got %s", time.Duration(t.ResponseHeaderTimeout))
+	case t.ExpectContinueTimeout < 0:
+		return fmt.Errorf("expect_continue_timeout must not be negative, got %s", time.Duration(t.ExpectContinueTimeout))
+	case t.MaxResponseHeaderSize < 0:
+		return fmt.Errorf("max_response_header must not be negative, got %d", t.MaxResponseHeaderSize)
+	case t.MaxConnsPerHost < 0:
+		return fmt.Errorf("max_conns_per_host must not be negative, got %d", t.MaxConnsPerHost)
+	case t.MaxDialingPerHost < 0:
+		return fmt.Errorf("max_dialing_per_host must not be negative, got %d", t.MaxDialingPerHost)
+	case t.WaitTimeout < 0:
+		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(t.WaitTimeout))
+	case t.KeepAlive.IdleConnTimeout < 0:
+		return fmt.Errorf("keepalive idle timeout must be positive, got %s", time.Duration(t.KeepAlive.IdleConnTimeout))
+	case t.KeepAlive.MaxLifetime < 0:
+		return fmt.Errorf("keepalive_max_lifetime must not be negative, got %s", time.Duration(t.KeepAlive.MaxLifetime))
+	case t.KeepAlive.MaxRequests < 0:
+		return fmt.Errorf("keepalive_max_requests must not be negative, got %d", t.KeepAlive.MaxRequests)
+	}
+	return nil
+}
+
+// inner returns the proxy transport bound to the fleet f, building it on
+// first use: the fleet is opened in the app's Start, which may run after
+// this transport's server has started.
+func (t *Transport) inner(f *fleet) *proxy.Transport {
+	st := t.st
+	if rt := st.rt.Load(); rt != nil && rt.Node == f.node {
+		return rt
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if rt := st.rt.Load(); rt != nil && rt.Node == f.node {
+		return rt
+	}
+	ka := t.KeepAlive
+	rt := &proxy.Transport{
+		Node:                   f.node,
+		Limiter:                f.limiter,
+		Policy:                 t.app.policy,
+		TLSClientConfig:        t.tlsConfig,
+		DialTimeout:            time.Duration(t.DialTimeout),
+		KeepAlive:              time.Duration(ka.ProbeInterval),
+		IdleConnTimeout:        time.Duration(ka.IdleConnTimeout),
+		MaxConnLifetime:        time.Duration(ka.MaxLifetime),
+		MaxRequestsPerConn:     ka.MaxRequests,
+		MaxConnsPerKey:         t.limits.MaxResources,
+		MaxDialingPerKey:       t.limits.MaxCreating,
+		MaxResponseHeaderBytes: t.MaxResponseHeaderSize,
+		ExpectContinueTimeout:  time.Duration(t.ExpectContinueTimeout),
+		ResponseHeaderTimeout:  time.Duration(t.ResponseHeaderTimeout),
+		KeyExtra:               t.keyExtra,
+	}
+	if t.TLS != nil && t.TLS.HandshakeTimeout > 0 {
+		rt.DialTimeout += time.Duration(t.TLS.HandshakeTimeout)
+	}
+	if ka.Enabled != nil && !*ka.Enabled {
+		rt.MaxRequestsPerConn = 1
+	}
+	st.rt.Store(rt)
+	return rt
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.setScheme(req)
+	if di, ok := reverseproxy.GetDialInfo(req.Context()); ok && di.Network != "" && !strings.HasPrefix(di.Network, "tcp") {
+		closeBody(req)
+		return nil, fmt.Errorf("orbit_pool transport dials TCP upstreams only, not %s (%s)", di.Network, di.Address)
+	}
+	up := t.upstream(req)
+	f, err := t.app.begin()
+	if err != nil {
+		closeBody(req)
+		return nil, reverseproxy.NewDialError(fmt.Errorf("orbit_pool: %w", err))
+	}
+	rt := t.inner(f)
+
+	start := time.Now()
+	wg := newWaitGuard(req.Context(), t.wait, func() {
+		up.wait.Observe(time.Since(start).Seconds())
+	})
+	out := req.WithContext(wg.ctx)
+	// reverse_proxy leaves the server-side RequestURI on the request it
+	// hands to the transport; net/http's transport ignores it, the proxy
+	// transport refuses it.
+	out.RequestURI = ""
+	resp, err := rt.RoundTrip(out)
+	if err != nil {
+		wg.stop()
+		wg.cancel()
+		t.app.end()
+		return nil, t.classify(req, up, wg, err)
+	}
+	wg.disarm()
+	resp.Request = req
+	resp.Body = trackBody(resp.Body, t.app.end)
+	return resp, nil
+}
+
+// setScheme sets the scheme of req, which reverse_proxy leaves empty, as the
+// `http` transport does.
+func (t *Transport) setScheme(req *http.Request) {
+	if req.URL.Scheme != "" {
+		return
+	}
+	if t.TLS != nil && !slices.Contains(t.TLS.ExceptPorts, req.URL.Port()) {
+		req.URL.Scheme = "https"
+	} else {
+		req.URL.Scheme = "http"
+	}
+}
+
+// upstreamInfo is what the transport knows about one upstream it has sent
+// requests to: its name and pool key, and its metrics.
+type upstreamInfo struct {
+	name string
+	key  orbitpool.Key
+	wait waitObserver
+}
+
+func (t *Transport) upstream(req *http.Request) *upstreamInfo {
+	id := req.URL.Scheme + "://" + req.URL.Host
+	if v, ok := t.st.upstreams.Load(id); ok {
+		return v.(*upstreamInfo)
+	}
+	scheme := strings.ToLower(req.URL.Scheme)
+	addr := req.URL.Host
+	if req.URL.Port() == "" {
+		port := "80"
+		if scheme == "https" {
+			port = "443"
+		}
+		addr = net.JoinHostPort(req.URL.Hostname(), port)
+	}
+	name := scheme + "://" + addr
+	u := &upstreamInfo{
+		name: name,
+		key:  poolKey(scheme, addr, t.tlsConfig, t.keyExtra),
+		wait: localMetrics.wait.WithLabelValues(name),
+	}
+	nameKey(u.key, name)
+	v, _ := t.st.upstreams.LoadOrStore(id, u)
+	return v.(*upstreamInfo)
+}
+
+// TLSEnabled reports whether TLS to the upstream is configured.
+func (t *Transport) TLSEnabled() bool { return t.TLS != nil }
+
+// EnableTLS turns on TLS to the upstream, with base as its settings.
+func (t *Transport) EnableTLS(base *reverseproxy.TLSConfig) error {
+	t.TLS = base
+	return nil
+}
+
+// EnableH2C refuses: the transport speaks HTTP/1.1 only.
+func (t *Transport) EnableH2C() error {
+	return errors.New("the orbit_pool transport speaks HTTP/1.1 only: h2c upstreams are not supported")
+}
+
+// OverrideHealthCheckScheme makes active health checks use HTTPS when TLS is
+// enabled and the port is not excepted, as the `http` transport does.
+func (t *Transport) OverrideHealthCheckScheme(base *url.URL, port string) {
+	if t.TLSEnabled() && !slices.Contains(t.TLS.ExceptPorts, port) {
+		base.Scheme = "https"
+	}
+}
+
+// RequestHeaderOps sets the Host header to the upstream's address when TLS
+// is enabled, as the `http` transport does.
+func (t *Transport) RequestHeaderOps() *headers.HeaderOps {
+	if t.TLS == nil {
+		return nil
+	}
+	return &headers.HeaderOps{
+		Set: http.Header{
+			"Host": []string{"{http.reverse_proxy.upstream.hostport}"},
+		},
+	}
+}
+
+// Cleanup does not close idle connections: they belong to the process's
+// membership of the fleet, which a reloaded config keeps using.
+func (t *Transport) Cleanup() error { return nil }
+
+func (t *Transport) logf(lvl zapcore.Level, msg string, fields ...zap.Field) {
+	if t.logger == nil {
+		return
+	}
+	if c := t.logger.Check(lvl, msg); c != nil {
+		c.Write(fields...)
+	}
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// trackBody calls done once, when the response body is closed. A 101
+// response's body is the upgraded connection and stays writable.
+func trackBody(body io.ReadCloser, done func()) io.ReadCloser {
+	if body == nil {
+		done()
+		return nil
+	}
+	tb := trackedBody{ReadCloser: body, done: done}
+	if rwc, ok := body.(io.ReadWriteCloser); ok {
+		if cw, ok := body.(interface{ CloseWrite() error }); ok {
+			return &halfClosableBody{trackedRWBody{&tb, rwc}, cw}
+		}
+		return &trackedRWBody{&tb, rwc}
+	}
+	return &tb
+}
+
+type trackedBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *trackedBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.done)
+	return err
+}
+
+type trackedRWBody struct {
+	*trackedBody
+	w io.Writer
+}
+
+func (b *trackedRWBody) Write(p []byte) (int, error) { return b.w.Write(p) }
+
+type halfClosableBody struct {
+	trackedRWBody
+	cw interface{ CloseWrite() error }
+}
+
+func (b *halfClosableBody) CloseWrite() error { return b.cw.CloseWrite() }
+
+// Interface guards
+var (
+	_ caddy.Provisioner                                = (*Transport)(nil)
+	_ caddy.Validator                                  = (*Transport)(nil)
+	_ caddy.CleanerUpper                               = (*Transport)(nil)
+	_ http.RoundTripper                                = (*Transport)(nil)
+	_ reverseproxy.TLSTransport                        = (*Transport)(nil)
+	_ reverseproxy.H2CTransport                        = (*Transport)(nil)
+	_ reverseproxy.HealthCheckSchemeOverriderTransport = (*Transport)(nil)
+	_ reverseproxy.RequestHeaderOpsTransport           = (*Transport)(nil)
+	_ io.ReadWriteCloser                               = (*trackedRWBody)(nil)
+)

@@ -1,0 +1,94 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"net/http/httptrace"
+	"sync"
+	"time"
+)
+
+// errWaitTimeout is the cause of a request context ended by its wait
+// timeout.
+var errWaitTimeout = errors.New("orbit_pool: wait timeout")
+
+// waitGuard bounds how long one request may wait for its turn (a
+// back-pressure permit) and its connection (from the pool), without bounding
+// the exchange that follows: a streamed response or a WebSocket may outlive
+// the wait timeout by hours.
+//
+// The request goes to the proxy with a context that is cancelled when the
+// wait timeout fires, unless the guard was disarmed first. It is disarmed
+// once the request head is written (so the request has its connection), and
+// at the latest when the round trip returns. The context carries no deadline
+// of its own: a deadline would travel with the request to a sibling that
+// forwards it, and bound the whole exchange there.
+type waitGuard struct {
+	ctx    context.Context
+	cancel func()
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	armed    bool
+	timedOut bool
+	onReady  func()
+}
+
+// newWaitGuard returns a guard over a context derived from parent. onReady,
+// if set, runs once when the request has its connection.
+func newWaitGuard(parent context.Context, d time.Duration, onReady func()) *waitGuard {
+	ctx, cancel := context.WithCancelCause(parent)
+	g := &waitGuard{cancel: func() { cancel(nil) }, armed: true, onReady: onReady}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: g.disarm})
+	g.ctx = ctx
+	if d > 0 {
+		g.mu.Lock()
+		g.timer = time.AfterFunc(d, func() {
+			g.mu.Lock()
+			fire := g.armed
+			g.armed = false
+			g.timedOut = fire
+			g.mu.Unlock()
+			if fire {
+				cancel(errWaitTimeout)
+			}
+		})
+		g.mu.Unlock()
+	}
+	return g
+}
+
+// disarm stops the wait timeout: the request has its connection.
+func (g *waitGuard) disarm() {
+	g.mu.Lock()
+	if !g.armed {
+		g.mu.Unlock()
+		return
+	}
+	g.armed = false
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	ready := g.onReady
+	g.mu.Unlock()
+	if ready != nil {
+		ready()
+	}
+}
+
+// stop stops the wait timeout without counting the request as served.
+func (g *waitGuard) stop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = false
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+}
+
+// expired reports whether the wait timeout ended the request.
+func (g *waitGuard) expired() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.timedOut
+}

@@ -1,0 +1,227 @@
+package scenario
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/integration/upstream"
+)
+
+// caddyBin is built once for the package's tests.
+var caddyBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "orbit-scenario-test-*")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	caddyBin, err = BuildCaddy(ctx, dir)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// short bounds the scenarios CI runs: seconds each, a modest load.
+const (
+	shortLoad  = 2 * time.Second
+	shortConns = 64
+)
+
+func runOrbit(t *testing.T, s Scenario) Row {
+	t.Helper()
+	if s.Duration == 0 {
+		s.Duration = shortLoad
+	}
+	if s.Conns == 0 {
+		s.Conns = shortConns
+	}
+	r := &Runner{Caddy: caddyBin, Workers: 3, Dir: t.TempDir()}
+	row, err := r.Run(context.Background(), s, Orbit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %d requests, %.0f req/s, p99 %v, %d new upstream conns (peak %d), errors: %s",
+		s.Name, row.Load.Requests, row.Load.RPS(), row.Load.P99, row.Upstream.Accepted, row.Upstream.Peak, row.Load.ErrorSummary())
+	if row.Load.Requests == 0 {
+		t.Fatalf("%s: no request completed", s.Name)
+	}
+	return row
+}
+
+func noErrors(t *testing.T, row Row) {
+	t.Helper()
+	if n := row.Load.ErrorCount(); n != 0 {
+		t.Fatalf("%s: %d errors: %s", row.Scenario, n, row.Load.ErrorSummary())
+	}
+}
+
+func TestFastSharesConnections(t *testing.T) {
+	row := runOrbit(t, Scenario{Name: "fast"})
+	noErrors(t, row)
+	// The load needs at most shortConns upstream connections at once.
+	if row.Upstream.Peak > shortConns || row.Reuse() < 0.95 {
+		t.Fatalf("peak %d upstream connections for %d client connections, reuse %.3f", row.Upstream.Peak, shortConns, row.Reuse())
+	}
+}
+
+func TestCapHoldsFleetWide(t *testing.T) {
+	const limit = 8
+	row := runOrbit(t, Scenario{
+		Name:     "capped",
+		Upstream: upstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond},
+		MaxConns: limit,
+	})
+	noErrors(t, row)
+	if row.Upstream.Peak > limit || row.Upstream.Refused != 0 {
+		t.Fatalf("upstream saw %d connections at peak and refused %d, cap %d", row.Upstream.Peak, row.Upstream.Refused, limit)
+	}
+}
+
+func TestStampedeWithinCreationBudget(t *testing.T) {
+	const dialing = 4
+	row := runOrbit(t, Scenario{
+		Name:       "stampede",
+		Upstream:   upstream.Options{Delay: 20 * time.Millisecond},
+		MaxDialing: dialing,
+	})
+	noErrors(t, row)
+	if row.FirstSecond == 0 || row.Upstream.Accepted > shortConns {
+		t.Fatalf("%d connections in the first second, %d in all, for %d client connections", row.FirstSecond, row.Upstream.Accepted, shortConns)
+	}
+}
+
+func TestReloadUnderLoadFailsNothing(t *testing.T) {
+	row := runOrbit(t, Scenario{Name: "reload", Upstream: upstream.Options{Delay: 2 * time.Millisecond}, During: reloadFleet, Duration: 3 * time.Second})
+	noErrors(t, row)
+}
+
+// fleetTable is the part of the admin route's answer the tests read.
+type fleetTable struct {
+	Fleets []struct {
+		Members []struct {
+			PID int `json:"pid"`
+		} `json:"members"`
+		Upstreams []struct {
+			Live     int `json:"live"`
+			InFlight int `json:"in_flight"`
+			Pending  int `json:"pending"`
+			Waiting  int `json:"waiting"`
+		} `json:"upstreams"`
+	} `json:"fleets"`
+}
+
+func TestKillUnderLoadRestoresCapacity(t *testing.T) {
+	var killed int
+	var table fleetTable
+	s := Scenario{
+		Name:     "kill",
+		Upstream: upstream.Options{Delay: 2 * time.Millisecond},
+		Duration: 3 * time.Second,
+		During: func(ctx context.Context, f *Fleet, row *Row) error {
+			time.Sleep(time.Second)
+			var err error
+			if killed, err = f.KillWorker(0); err != nil {
+				return err
+			}
+			// After the load, a surviving worker must see the fleet
+			// whole again: the dead process gone, nothing in flight,
+			// pending or waiting.
+			time.Sleep(3 * time.Second)
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				resp, err := f.Admin(1, "/orbit_pool/")
+				if err != nil {
+					return err
+				}
+				table = fleetTable{}
+				err = json.NewDecoder(resp.Body).Decode(&table)
+				resp.Body.Close()
+				if err != nil {
+					return err
+				}
+				if restored(table, killed) || time.Now().After(deadline) {
+					return nil
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		},
+	}
+	row := runOrbit(t, s)
+	if !restored(table, killed) {
+		t.Fatalf("fleet not restored after killing pid %d: %+v", killed, table)
+	}
+	// Requests on the killed worker's client connections fail; nothing
+	// else may.
+	if n := row.Load.ErrorCount(); n > shortConns {
+		t.Fatalf("%d errors, more than the %d client connections: %s", n, shortConns, row.Load.ErrorSummary())
+	}
+	if row.Load.OK < row.Load.Requests/2 {
+		t.Fatalf("only %d of %d requests succeeded", row.Load.OK, row.Load.Requests)
+	}
+}
+
+func restored(t fleetTable, killed int) bool {
+	if len(t.Fleets) != 1 {
+		return false
+	}
+	for _, m := range t.Fleets[0].Members {
+		if m.PID == killed {
+			return false
+		}
+	}
+	for _, u := range t.Fleets[0].Upstreams {
+		if u.InFlight != 0 || u.Pending != 0 || u.Waiting != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestWebSocketThroughTheFleet(t *testing.T) {
+	row := runOrbit(t, Scenario{Name: "websocket", Client: webSocketEcho, Conns: 16})
+	noErrors(t, row)
+}
+
+func TestLargeBodiesBothWays(t *testing.T) {
+	all := Catalogue(shortLoad)
+	s, err := Lookup(all, "large")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s[0].Conns = 8
+	row := runOrbit(t, s[0])
+	noErrors(t, row)
+}
+
+func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
+	s := Scenario{MaxConns: 16, MaxDialing: 4, Upstream: upstream.Options{TLS: true}}
+	orbit := Caddyfile(s, Orbit, 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4)
+	stock := Caddyfile(s, Stock, 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4)
+	for _, want := range []string{"transport orbit_pool", "max_conns_per_host 16", "max_dialing_per_host 4", "segment /dev/shm/x", "tls_insecure_skip_verify"} {
+		if !strings.Contains(orbit, want) {
+			t.Errorf("orbit config lacks %q:\n%s", want, orbit)
+		}
+	}
+	// The stock transport gets the cap split over the workers.
+	for _, want := range []string{"transport http", "max_conns_per_host 4", "tls_insecure_skip_verify"} {
+		if !strings.Contains(stock, want) {
+			t.Errorf("stock config lacks %q:\n%s", want, stock)
+		}
+	}
+	if strings.Contains(stock, "orbit_pool") {
+		t.Errorf("stock config names orbit_pool:\n%s", stock)
+	}
+}
