@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -123,8 +124,10 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	row := Row{Scenario: s.Name, Variant: v}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	base := up.Stats()
-	firstSecond := time.AfterFunc(time.Second, func() { row.FirstSecond = up.Stats().Accepted - base.Accepted })
-	defer firstSecond.Stop()
+	var firstSecond atomic.Int64
+	firstSecond.Store(-1)
+	timer := time.AfterFunc(time.Second, func() { firstSecond.Store(up.Stats().Accepted - base.Accepted) })
+	defer timer.Stop()
 	during := make(chan error, 1)
 	if s.During != nil {
 		go func() { during <- s.During(ctx, fleet, &row) }()
@@ -151,6 +154,9 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 	}
 	row.Upstream = up.Stats()
+	if row.FirstSecond = firstSecond.Load(); row.FirstSecond < 0 { // the load took under a second
+		row.FirstSecond = row.Upstream.Accepted - base.Accepted
+	}
 	return row, nil
 }
 
