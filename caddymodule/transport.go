@@ -382,7 +382,7 @@ func (t *Transport) upstream(req *http.Request) *upstreamInfo {
 	name := scheme + "://" + addr
 	u := &upstreamInfo{
 		name: name,
-		key:  poolKey(scheme, addr, t.tlsConfig, t.keyExtra),
+		key:  proxy.KeyFor(scheme, addr, t.tlsConfig, t.keyExtra),
 		wait: localMetrics.wait.WithLabelValues(name),
 	}
 	nameKey(u.key, name)

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -512,26 +511,3 @@ func TestReloadKeepsFleet(t *testing.T) {
 	})
 }
 
-// TestPoolKeyMatchesProxy checks the module's mirror of the proxy's key
-// derivation against keys the proxy actually filed connections under, for
-// plain and TLS upstreams, through the admin route's names (set only when
-// the keys agree). TestProxyRequests and TestProxyTLSUpstream do the same
-// end to end; this one pins the derivation's inputs.
-func TestPoolKeyMatchesProxy(t *testing.T) {
-	a := poolKey("http", "127.0.0.1:80", nil, "")
-	b := poolKey("HTTP", "127.0.0.1:80", nil, "")
-	if a != b {
-		t.Error("scheme case changes the key")
-	}
-	if poolKey("https", "h:443", nil, "") == poolKey("https", "h:443", nil, "tls:x") {
-		t.Error("the key extra does not change the key")
-	}
-	if poolKey("http", "h:80", nil, "") == poolKey("http", "h:81", nil, "") {
-		t.Error("the port does not change the key")
-	}
-	var buf bytes.Buffer
-	fmt.Fprint(&buf, a)
-	if len(buf.String()) != 32 {
-		t.Errorf("key string %q", buf.String())
-	}
-}

@@ -65,15 +65,7 @@ func BenchmarkReserveAcceptCompleteParallel(b *testing.B) {
 func BenchmarkAcquireLocalFirst(b *testing.B) {
 	benchBackings(b, func(b *testing.B, p *Pool) {
 		const nkeys, per = 64, 16
-		keys := make([]Key, nkeys)
-		for i := range keys {
-			keys[i] = Key{uint64(i) * 0x9e3779b97f4a7c15, uint64(i)}
-			for range per {
-				if _, err := p.Register(keys[i], 1); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
+		keys := registerKeys(b, p, nkeys, per)
 		ctx := context.Background()
 		lim := Limits{MaxResources: per}
 		b.ReportAllocs()
@@ -94,15 +86,7 @@ func BenchmarkAcquireLocalFirst(b *testing.B) {
 func BenchmarkAcquireLocalFirstParallel(b *testing.B) {
 	benchBackings(b, func(b *testing.B, p *Pool) {
 		const nkeys, per = 64, 16
-		keys := make([]Key, nkeys)
-		for i := range keys {
-			keys[i] = Key{uint64(i) * 0x9e3779b97f4a7c15, uint64(i)}
-			for range per {
-				if _, err := p.Register(keys[i], 1); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
+		keys := registerKeys(b, p, nkeys, per)
 		lim := Limits{MaxResources: per}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -119,4 +103,18 @@ func BenchmarkAcquireLocalFirstParallel(b *testing.B) {
 			}
 		})
 	})
+}
+
+// registerKeys registers per resources of capacity 1 under each of n keys.
+func registerKeys(b *testing.B, p *Pool, n, per int) []Key {
+	keys := make([]Key, n)
+	for i := range keys {
+		keys[i] = Key{uint64(i) * 0x9e3779b97f4a7c15, uint64(i)}
+		for range per {
+			if _, err := p.Register(keys[i], 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return keys
 }

@@ -10,6 +10,14 @@ import (
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
+// KeyFor is the pool Key under which a Transport with tlsConfig and keyExtra
+// files its connections to scheme://addr (addr is host:port). Embedders use it
+// to put a name on the keys they see in the pool table.
+func KeyFor(scheme, addr string, tlsConfig *tls.Config, keyExtra string) orbitpool.Key {
+	u := upstream{Scheme: strings.ToLower(scheme), Addr: addr, TLS: tlsConfig}
+	return keyFor(&u, effectiveServerName(&u), keyExtra)
+}
+
 // keyFor is the pool Key of an upstream: a digest of everything that forbids
 // reusing one connection for another request. It must be stable across
 // processes and restarts (siblings compute it independently), so it is
