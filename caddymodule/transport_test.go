@@ -510,4 +510,3 @@ func TestReloadKeepsFleet(t *testing.T) {
 		return len(fl) == 1 && fl[0].Lane != before[0].Lane
 	})
 }
-
