@@ -1,6 +1,7 @@
 package backpressure
 
 import (
+	"container/list"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -27,16 +28,16 @@ type pool struct {
 	now  func() time.Time // the clock deadline decisions use; tests replace it
 
 	mu    sync.Mutex
-	queue waitQueue // guarded by mu
+	queue list.List // of *waiter, in arrival order; guarded by mu
 }
 
 // waiter is a caller parked for a permit. done and err are written under
 // pool.mu before ready is closed; err is nil for a granted permit.
 type waiter struct {
-	ready      chan struct{}
-	done       bool
-	err        error
-	prev, next *waiter
+	ready chan struct{}
+	done  bool
+	err   error
+	elem  *list.Element // in pool.queue while queued
 }
 
 // take is the lock-free path. Queued waiters have priority, which is what
@@ -78,7 +79,7 @@ func (p *pool) wait(ctx context.Context, hasTimer bool, d time.Duration, expired
 		}
 	}
 	w := &waiter{ready: make(chan struct{})}
-	p.queue.push(w)
+	w.elem = p.queue.PushBack(w)
 	p.mu.Unlock()
 
 	var fired <-chan time.Time
@@ -106,7 +107,7 @@ func (p *pool) wait(ctx context.Context, hasTimer bool, d time.Duration, expired
 		}
 		return err
 	}
-	p.queue.remove(w)
+	p.queue.Remove(w.elem)
 	p.state.Add(^uint64(oneWaiter - 1))
 	p.mu.Unlock()
 	return err
@@ -132,7 +133,8 @@ func (p *pool) release() {
 // either the queue is empty or no permit is free, which is why a waiter that
 // gives up never has to wake the next one.
 func (p *pool) serveLocked() {
-	for w := p.queue.head; w != nil; w = p.queue.head {
+	for e := p.queue.Front(); e != nil; e = p.queue.Front() {
+		w := e.Value.(*waiter)
 		s := p.state.Load()
 		if int64(s&activeMask) >= p.cap.Load() {
 			return
@@ -140,7 +142,7 @@ func (p *pool) serveLocked() {
 		if !p.state.CompareAndSwap(s, s+1-oneWaiter) {
 			continue
 		}
-		p.queue.remove(w)
+		p.queue.Remove(w.elem)
 		w.done = true
 		close(w.ready)
 	}
@@ -149,40 +151,11 @@ func (p *pool) serveLocked() {
 // drainLocked refuses every queued waiter: with a cap of 0 none would ever be
 // served.
 func (p *pool) drainLocked() {
-	for w := p.queue.head; w != nil; w = p.queue.head {
-		p.queue.remove(w)
+	for e := p.queue.Front(); e != nil; e = p.queue.Front() {
+		w := e.Value.(*waiter)
+		p.queue.Remove(w.elem)
 		p.state.Add(^uint64(oneWaiter - 1))
 		w.done, w.err = true, ErrQuotaExceeded
 		close(w.ready)
 	}
-}
-
-// waitQueue is an intrusive FIFO, so that a waiter that gives up can leave
-// from the middle in constant time.
-type waitQueue struct {
-	head, tail *waiter
-}
-
-func (q *waitQueue) push(w *waiter) {
-	w.prev = q.tail
-	if q.tail == nil {
-		q.head = w
-	} else {
-		q.tail.next = w
-	}
-	q.tail = w
-}
-
-func (q *waitQueue) remove(w *waiter) {
-	if w.prev == nil {
-		q.head = w.next
-	} else {
-		w.prev.next = w.next
-	}
-	if w.next == nil {
-		q.tail = w.prev
-	} else {
-		w.next.prev = w.prev
-	}
-	w.prev, w.next = nil, nil
 }

@@ -173,7 +173,7 @@ func (g *Governor) acquireSlow(ctx context.Context, want, per uint64) (k, b uint
 		}
 	}
 	wt := &waiter{want: want, per: per, ready: make(chan struct{})}
-	g.queue.push(wt)
+	wt.elem = g.queue.PushBack(wt)
 	g.mu.Unlock()
 
 	var done <-chan struct{}
@@ -192,7 +192,7 @@ func (g *Governor) acquireSlow(ctx context.Context, want, per uint64) (k, b uint
 		g.release(wt.granted, wt.granted*per)
 		return 0, 0, ctx.Err()
 	}
-	g.queue.remove(wt)
+	g.queue.Remove(wt.elem)
 	g.state.Add(^uint64(oneWaiter - 1))
 	g.mu.Unlock()
 	return 0, 0, ctx.Err()
@@ -223,7 +223,8 @@ func (g *Governor) release(k, b uint64) {
 // return either the queue is empty or every worker is in use, which is why a
 // waiter that gives up never has to wake the next one.
 func (g *Governor) serveLocked() {
-	for wt := g.queue.head; wt != nil; wt = g.queue.head {
+	for e := g.queue.Front(); e != nil; e = g.queue.Front() {
+		wt := e.Value.(*waiter)
 		s := g.state.Load()
 		used := s & usedMask
 		if used >= g.workers {
@@ -240,7 +241,7 @@ func (g *Governor) serveLocked() {
 			g.reserved.Add(-(k * wt.per))
 			continue
 		}
-		g.queue.remove(wt)
+		g.queue.Remove(wt.elem)
 		wt.granted = k
 		close(wt.ready)
 	}

@@ -1,6 +1,7 @@
 package governor
 
 import (
+	"container/list"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -37,7 +38,7 @@ type Governor struct {
 	reserved atomic.Uint64
 
 	mu    sync.Mutex
-	queue waitQueue // guarded by mu
+	queue list.List // of *waiter, in arrival order; guarded by mu
 }
 
 // New returns a Governor with a budget of workers and memoryLimit bytes.
