@@ -164,6 +164,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 	}
 	var (
 		watch  *Readiness
+		woken  bool // woken before: re-register at the front
 		start  time.Time
 		reason Reason
 	)
@@ -193,7 +194,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		if watch == nil {
 			// Register, then re-check before sleeping, so that capacity
 			// returned in between is not missed.
-			if watch, err = p.Watch(key); err != nil {
+			if watch, err = p.watch(key, woken); err != nil {
 				return Plan{}, err
 			}
 			if start.IsZero() {
@@ -203,7 +204,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		}
 		select {
 		case <-watch.Ready():
-			watch = nil
+			watch, woken = nil, true
 			if p.closed.Load() {
 				return Plan{}, ErrClosed
 			}

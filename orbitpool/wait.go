@@ -1,6 +1,7 @@
 package orbitpool
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -28,10 +29,13 @@ type waiter struct {
 	key int
 }
 
-// watch registers a waiter on ref. The caller must re-check for capacity after
-// watch returns and before it sleeps: a return of capacity after that re-check
-// bumps the key's sequence and finds this lane's bit set, so it is never lost.
-func (t *waiterTable) watch(p *Pool, ref keyRef) (*waiter, error) {
+// watch registers a waiter on ref, at the back of the queue or, for a waiter
+// that was woken and lost the race for what came back, at the front, so that
+// losing a race never costs a waiter its place. The caller must re-check for
+// capacity after watch returns and before it sleeps: a return of capacity
+// after that re-check bumps the key's sequence and finds this lane's bit set,
+// so it is never lost.
+func (t *waiterTable) watch(p *Pool, ref keyRef, front bool) (*waiter, error) {
 	s := p.seg
 	w := &waiter{ch: make(chan struct{}), key: ref.idx}
 	t.mu.Lock()
@@ -56,7 +60,11 @@ func (t *waiterTable) watch(p *Pool, ref keyRef) (*waiter, error) {
 		kw = &keyWaiters{gen: ref.gen, lastSeq: atomic.LoadUint64(s.u64(koff + kfSeq))}
 		t.keys[ref.idx] = kw
 	}
-	kw.q = append(kw.q, w)
+	if front {
+		kw.q = slices.Insert(kw.q, 0, w)
+	} else {
+		kw.q = append(kw.q, w)
+	}
 	atomic.AddUint32(s.u32(s.waitOff(p.lane, ref.idx)), 1)
 	return w, nil
 }
@@ -169,13 +177,15 @@ type Readiness struct {
 }
 
 // Watch registers the caller on key.
-func (p *Pool) Watch(key Key) (*Readiness, error) {
+func (p *Pool) Watch(key Key) (*Readiness, error) { return p.watch(key, false) }
+
+func (p *Pool) watch(key Key, front bool) (*Readiness, error) {
 	for {
 		ref, err := p.internKey(key)
 		if err != nil {
 			return nil, err
 		}
-		w, err := p.waiters.watch(p, ref)
+		w, err := p.waiters.watch(p, ref, front)
 		if err == errKeyGone {
 			continue
 		}

@@ -21,7 +21,9 @@ func Catalogue(d time.Duration) []Scenario {
 		{Name: "fast", Duration: d},
 		{Name: "slow", Duration: d, Upstream: upstream.Options{Delay: 20 * time.Millisecond}},
 		{Name: "tls", Duration: d, Upstream: upstream.Options{TLS: true}},
-		{Name: "stampede", Duration: d, Upstream: upstream.Options{Delay: 20 * time.Millisecond}, MaxDialing: 8},
+		// A cold upstream: a fleet-wide budget of 64 connections, at most 8
+		// being dialed at once, against 256 clients arriving together.
+		{Name: "stampede", Duration: d, Upstream: upstream.Options{Delay: 20 * time.Millisecond}, MaxConns: 64, MaxDialing: 8},
 		{Name: "capped", Duration: d, Upstream: upstream.Options{MaxConns: 16, Delay: 5 * time.Millisecond}, MaxConns: 16},
 		{Name: "kill", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: killOneWorker},
 		{Name: "reload", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: reloadFleet},
