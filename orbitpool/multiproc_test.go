@@ -1447,7 +1447,7 @@ func TestMultiProcessJoinReclaimWakesLaneZero(t *testing.T) {
 		r.plan.Permit.Close()
 		t.Logf("woken %v after the joiner reclaimed the dead lane", r.at.Sub(joined))
 	case <-time.After(time.Second):
-		t.Fatalf("waiter in lane 0 not woken 1s after the joiner (lane %d) reclaimed dead lane %d and freed the key's budget (Pool.join runs reclaimLane before p.lane is set, so wake() takes lane 0 for its own lane and never rings it)", jm.Lane, hm.Lane)
+		t.Fatalf("waiter in lane 0 not woken 1s after the joiner (lane %d) reclaimed dead lane %d and freed the key's budget: a reclaim during join must ring every lane, lane 0 included", jm.Lane, hm.Lane)
 	}
 	j.finish(10 * time.Second)
 }
@@ -1504,7 +1504,7 @@ func TestMultiProcessCreatingSlotReturnWakes(t *testing.T) {
 		t.Logf("woken %v after the other process registered", r.at.Sub(registered))
 	case <-time.After(time.Second):
 		snap, _ := p.Snapshot()
-		t.Fatalf("waiter not woken 1s after the creation slot came back (key %+v): CreationPermit.register wakes only capacity-use units, none for RegisterAndAccept(1), though keyCreated freed a MaxCreating slot", mpKS(snap, mpKeyCreat))
+		t.Fatalf("waiter not woken 1s after the creation slot came back (key %+v): registering frees a concurrent-creation unit, which must wake a waiter", mpKS(snap, mpKeyCreat))
 	}
 	c.finish(10 * time.Second)
 }
@@ -1661,8 +1661,7 @@ func TestMultiProcessKillAnywhereLeaksNoBudget(t *testing.T) {
 		}
 		if ks := mpKS(snap, mpKeyKilled); ks.Live != 0 || ks.Creating != 0 {
 			t.Fatalf("round %d: lane %d was SIGKILLed and reclaimed, no resource of the key is left anywhere, yet the key counts live %d, creating %d: "+
-				"a unit taken from the key word but not yet recorded in a slot (claimCreate: keyClaim, then laneMu, then the slot turns Creating) "+
-				"or a slot freed but not yet given back (CreationPermit.Close, Unregister: slot CAS, then keyRelease) is lost for good when the process dies in between",
+				"a budget operation half done when the process died was not undone by the reclaim",
 				i, m.Lane, ks.Live, ks.Creating)
 		}
 	}
