@@ -110,6 +110,10 @@ type socketGroup struct {
 	mu      sync.Mutex
 	lns     []*handoffListener
 	changed chan struct{} // closed when lns changes
+	// handed are connections an older listener accepted in the instant a
+	// newer one took over (its accept call was already under way); the
+	// newest listener serves them.
+	handed []net.Conn
 }
 
 // handoffListener hands a socket over from one config to the next: once a
@@ -159,6 +163,12 @@ func (l *handoffListener) Accept() (net.Conn, error) {
 			<-ch
 			continue
 		}
+		if len(g.handed) > 0 {
+			c := g.handed[0]
+			g.handed = g.handed[1:]
+			g.mu.Unlock()
+			return c, nil
+		}
 		// Under g.mu, so that a newer listener's interruption cannot
 		// come between this and the Accept below unnoticed.
 		l.TCPListener.SetDeadline(time.Time{})
@@ -170,6 +180,16 @@ func (l *handoffListener) Accept() (net.Conn, error) {
 			}
 			return nil, err
 		}
+		g.mu.Lock()
+		if newest := g.lns[len(g.lns)-1]; newest != l && !l.closed {
+			// The accept call was under way when a newer listener took
+			// over: the connection is the newer config's to serve.
+			g.handed = append(g.handed, c)
+			newest.TCPListener.SetDeadline(time.Now()) // interrupt its Accept
+			g.mu.Unlock()
+			continue
+		}
+		g.mu.Unlock()
 		return c, nil
 	}
 }
@@ -185,6 +205,12 @@ func (l *handoffListener) Close() error {
 				g.lns = append(g.lns[:i], g.lns[i+1:]...)
 				break
 			}
+		}
+		if len(g.lns) == 0 {
+			for _, c := range g.handed {
+				c.Close()
+			}
+			g.handed = nil
 		}
 		g.notifyLocked()
 	}

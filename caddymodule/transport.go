@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -115,7 +114,7 @@ type Transport struct {
 type transportState struct {
 	mu        sync.Mutex
 	rt        atomic.Pointer[proxy.Transport]
-	upstreams sync.Map // scheme://host -> *upstreamInfo
+	upstreams sync.Map // scheme://host:port -> *upstreamInfo
 }
 
 // KeepAlive configures how long upstream connections live and how often
@@ -314,13 +313,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, fmt.Errorf("orbit_pool transport dials TCP upstreams only, not %s (%s)", di.Network, di.Address)
 	}
-	up := t.upstream(req)
 	f, err := t.app.begin()
 	if err != nil {
 		closeBody(req)
 		return nil, reverseproxy.NewDialError(fmt.Errorf("orbit_pool: %w", err))
 	}
 	rt := t.inner(f)
+	up, err := t.upstream(rt, req)
+	if err != nil {
+		t.app.end()
+		closeBody(req)
+		return nil, reverseproxy.NewDialError(err)
+	}
 
 	start := time.Now()
 	wg := newWaitGuard(req.Context(), t.wait, func() {
@@ -365,29 +369,20 @@ type upstreamInfo struct {
 	wait waitObserver
 }
 
-func (t *Transport) upstream(req *http.Request) *upstreamInfo {
-	id := req.URL.Scheme + "://" + req.URL.Host
-	if v, ok := t.st.upstreams.Load(id); ok {
-		return v.(*upstreamInfo)
+// upstream is what the transport knows of req's upstream, named and keyed
+// as the proxy transport files its connections.
+func (t *Transport) upstream(rt *proxy.Transport, req *http.Request) (*upstreamInfo, error) {
+	name, key, err := rt.Upstream(req)
+	if err != nil {
+		return nil, err
 	}
-	scheme := strings.ToLower(req.URL.Scheme)
-	addr := req.URL.Host
-	if req.URL.Port() == "" {
-		port := "80"
-		if scheme == "https" {
-			port = "443"
-		}
-		addr = net.JoinHostPort(req.URL.Hostname(), port)
+	if v, ok := t.st.upstreams.Load(name); ok {
+		return v.(*upstreamInfo), nil
 	}
-	name := scheme + "://" + addr
-	u := &upstreamInfo{
-		name: name,
-		key:  proxy.KeyFor(scheme, addr, t.tlsConfig, t.keyExtra),
-		wait: localMetrics.wait.WithLabelValues(name),
-	}
-	nameKey(u.key, name)
-	v, _ := t.st.upstreams.LoadOrStore(id, u)
-	return v.(*upstreamInfo)
+	u := &upstreamInfo{name: name, key: key, wait: localMetrics.wait.WithLabelValues(name)}
+	nameKey(key, name)
+	v, _ := t.st.upstreams.LoadOrStore(name, u)
+	return v.(*upstreamInfo), nil
 }
 
 // TLSEnabled reports whether TLS to the upstream is configured.

@@ -84,8 +84,9 @@ type Transport struct {
 }
 
 type upstreamEntry struct {
-	u   upstream
-	key orbitpool.Key
+	u    upstream
+	name string // scheme://host:port
+	key  orbitpool.Key
 }
 
 func (t *Transport) init() {
@@ -143,9 +144,20 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 		addr = net.JoinHostPort(req.URL.Hostname(), port)
 	}
 	u := upstream{Scheme: scheme, Addr: addr, TLS: t.TLSClientConfig}
-	e := &upstreamEntry{u: u, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
+	e := &upstreamEntry{u: u, name: scheme + "://" + addr, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
 	v, _ := t.upstreams.LoadOrStore(id, e)
 	return v.(*upstreamEntry), nil
+}
+
+// Upstream names the upstream req goes to (scheme://host:port, with the
+// scheme's default port filled in) and the pool Key its connections are
+// filed under, so that an embedder can label what it sees in the pool table.
+func (t *Transport) Upstream(req *http.Request) (name string, key orbitpool.Key, err error) {
+	e, err := t.upstream(req)
+	if err != nil {
+		return "", orbitpool.Key{}, err
+	}
+	return e.name, e.key, nil
 }
 
 // RoundTrip implements http.RoundTripper. It takes a local connection with
