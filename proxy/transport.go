@@ -80,11 +80,16 @@ type Transport struct {
 	dialer    dialer
 	settings  connSettings
 	remote    remoteOpts
-	upstreams sync.Map // "scheme://addr" -> *upstreamEntry
+	upstreams sync.Map // "scheme://host" -> *upstreamEntry
+	// last is the entry most recently looked up: a transport usually talks
+	// to one upstream, and this spares each request a key string and a map
+	// lookup.
+	last atomic.Pointer[upstreamEntry]
 }
 
 type upstreamEntry struct {
 	u    upstream
+	host string // as the request URL names it
 	name string // scheme://host:port
 	key  orbitpool.Key
 }
@@ -131,8 +136,12 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 	if host == "" {
 		return nil, &Error{Op: "request", RetrySafe: true, Err: errors.New("no Host in request URL")}
 	}
+	if e := t.last.Load(); e != nil && e.host == host && e.u.Scheme == scheme {
+		return e, nil
+	}
 	id := scheme + "://" + host
 	if e, ok := t.upstreams.Load(id); ok {
+		t.last.Store(e.(*upstreamEntry))
 		return e.(*upstreamEntry), nil
 	}
 	addr := host
@@ -144,8 +153,9 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 		addr = net.JoinHostPort(req.URL.Hostname(), port)
 	}
 	u := upstream{Scheme: scheme, Addr: addr, TLS: t.TLSClientConfig}
-	e := &upstreamEntry{u: u, name: scheme + "://" + addr, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
+	e := &upstreamEntry{u: u, host: host, name: scheme + "://" + addr, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
 	v, _ := t.upstreams.LoadOrStore(id, e)
+	t.last.Store(v.(*upstreamEntry))
 	return v.(*upstreamEntry), nil
 }
 
