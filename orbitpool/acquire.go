@@ -51,31 +51,41 @@ func (p *Pool) laneCandidates(l int, ref keyRef, dst []Candidate) ([]Candidate, 
 		}
 		slot := int(h) - 1
 		off := s.slotOff(l, slot)
-		if k, kg, _ := p.slotKey(off); k == ref.idx && kg == ref.gen {
-			w := atomic.LoadUint64(s.u64(off + slWord))
-			capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
-			// Capacity is written before the slot goes live; reading the
-			// word again proves both belong to one registration.
-			if w2 := atomic.LoadUint64(s.u64(off + slWord)); wGen(w2) != wGen(w) {
-				w = 0
-			} else {
-				w = w2
-			}
-			if wState(w) == StateLive {
-				dst = append(dst, Candidate{
-					ID:       makeID(l, slot, wGen(w)),
-					Lane:     l,
-					Local:    l == p.lane,
-					Capacity: capacity,
-					InUse:    wUse(w),
-					Pending:  wPendN(w),
-					State:    StateLive,
-				})
-			}
+		if w, capacity, ok := p.liveSlotOf(off, ref); ok {
+			dst = append(dst, Candidate{
+				ID:       makeID(l, slot, wGen(w)),
+				Lane:     l,
+				Local:    l == p.lane,
+				Capacity: capacity,
+				InUse:    wUse(w),
+				Pending:  wPendN(w),
+				State:    StateLive,
+			})
 		}
 		h = atomic.LoadUint32(s.u32(off + slNext))
 	}
 	return dst, nil
+}
+
+// liveSlotOf reads the slot at off as one life: its word, capacity and key.
+// It reports ok only for a live slot of ref. A slot's key and capacity are
+// written while it is free or being created, before the generation it goes
+// live with; so a live word of one generation read before and after them
+// proves they are that life's, and an operation that then requires that
+// generation in its compare-and-swap acts on ref's resource and no other.
+func (p *Pool) liveSlotOf(off int, ref keyRef) (w uint64, capacity int, ok bool) {
+	s := p.seg
+	w = atomic.LoadUint64(s.u64(off + slWord))
+	if wState(w) != StateLive {
+		return 0, 0, false
+	}
+	k, kg, _ := p.slotKey(off)
+	capacity = int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	w2 := atomic.LoadUint64(s.u64(off + slWord))
+	if k != ref.idx || kg != ref.gen || wGen(w2) != wGen(w) || wState(w2) != StateLive {
+		return 0, 0, false
+	}
+	return w2, capacity, true
 }
 
 // PlanKind says what an acquisition committed to.
@@ -158,7 +168,7 @@ var errWait = errors.New("orbitpool: wait")
 // capacity returns anywhere in the fleet and tries again, until ctx ends.
 // A caller that needs to fail before its deadline passes a context whose
 // deadline is that much earlier.
-func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) (Plan, error) {
+func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) (plan Plan, err error) {
 	if policy == nil {
 		policy = LocalFirst{}
 	}
@@ -167,18 +177,24 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		woken  bool // woken before: re-register at the front
 		start  time.Time
 		reason Reason
+		ref    keyRef
 	)
-	for {
-		ref, err := p.internKey(key)
+	// Every way out leaves no registration behind: a waiter that is gone
+	// but still queued would take the next wake-up meant for a live one.
+	defer func() {
+		if watch != nil {
+			watch.Close()
+		}
+	}()
+	for retries := 0; ; {
+		ref, err = p.internKey(key)
 		if err != nil {
 			return Plan{}, err
 		}
-		plan, r, err := p.try(ref, key, policy, lim)
+		var r Reason
+		plan, r, err = p.try(ref, key, policy, lim)
 		switch {
 		case err == nil:
-			if watch != nil {
-				watch.Close()
-			}
 			if !start.IsZero() {
 				plan.Waited = time.Since(start)
 				p.seg.count(p.lane, ref.idx, stWaits, 1)
@@ -186,6 +202,13 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			}
 			return plan, nil
 		case err == errKeyGone:
+			if retries++; retries > maxKeyRetries {
+				return Plan{}, errKeyChurn(key)
+			}
+			if watch != nil { // registered on the entry's earlier life
+				watch.Close()
+				watch = nil
+			}
 			continue
 		case err != errWait:
 			return Plan{}, err
@@ -209,7 +232,6 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 				return Plan{}, ErrClosed
 			}
 		case <-ctx.Done():
-			watch.Close()
 			waited := time.Since(start)
 			p.seg.count(p.lane, ref.idx, stTimeouts, 1)
 			p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(waited))
@@ -292,32 +314,26 @@ func (p *Pool) readBudget(ref keyRef, v *View) {
 func (p *Pool) takeLocal(ref keyRef) *Execution {
 	s := p.seg
 	for range 4 {
-		best, load := -1, 0
+		var best ResourceID
+		load := -1
 		h := atomic.LoadUint32(s.u32(s.headOff(p.lane, ref.idx)))
 		for steps := 0; h != 0 && int(h) <= p.l.perLane && steps < p.l.perLane; steps++ {
 			slot := int(h) - 1
 			off := s.slotOff(p.lane, slot)
 			h = atomic.LoadUint32(s.u32(off + slNext))
-			if k, kg, _ := p.slotKey(off); k != ref.idx || kg != ref.gen {
-				continue
-			}
-			w := atomic.LoadUint64(s.u64(off + slWord))
-			l := wUse(w) + wPendN(w)
-			if wState(w) != StateLive || l >= int(atomic.LoadUint32(s.u32(off+slCapacity))) {
-				continue
-			}
-			if best < 0 || l < load {
-				best, load = slot, l
+			w, capacity, ok := p.liveSlotOf(off, ref)
+			if l := wUse(w) + wPendN(w); ok && l < capacity && (load < 0 || l < load) {
+				// The generation seen with the key is the one taken.
+				best, load = makeID(p.lane, slot, wGen(w)), l
 				if l == 0 {
 					break
 				}
 			}
 		}
-		if best < 0 {
+		if load < 0 {
 			return nil
 		}
-		w := atomic.LoadUint64(s.u64(s.slotOff(p.lane, best) + slWord))
-		if e, err := p.useLocal(makeID(p.lane, best, wGen(w)), ref); err == nil {
+		if e, err := p.useLocal(best, ref); err == nil {
 			return e
 		}
 	}

@@ -15,6 +15,17 @@ type keyRef struct {
 // errKeyGone means a key entry was recycled under us; look the key up again.
 var errKeyGone = errors.New("orbitpool: key entry recycled")
 
+// maxKeyRetries bounds how often an operation looks a key up again after its
+// entry was recycled under it. A correct table recycles an entry only when it
+// has no resources, claims or waiters, which an operation racing for it
+// quickly gives it; retrying without end would turn a corrupt entry into a
+// spinning goroutine.
+const maxKeyRetries = 64
+
+func errKeyChurn(k Key) error {
+	return fmt.Errorf("orbitpool: key %v: its table entry was recycled %d times in a row: %w", k, maxKeyRetries, ErrCorrupt)
+}
+
 func keyHash(k Key) uint64 { return (k.Hi ^ k.Lo*0x9e3779b97f4a7c15) >> 7 }
 
 // lookupKey finds k without taking any lock. Readers check the entry's state

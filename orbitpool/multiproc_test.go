@@ -159,6 +159,8 @@ func mpRoleFunc(role string) func(*mpChildCtx) error {
 		return mpRoleBenchPing
 	case "bench-pong":
 		return mpRoleBenchPong
+	case "struct-churn":
+		return mpRoleStructChurn
 	}
 	return nil
 }

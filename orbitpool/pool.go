@@ -43,8 +43,9 @@ type Pool struct {
 	inc     Incarnation
 	opts    Options
 
-	tickets atomic.Uint32
-	closed  atomic.Bool
+	tickets      atomic.Uint32
+	closed       atomic.Bool
+	leakedGuards atomic.Uint64
 
 	// laneMu guards this lane's slot allocation and key lists, which only
 	// this process writes.
@@ -129,6 +130,9 @@ func (p *Pool) join() error {
 		if gen == 0 {
 			gen = 1
 		}
+		// A free lane should hold nothing; make sure of it, since its slots
+		// and lists become this process's own.
+		p.clearLane(l)
 		off := s.laneOff(l)
 		atomic.StoreUint64(s.u64(off+lnIncarnation), uint64(p.inc))
 		atomic.StoreUint64(s.u64(off+lnPID), uint64(os.Getpid()))
@@ -178,11 +182,38 @@ func (p *Pool) Close() error {
 	return nil
 }
 
+// rlockOpen takes the structure lock shared for an operation on this lane,
+// and refuses once Close has begun. Close marks the pool closed before it
+// takes the lock exclusively to release the lane, so an operation that gets
+// the lock after the release sees the mark and writes nothing into the lane
+// it no longer owns.
+func (p *Pool) rlockOpen() error {
+	if err := p.seg.rlockStructure(); err != nil {
+		return err
+	}
+	if p.closed.Load() {
+		p.seg.runlockStructure()
+		return ErrClosed
+	}
+	return nil
+}
+
 // reclaimLane frees every slot of lane l and everything that lane held on keys,
 // and wakes the waiters that freed capacity concerns. It is called with the
 // structure lock held exclusively, for a lane whose process is dead or
 // leaving.
 func (p *Pool) reclaimLane(l int) {
+	p.clearLane(l)
+	p.recount()
+	// Last, so that whoever sees the lane gone also sees its units back.
+	off := p.seg.laneOff(l)
+	ctl := atomic.LoadUint64(p.seg.u64(off + lnCtl))
+	atomic.StoreUint64(p.seg.u64(off+lnCtl), laneCtl(lnGen(ctl), laneFree))
+}
+
+// clearLane frees every slot of lane l and drops its key lists and waiter
+// registrations. The structure lock is held exclusively.
+func (p *Pool) clearLane(l int) {
 	s := p.seg
 	for i := range p.l.perLane {
 		off := s.slotOff(l, i)
@@ -205,11 +236,6 @@ func (p *Pool) reclaimLane(l int) {
 		atomic.StoreUint32(s.u32(s.waitOff(l, k)), 0)
 		atomic.AndUint64(s.u64(s.keyOff(k)+kfMask), ^bit)
 	}
-	p.recount()
-	// Last, so that whoever sees the lane gone also sees its units back.
-	off := s.laneOff(l)
-	ctl := atomic.LoadUint64(s.u64(off + lnCtl))
-	atomic.StoreUint64(s.u64(off+lnCtl), laneCtl(lnGen(ctl), laneFree))
 }
 
 // recount sets every key's counters from the slots that hold it. A process
@@ -222,6 +248,10 @@ func (p *Pool) recount() {
 	type count struct{ total, creating int }
 	counts := make([]count, p.l.nkeys)
 	for l := range p.l.nlanes {
+		// A lane that is not live holds nothing, whatever its slots say.
+		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+			continue
+		}
 		for i := range p.l.perLane {
 			off := s.slotOff(l, i)
 			st := wState(atomic.LoadUint64(s.u64(off + slWord)))

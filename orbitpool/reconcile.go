@@ -12,6 +12,7 @@ type seenReservation struct {
 	ticket uint64
 	gen    uint64
 	since  int64
+	orphan bool // a set bit without a ticket
 }
 
 // Reconcile does the owner's housekeeping; the pool's dispatcher runs it every
@@ -34,44 +35,85 @@ func (p *Pool) Reconcile() error {
 	timeout := p.opts.ReservationTimeout.Nanoseconds()
 	for slot := range p.l.perLane {
 		off := s.slotOff(p.lane, slot)
-		w := atomic.LoadUint64(s.u64(off + slWord))
-		if wState(w) != StateLive {
+		if wState(atomic.LoadUint64(s.u64(off+slWord))) != StateLive {
 			continue
 		}
 		for b := range PendingReservations {
-			tp := s.u64(off + slTickets + 8*b)
-			t := atomic.LoadUint64(tp)
-			if t == 0 {
-				continue
-			}
-			rec := &p.seen[slot*PendingReservations+b]
-			if w&(1<<b) == 0 {
-				// A ticket stamped by a reserver that died before it set
-				// the bit (or is about to): free it once its life is over.
-				if !p.reserverAlive(t) {
-					atomic.CompareAndSwapUint64(tp, t, 0)
-				}
-				continue
-			}
-			if rec.ticket != t || rec.gen != wGen(w) {
-				*rec = seenReservation{ticket: t, gen: wGen(w), since: now}
-			}
-			if now-rec.since < timeout && p.reserverAlive(t) {
-				continue
-			}
-			if !atomic.CompareAndSwapUint64(tp, t, 0) {
-				continue // accepted meanwhile
-			}
-			if p.dropReservation(off, wGen(w), uint64(1)<<b) {
-				if k, _, ok := p.slotKey(off); ok {
-					s.count(p.lane, k, stAged, 1)
-					p.wake(k, 1)
-				}
-			}
-			*rec = seenReservation{}
+			p.reconcileBit(off, slot, b, now, timeout)
 		}
 	}
 	return err
+}
+
+// reconcileBit judges one pending bit of this lane's slot at off. The ticket
+// is read first and the word after it, so the verdict is never taken on a
+// word older than the ticket: a bit set after the word was read cannot be
+// mistaken for a clear one.
+func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
+	s := p.seg
+	word, tp := s.u64(off+slWord), s.u64(off+slTickets+8*b)
+	bit := uint64(1) << b
+	t := atomic.LoadUint64(tp)
+	w := atomic.LoadUint64(word)
+	rec := &p.seen[slot*PendingReservations+b]
+	if wState(w) != StateLive {
+		*rec = seenReservation{}
+		return
+	}
+	switch {
+	case t == 0 && w&bit == 0:
+		*rec = seenReservation{}
+	case t == 0:
+		// A set bit whose ticket is gone. Accept passes through this
+		// state for an instant between taking the ticket and the use; a
+		// bit that stays so for a whole reservation timeout belongs to a
+		// reservation nobody can accept, and would hold a unit forever.
+		if !rec.orphan || rec.gen != wGen(w) {
+			*rec = seenReservation{gen: wGen(w), since: now, orphan: true}
+			return
+		}
+		if now-rec.since >= timeout {
+			p.dropped(off, wGen(w), bit)
+			*rec = seenReservation{}
+		}
+	case w&bit == 0:
+		// A ticket stamped by a reserver that has not set its bit. If that
+		// reserver's life is over, free the ticket. Take the bit first, so
+		// that neither a reserver that set it unseen nor a new one can
+		// hold it across the ticket's removal; then give it back. Only
+		// while there is room for it, so that no one ever sees a slot
+		// over its capacity; a full slot is looked at again next time.
+		capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+		if p.reserverAlive(t) || wUse(w)+wPendN(w) >= capacity || !atomic.CompareAndSwapUint64(word, w, w|bit) {
+			return
+		}
+		atomic.CompareAndSwapUint64(tp, t, 0)
+		p.dropReservation(off, wGen(w), bit)
+	default:
+		if rec.orphan || rec.ticket != t || rec.gen != wGen(w) {
+			*rec = seenReservation{ticket: t, gen: wGen(w), since: now}
+		}
+		if now-rec.since < timeout && p.reserverAlive(t) {
+			return
+		}
+		// Taking the ticket is what stops an Accept of it; the bit is
+		// then ours to clear.
+		if atomic.CompareAndSwapUint64(tp, t, 0) {
+			p.dropped(off, wGen(w), bit)
+		}
+		*rec = seenReservation{}
+	}
+}
+
+// dropped clears an unaccepted reservation's bit and gives its unit back.
+func (p *Pool) dropped(off int, gen, bit uint64) {
+	if !p.dropReservation(off, gen, bit) {
+		return
+	}
+	if k, _, ok := p.slotKey(off); ok {
+		p.seg.count(p.lane, k, stAged, 1)
+		p.wake(k, 1)
+	}
 }
 
 // dropReservation clears one pending bit on this lane's slot at off.

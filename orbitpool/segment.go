@@ -15,7 +15,7 @@ import (
 
 // abiVersion changes whenever the segment layout or the meaning of a word
 // changes; processes of different versions must not share a segment.
-const abiVersion = 1
+const abiVersion = 2
 
 // segmentMagic marks an initialised segment; it is written last at creation.
 const segmentMagic uint64 = 0x4f52_4249_5450_4f4c // "ORBITPOL"
@@ -32,6 +32,21 @@ const (
 	hdrSize     = 32
 	hdrCreated  = 40
 	hdrChecksum = 48 // crc64 of bytes [8, 48)
+
+	// hdrWriterWaiting is when (CLOCK_MONOTONIC nanoseconds, system-wide) a
+	// process last said it waits to take the structure lock exclusively;
+	// 0 when none does. See lockStructure.
+	hdrWriterWaiting = 64
+)
+
+// A process waiting for the structure lock exclusively refreshes its intent at
+// least every writerPoll; readers defer to an intent younger than
+// writerIntentFresh, so one left by a process that died fades at once, and
+// never for longer than maxYield, so a stream of writers cannot starve them.
+const (
+	writerPoll        = time.Millisecond
+	writerIntentFresh = 10 * time.Millisecond
+	maxYield          = 100 * time.Millisecond
 )
 
 // Lock bytes in the segment file. OFD locks are advisory and may lie past the
@@ -61,6 +76,12 @@ type segment struct {
 	structMu sync.RWMutex
 	readMu   sync.Mutex
 	readers  int
+
+	// intent is the header's hdrWriterWaiting word, through hdr (the
+	// header alone, mapped to wait for the lock that guards validating and
+	// mapping the rest) or through data; nil until one is mapped.
+	intent *uint64
+	hdr    []byte
 }
 
 func (s *segment) u64(off int) *uint64 { return (*uint64)(unsafe.Add(s.base, off)) }
@@ -92,8 +113,9 @@ func openSegment(spec PoolSpec) (*segment, error) {
 		f.Close()
 		return nil, err
 	}
+	s.mapIntent()
 	if err := s.lockStructure(); err != nil {
-		f.Close()
+		s.close()
 		return nil, err
 	}
 	if err := s.mapAndValidate(); err != nil {
@@ -101,7 +123,34 @@ func openSegment(spec PoolSpec) (*segment, error) {
 		s.close()
 		return nil, err
 	}
+	s.intent = s.u64(hdrWriterWaiting)
+	if s.hdr != nil {
+		unix.Munmap(s.hdr)
+		s.hdr = nil
+	}
 	return s, nil
+}
+
+// mapIntent maps the header of a segment in use, so that joining it can wait
+// for the structure lock as every other writer does. A segment that is new,
+// half made or of another version is left alone: nobody can be using it, and
+// mapAndValidate may resize it, which would fault a mapping.
+func (s *segment) mapIntent() {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(s.f.Fd()), &st); err != nil || st.Size < headerSize {
+		return
+	}
+	hdr, err := unix.Mmap(int(s.f.Fd()), 0, headerSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return
+	}
+	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&hdr[hdrMagic]))) != segmentMagic ||
+		atomic.LoadUint32((*uint32)(unsafe.Pointer(&hdr[hdrABI]))) != abiVersion {
+		unix.Munmap(hdr)
+		return
+	}
+	s.hdr = hdr
+	s.intent = (*uint64)(unsafe.Pointer(&hdr[hdrWriterWaiting]))
 }
 
 // checkOwnership refuses a segment another user could read or write: its
@@ -232,16 +281,43 @@ func (s *segment) flock(cmd int, typ int16, at int64) error {
 	}
 }
 
+// lockStructure takes the structure lock exclusively. An OFD write lock
+// waiting in the kernel gives way to every new reader, so a process whose
+// goroutines keep the lock shared without a gap would hold it off for good.
+// Instead the writer polls for the lock and, while it cannot have it, keeps
+// its intent fresh in the header; new readers in every process defer to it.
 func (s *segment) lockStructure() error {
 	s.structMu.Lock()
 	if s.f == nil {
 		return nil
 	}
-	if err := s.flock(unix.F_OFD_SETLKW, unix.F_WRLCK, lockStructure); err != nil {
+	if err := s.writeLock(); err != nil {
 		s.structMu.Unlock()
 		return fmt.Errorf("orbitpool: lock segment %s: %w", s.path, err)
 	}
 	return nil
+}
+
+func (s *segment) writeLock() error {
+	if s.intent == nil {
+		return s.flock(unix.F_OFD_SETLKW, unix.F_WRLCK, lockStructure)
+	}
+	var mine uint64
+	for backoff := 20 * time.Microsecond; ; backoff = min(2*backoff, writerPoll) {
+		err := s.flock(unix.F_OFD_SETLK, unix.F_WRLCK, lockStructure)
+		if err == nil {
+			if mine != 0 {
+				atomic.CompareAndSwapUint64(s.intent, mine, 0)
+			}
+			return nil
+		}
+		if err != unix.EAGAIN && err != unix.EACCES {
+			return err
+		}
+		mine = uint64(monotonicNow())
+		atomic.StoreUint64(s.intent, mine)
+		time.Sleep(backoff)
+	}
 }
 
 func (s *segment) unlockStructure() {
@@ -254,6 +330,7 @@ func (s *segment) unlockStructure() {
 // rlockStructure takes the structure lock shared. A process that dies
 // holding it loses it with its file description, like the exclusive one.
 func (s *segment) rlockStructure() error {
+	s.yieldToWriter()
 	s.structMu.RLock()
 	if s.f == nil {
 		return nil
@@ -270,6 +347,28 @@ func (s *segment) rlockStructure() error {
 	return nil
 }
 
+// yieldToWriter waits while some process says it waits for the structure lock
+// exclusively, so that the readers already in drain and let it in.
+func (s *segment) yieldToWriter() {
+	if s.intent == nil || atomic.LoadUint64(s.intent) == 0 {
+		return
+	}
+	var since int64
+	for {
+		t := int64(atomic.LoadUint64(s.intent))
+		now := monotonicNow()
+		if t == 0 || now-t > int64(writerIntentFresh) {
+			return
+		}
+		if since == 0 {
+			since = now
+		} else if now-since > int64(maxYield) {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
 func (s *segment) runlockStructure() {
 	if s.f != nil {
 		s.readMu.Lock()
@@ -279,6 +378,13 @@ func (s *segment) runlockStructure() {
 		s.readMu.Unlock()
 	}
 	s.structMu.RUnlock()
+}
+
+// monotonicNow reads CLOCK_MONOTONIC, which every process on the host shares.
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
 
 // holdLane takes the lock that marks lane as alive for as long as this
@@ -310,6 +416,11 @@ func (s *segment) laneAlive(lane int) (bool, error) {
 }
 
 func (s *segment) close() {
+	s.intent = nil
+	if s.hdr != nil {
+		unix.Munmap(s.hdr)
+		s.hdr = nil
+	}
 	if s.data != nil {
 		unix.Munmap(s.data)
 		s.data, s.base = nil, nil

@@ -3,6 +3,7 @@ package orbitpool
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,7 +58,7 @@ func TestSegmentValidation(t *testing.T) {
 		{"abi", func(t *testing.T, path string) PoolSpec {
 			patch(t, path, hdrABI, u32(abiVersion+1))
 			return spec(path)
-		}, ErrIncompatible, "ABI version 2"},
+		}, ErrIncompatible, fmt.Sprintf("ABI version %d", abiVersion+1)},
 		{"magic", func(t *testing.T, path string) PoolSpec {
 			patch(t, path, hdrMagic, []byte("NOTAPOOL"))
 			return spec(path)

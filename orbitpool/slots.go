@@ -8,17 +8,6 @@ import (
 	"time"
 )
 
-// CreationPermit is one unit of a key's creation budget, held while a resource
-// is being made. Register turns it into a live resource; Close without
-// registering gives the unit back. Exactly one of them takes effect.
-type CreationPermit struct {
-	p    *Pool
-	slot int
-	gen  uint64
-	key  keyRef
-	done atomic.Bool
-}
-
 // ClaimCreate takes one unit of key's creation budget: it succeeds only if the
 // key's live and in-progress resources across the fleet stay within
 // lim.MaxResources and its in-progress ones within lim.MaxCreating. The
@@ -27,7 +16,7 @@ func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
 	}
-	for {
+	for range maxKeyRetries {
 		ref, err := p.internKey(key)
 		if err != nil {
 			return nil, err
@@ -37,6 +26,7 @@ func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
 			return cp, err
 		}
 	}
+	return nil, errKeyChurn(key)
 }
 
 // Every operation that changes a key's counters and a slot together holds
@@ -45,7 +35,7 @@ func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
 
 func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool) (*CreationPermit, error) {
 	s := p.seg
-	if err := s.rlockStructure(); err != nil {
+	if err := p.rlockOpen(); err != nil {
 		return nil, err
 	}
 	defer s.runlockStructure()
@@ -70,7 +60,7 @@ func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool) (*CreationPermit,
 	atomic.StoreUint32(s.u32(off+slCapacity), 0)
 	atomic.StoreUint64(s.u64(off+slWord), slotWord(gen, StateCreating, 0, 0))
 	p.laneMu.Unlock()
-	return &CreationPermit{p: p, slot: slot, gen: gen, key: ref}, nil
+	return p.newPermit(slot, gen, ref), nil
 }
 
 // Register publishes the resource the permit was held for, with room for
@@ -86,7 +76,7 @@ func (cp *CreationPermit) RegisterAndAccept(capacity int) (*Execution, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Execution{p: cp.p, id: id, key: cp.key}, nil
+	return cp.p.newExecution(id, cp.key), nil
 }
 
 func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
@@ -94,16 +84,13 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 		return 0, fmt.Errorf("orbitpool: capacity %d out of range [1, %d]", capacity, MaxCapacity)
 	}
 	p := cp.p
-	if p.closed.Load() {
-		return 0, ErrClosed
-	}
-	if !cp.done.CompareAndSwap(false, true) {
+	if !cp.take() {
 		return 0, errors.New("orbitpool: creation permit already used")
 	}
 	s := p.seg
 	off := s.slotOff(p.lane, cp.slot)
-	if err := s.rlockStructure(); err != nil {
-		cp.done.Store(false)
+	if err := p.rlockOpen(); err != nil {
+		cp.untake()
 		return 0, err
 	}
 	defer s.runlockStructure()
@@ -130,17 +117,22 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 // Close gives the permit's budget back unless Register already used it. It
 // is safe to call more than once.
 func (cp *CreationPermit) Close() error {
-	if !cp.done.CompareAndSwap(false, true) {
+	if !cp.take() {
 		return nil
 	}
+	return cp.release()
+}
+
+// release frees the permit's slot and budget; the permit is taken.
+func (cp *CreationPermit) release() error {
 	p := cp.p
-	if p.closed.Load() {
-		return nil
-	}
 	s := p.seg
 	off := s.slotOff(p.lane, cp.slot)
-	if err := s.rlockStructure(); err != nil {
-		cp.done.Store(false)
+	if err := p.rlockOpen(); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil // leaving the fleet released the slot and its budget
+		}
+		cp.untake()
 		return err
 	}
 	defer s.runlockStructure()
@@ -164,7 +156,7 @@ func (p *Pool) Register(key Key, capacity int) (ResourceID, error) {
 	if p.closed.Load() {
 		return 0, ErrClosed
 	}
-	for {
+	for range maxKeyRetries {
 		ref, err := p.internKey(key)
 		if err != nil {
 			return 0, err
@@ -182,6 +174,7 @@ func (p *Pool) Register(key Key, capacity int) (ResourceID, error) {
 		}
 		return id, err
 	}
+	return 0, errKeyChurn(key)
 }
 
 // ownSlot checks that id names a slot of this process's lane.
@@ -207,7 +200,7 @@ func (p *Pool) Unregister(id ResourceID) error {
 		return err
 	}
 	s := p.seg
-	if err := s.rlockStructure(); err != nil {
+	if err := p.rlockOpen(); err != nil {
 		return err
 	}
 	defer s.runlockStructure()
@@ -363,6 +356,10 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*int(l.Bit)), l.Ticket, 0) {
 		return nil, ErrStale
 	}
+	// The key is read between the word load above and the compare-and-swap
+	// below, both of this generation, so it is the key of the life that
+	// the use is taken on.
+	k, kg, ok := p.slotKey(off)
 	for {
 		w = atomic.LoadUint64(s.u64(off + slWord))
 		if wGen(w) != l.ID.Generation() || w&bit == 0 {
@@ -372,12 +369,11 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 			break
 		}
 	}
-	k, kg, ok := p.slotKey(off)
 	if !ok {
 		return nil, fmt.Errorf("orbitpool: resource %v names key entry %d: %w", l.ID, k, ErrCorrupt)
 	}
 	s.count(p.lane, k, stAccepted, 1)
-	return &Execution{p: p, id: l.ID, key: keyRef{k, kg}}, nil
+	return p.newExecution(l.ID, keyRef{k, kg}), nil
 }
 
 // useLocal reserves and accepts a unit of one of this process's resources in a
@@ -395,50 +391,7 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 			return nil, ErrBusy
 		}
 		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w+useOne) {
-			return &Execution{p: p, id: id, key: ref}, nil
+			return p.newExecution(id, ref), nil
 		}
 	}
-}
-
-// Execution is the owner's guard over one unit of a resource in use.
-// Complete (or Close) gives the unit back and wakes the key's waiters; it is
-// the only way capacity returns.
-type Execution struct {
-	p    *Pool
-	id   ResourceID
-	key  keyRef
-	done atomic.Bool
-}
-
-// ID is the resource in use.
-func (e *Execution) ID() ResourceID { return e.id }
-
-// Complete ends the use. Calls after the first do nothing, as does a Complete
-// on a resource that was unregistered meanwhile.
-func (e *Execution) Complete() {
-	if !e.done.CompareAndSwap(false, true) {
-		return
-	}
-	p := e.p
-	if p.closed.Load() {
-		return
-	}
-	s := p.seg
-	word := s.u64(s.slotOff(p.lane, e.id.Slot()) + slWord)
-	for {
-		w := atomic.LoadUint64(word)
-		if wGen(w) != e.id.Generation() || wState(w) != StateLive || wUse(w) == 0 {
-			return
-		}
-		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
-			break
-		}
-	}
-	p.wake(e.key.idx, 1)
-}
-
-// Close is Complete, for use with defer and io.Closer.
-func (e *Execution) Close() error {
-	e.Complete()
-	return nil
 }

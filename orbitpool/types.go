@@ -30,6 +30,10 @@ var (
 	ErrIncompatible = errors.New("orbitpool: incompatible segment")
 	// ErrRefused means the policy declined to serve the request.
 	ErrRefused = errors.New("orbitpool: refused by policy")
+	// ErrLeakedGuard is reported through Options.OnError when an Execution
+	// or CreationPermit was garbage-collected without being released, and
+	// its unit was returned then: a bug in the caller.
+	ErrLeakedGuard = errors.New("orbitpool: guard garbage-collected without release")
 )
 
 // Key is what a resource is usable for: a 128-bit digest, computed by the

@@ -1,6 +1,7 @@
 package orbitpool
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,7 +46,15 @@ func (t *waiterTable) watch(p *Pool, ref keyRef, front bool) (*waiter, error) {
 	}
 	kw := t.keys[ref.idx]
 	if kw != nil && kw.gen != ref.gen {
-		return nil, errKeyGone
+		// The entry was recycled under local waiters, which a set mask
+		// bit forbids: the mask was corrupted. Nothing will ever wake
+		// them through the old entry, so wake them now to re-check, and
+		// queue afresh on the entry's new life.
+		t.wakeFront(p, ref.idx, kw, uint64(len(kw.q)))
+		kw = nil
+		if p.opts.OnError != nil {
+			p.opts.OnError(fmt.Errorf("orbitpool: key entry %d was recycled while this process had waiters on it: %w", ref.idx, ErrCorrupt))
+		}
 	}
 	if kw == nil {
 		koff := s.keyOff(ref.idx)
@@ -180,7 +189,7 @@ type Readiness struct {
 func (p *Pool) Watch(key Key) (*Readiness, error) { return p.watch(key, false) }
 
 func (p *Pool) watch(key Key, front bool) (*Readiness, error) {
-	for {
+	for range maxKeyRetries {
 		ref, err := p.internKey(key)
 		if err != nil {
 			return nil, err
@@ -194,6 +203,7 @@ func (p *Pool) watch(key Key, front bool) (*Readiness, error) {
 		}
 		return &Readiness{p: p, w: w}, nil
 	}
+	return nil, errKeyChurn(key)
 }
 
 // Ready is closed when the caller should re-check.
