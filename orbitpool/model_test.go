@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -450,6 +451,268 @@ func TestModelConcurrent(t *testing.T) {
 		}
 		if ks.Live != live {
 			t.Fatalf("key %v: %d live, %d listed", ks.Key, ks.Live, live)
+		}
+	}
+}
+
+// maybeRefuse is a policy that, on some acquisitions, waits once and then
+// refuses: it registers a waiter and leaves with an error.
+type maybeRefuse struct {
+	refuse bool
+	calls  int
+}
+
+func (p *maybeRefuse) Decide(v *View) Decision {
+	if p.refuse {
+		if p.calls++; p.calls > 1 {
+			return Decision{Action: ActionRefuse, Reason: ReasonPolicy}
+		}
+		return Decision{Action: ActionWait, Reason: ReasonBusy}
+	}
+	return LocalFirst{}.Decide(v)
+}
+
+// TestModelConcurrentChurn is TestModelConcurrent with the schedules that
+// broke earlier tables: slots unregistered and registered again across keys
+// while others scan them, lanes closing while their goroutines claim and
+// register, policies that wait and then refuse, and reservers that die while
+// their owners reconcile. Besides the invariants checked while it runs, every
+// execution must be on a resource of the key it was acquired for, and at the
+// end every key's counters must agree with the slots and no waiter, use or
+// reservation may be left.
+func TestModelConcurrentChurn(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	spec := PoolSpec{Lanes: 6, Keys: 256, ResourcesPerLane: 64}
+	pools := openShared(t, spec, 3)
+	path := pools[0].Spec().Path
+	keys := []Key{{1, 1}, {2, 2}, {3, 3}}
+	lim := Limits{MaxResources: 16, MaxCreating: 4}
+	var (
+		mu       sync.Mutex
+		keyOf    = map[ResourceID]Key{}
+		failures atomic.Int32
+		stop     atomic.Bool
+		checked  atomic.Int64
+	)
+	fail := func(format string, args ...any) {
+		if failures.Add(1) <= 3 {
+			t.Errorf(format, args...)
+		}
+	}
+	// onKey checks that id, used for k, was made for k. Its maker records
+	// it right after registering, so an unknown id is looked up again.
+	onKey := func(id ResourceID, k Key) {
+		for range 2000 {
+			mu.Lock()
+			got, ok := keyOf[id]
+			mu.Unlock()
+			if ok {
+				if got != k {
+					fail("execution for key %v on resource %v of key %v", k, id, got)
+				}
+				checked.Add(1)
+				return
+			}
+			time.Sleep(5 * time.Microsecond)
+		}
+		fail("execution for key %v on resource %v, which was never registered", k, id)
+	}
+	var checker sync.WaitGroup
+	checker.Go(func() {
+		for !stop.Load() {
+			for _, k := range keys {
+				cs, err := pools[0].Candidates(k, nil)
+				if err != nil {
+					fail("candidates: %v", err)
+				}
+				for _, c := range cs {
+					if c.InUse+c.Pending > c.Capacity {
+						fail("%+v over capacity", c)
+					}
+				}
+				if ref, ok := pools[0].lookupKey(k); ok {
+					var v View
+					pools[0].readBudget(ref, &v)
+					if v.Total > lim.MaxResources || v.Creating > lim.MaxCreating {
+						fail("key %v: total %d creating %d over %+v", k, v.Total, v.Creating, lim)
+					}
+				}
+			}
+		}
+	})
+
+	ops := 2000
+	if testing.Short() {
+		ops = 300
+	}
+	use := func(rng *rand.Rand, p *Pool, owners []*Pool, k Key, plan Plan) {
+		var e *Execution
+		switch plan.Kind {
+		case PlanReuseLocal:
+			e = plan.Execution
+		case PlanReuseRemote:
+			var owner *Pool
+			for _, o := range owners {
+				if o.Lane() == plan.Lease.ID.Lane() {
+					owner = o
+				}
+			}
+			if owner == nil || rng.IntN(10) == 0 {
+				return // its owner left, or the reserver gives up: aged out
+			}
+			e, _ = owner.Accept(plan.Lease)
+		case PlanCreate:
+			if rng.IntN(5) == 0 {
+				plan.Permit.Close()
+				return
+			}
+			mu.Lock()
+			var err error
+			if e, err = plan.Permit.RegisterAndAccept(1 + rng.IntN(2)); err == nil {
+				keyOf[e.ID()] = k
+			}
+			mu.Unlock()
+			if err != nil && !errors.Is(err, ErrClosed) {
+				fail("register: %v", err)
+			}
+		}
+		if e == nil {
+			return
+		}
+		onKey(e.ID(), k)
+		if rng.IntN(8) == 0 {
+			time.Sleep(time.Duration(rng.IntN(100)) * time.Microsecond)
+		}
+		if rng.IntN(3) == 0 && e.ID().Lane() == p.Lane() {
+			p.Unregister(e.ID()) // the connection broke: its slot goes to the next key that creates
+		}
+		e.Complete()
+	}
+	acquire := func(rng *rand.Rand, p *Pool, k Key) (Plan, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(3))*time.Millisecond)
+		defer cancel()
+		plan, err := p.Acquire(ctx, k, &maybeRefuse{refuse: rng.IntN(6) == 0}, lim)
+		var we *WaitError
+		// A lane naming fresh keys may fill its slots; the three lanes
+		// sharing the budgeted keys never can.
+		full := errors.Is(err, ErrFull) && p != pools[0] && p != pools[1] && p != pools[2]
+		if err != nil && !errors.As(err, &we) && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrClosed) && !full {
+			fail("acquire: %v", err)
+		}
+		return plan, err
+	}
+
+	var workers sync.WaitGroup
+	for g := range 9 {
+		workers.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(g)))
+			p := pools[g%3]
+			own := Key{0x0f, uint64(g)} // nobody else waits on it
+			for range ops {
+				k := keys[rng.IntN(len(keys))]
+				if rng.IntN(8) == 0 {
+					k = own
+				}
+				plan, err := acquire(rng, p, k)
+				if err == nil {
+					use(rng, p, pools, k, plan)
+					continue
+				}
+				if ref, ok := p.lookupKey(own); k == own && ok && errors.Is(err, ErrRefused) {
+					if n := atomic.LoadUint32(p.seg.u32(p.seg.waitOff(p.Lane(), ref.idx))); n != 0 {
+						fail("an Acquire that waited and was refused left %d waiters on a key only it uses", n)
+					}
+				}
+			}
+		})
+	}
+	// Lanes that join, claim from several goroutines and close mid-flight.
+	workers.Go(func() {
+		rng := rand.New(rand.NewPCG(seed, 100))
+		for range ops / 50 {
+			q, err := Open(PoolSpec{Path: path, Lanes: spec.Lanes, Keys: spec.Keys, ResourcesPerLane: spec.ResourcesPerLane}, testOpts)
+			if err != nil {
+				fail("open: %v", err)
+				return
+			}
+			var inner sync.WaitGroup
+			for range 3 {
+				seed := rng.Uint64()
+				inner.Go(func() {
+					rng := rand.New(rand.NewPCG(seed, 1))
+					for !q.closed.Load() {
+						// Half the time a key never seen, whose naming
+						// queues for the structure lock.
+						k := keys[rng.IntN(len(keys))]
+						if rng.IntN(2) == 0 {
+							k = Key{0xc1, rng.Uint64N(1 << 40)}
+						}
+						if plan, err := acquire(rng, q, k); err == nil {
+							use(rng, q, append([]*Pool{q}, pools...), k, plan)
+						}
+					}
+				})
+			}
+			time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+			q.Close()
+			inner.Wait()
+		}
+	})
+	// Reservers that die holding reservations, while owners reconcile.
+	workers.Go(func() {
+		rng := rand.New(rand.NewPCG(seed, 200))
+		for range ops / 50 {
+			q, err := Open(PoolSpec{Path: path, Lanes: spec.Lanes, Keys: spec.Keys, ResourcesPerLane: spec.ResourcesPerLane}, testOpts)
+			if err != nil {
+				fail("open: %v", err)
+				return
+			}
+			for range 4 {
+				cs, _ := q.Candidates(keys[rng.IntN(len(keys))], nil)
+				if len(cs) > 0 {
+					q.Reserve(cs[rng.IntN(len(cs))].ID)
+				}
+			}
+			simulateDeath(q)
+		}
+	})
+	checker.Go(func() {
+		for !stop.Load() {
+			for _, p := range pools {
+				p.Reconcile()
+			}
+			runtime.Gosched()
+		}
+	})
+	workers.Wait()
+	stop.Store(true)
+	checker.Wait()
+	if checked.Load() == 0 {
+		t.Fatal("no execution was checked for its key")
+	}
+
+	// Everything completed, dead reservers' reservations dropped, the
+	// closed lanes' budget back: the counters agree with the slots.
+	waitFor(t, func() bool {
+		for _, k := range keys {
+			cs, _ := pools[1].Candidates(k, nil)
+			for _, c := range cs {
+				if c.InUse != 0 || c.Pending != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	snap, err := pools[2].Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ks := range snap.Keys {
+		cs, _ := pools[2].Candidates(ks.Key, nil)
+		if ks.Creating != 0 || ks.Waiting != 0 || ks.Busy != 0 || ks.Live != len(cs) || ks.Live > lim.MaxResources {
+			t.Fatalf("left over: %+v with %d resources listed", ks, len(cs))
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -47,8 +48,9 @@ var mpSpec = PoolSpec{Lanes: 8, Keys: 32, ResourcesPerLane: 32}
 
 // Keys of the multi-process tests, one set per test.
 var (
-	mpKeyShared = Key{Hi: 0x6d70, Lo: 1} // stress: fixed resources, never churned
-	mpKeyChurn  = Key{Hi: 0x6d70, Lo: 2} // stress: created, used and removed under a budget
+	mpKeyShared = Key{Hi: 0x6d70, Lo: 1}  // stress: fixed resources, never churned
+	mpKeyChurn  = Key{Hi: 0x6d70, Lo: 2}  // stress: created, used and removed under a budget
+	mpKeyChurn2 = Key{Hi: 0x6d70, Lo: 12} // stress: the same, so that slots move between the two keys
 	mpKeyWake   = Key{Hi: 0x6d70, Lo: 3}
 	mpKeyRS     = Key{Hi: 0x6d70, Lo: 4} // kill test: the parent's resource the victim reserves
 	mpKeyVOwn   = Key{Hi: 0x6d70, Lo: 5} // kill test: the victim's own resource
@@ -282,6 +284,7 @@ const (
 	mpNotOwner
 	mpBadLease
 	mpOtherErr
+	mpWrongKey // accepted, on a resource of another key than the reserver's
 )
 
 func mpCode(err error) byte {
@@ -530,6 +533,7 @@ type mpStats struct {
 	BudgetRefused      int // ClaimCreate -> ErrBudget
 	StaleChurn         int // churn-key leases the owner found stale (the resource went away: allowed)
 	DupRejected        int // second presentation of an accepted lease refused
+	KeyChecked         int // executions whose resource's key was checked against the key asked for
 	WrongOwnerRejected int // lease presented to a process that does not own it, refused
 	RemoteOK           int // leases this process handed over and the owner accepted
 	Served             int // leases of other processes this process accepted as owner
@@ -548,6 +552,7 @@ func (s *mpStats) add(o *mpStats) {
 	s.BudgetRefused += o.BudgetRefused
 	s.StaleChurn += o.StaleChurn
 	s.DupRejected += o.DupRejected
+	s.KeyChecked += o.KeyChecked
 	s.WrongOwnerRejected += o.WrongOwnerRejected
 	s.RemoteOK += o.RemoteOK
 	s.Served += o.Served
@@ -560,7 +565,34 @@ type mpStress struct {
 	lanes   []int // every stress child's lane
 	mu      sync.Mutex
 	st      mpStats
-	tickets map[uint64]bool // tickets this owner accepted
+	tickets map[uint64]bool    // tickets this owner accepted
+	keyOf   map[ResourceID]Key // this owner's churn resources, by the key they were made for
+}
+
+// churnKeys are the keys whose resources the stress creates and removes.
+var churnKeys = []Key{mpKeyChurn, mpKeyChurn2}
+
+// checkKey flags an execution on id for key k that is on another key's
+// resource. A sibling can reserve a resource between its registration and
+// the owner's record of it, so an unknown id is looked up again briefly.
+func (s *mpStress) checkKey(id ResourceID, k Key) bool {
+	for range 1000 {
+		s.mu.Lock()
+		got, ok := s.keyOf[id]
+		if ok && got == k {
+			s.st.KeyChecked++
+		}
+		s.mu.Unlock()
+		if ok {
+			if got != k {
+				s.violation("execution for key %v on resource %v of key %v", k, id, got)
+			}
+			return got == k
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	s.violation("execution for key %v on resource %v, which this owner never made", k, id)
+	return false
 }
 
 func (s *mpStress) count(f func(*mpStats)) {
@@ -612,18 +644,21 @@ func (s *mpStress) serve(ln net.Listener) {
 		go func() {
 			defer c.Close()
 			rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
-			var b [LeaseSize]byte
+			var b [LeaseSize + 1]byte // the lease, and the churn key it is for (or none)
 			for {
 				if _, err := io.ReadFull(c, b[:]); err != nil {
 					return
 				}
 				var l Lease
 				code := mpBadLease
-				if l.UnmarshalBinary(b[:]) == nil {
+				if l.UnmarshalBinary(b[:LeaseSize]) == nil {
 					e, err := s.p.Accept(l)
 					code = mpCode(err)
 					if err == nil {
 						s.accepted(l, true)
+						if tag := int(b[LeaseSize]); tag < len(churnKeys) && !s.checkKey(e.ID(), churnKeys[tag]) {
+							code = mpWrongKey
+						}
 						mpHold(rng)
 						e.Complete()
 					}
@@ -636,8 +671,9 @@ func (s *mpStress) serve(ln net.Listener) {
 	}
 }
 
-// rpc hands l to the process in lane and returns its verdict.
-func (s *mpStress) rpc(conns map[int]net.Conn, lane int, l Lease) (byte, error) {
+// rpc hands l, taken for churn key tag (or none, 0xff), to the process in
+// lane and returns its verdict.
+func (s *mpStress) rpc(conns map[int]net.Conn, lane int, l Lease, tag byte) (byte, error) {
 	c := conns[lane]
 	if c == nil {
 		var err error
@@ -647,7 +683,7 @@ func (s *mpStress) rpc(conns map[int]net.Conn, lane int, l Lease) (byte, error) 
 		conns[lane] = c
 	}
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write(mpLeaseBytes(l)); err != nil {
+	if _, err := c.Write(append(mpLeaseBytes(l), tag)); err != nil {
 		return 0, err
 	}
 	var r [1]byte
@@ -660,14 +696,14 @@ func (s *mpStress) rpc(conns map[int]net.Conn, lane int, l Lease) (byte, error) 
 // handOver presents a lease on a sibling's resource to its owner, sometimes
 // first to a process that does not own it and sometimes twice, and returns
 // the owner's verdict on the first real presentation.
-func (s *mpStress) handOver(rng *rand.Rand, conns map[int]net.Conn, l Lease) byte {
+func (s *mpStress) handOver(rng *rand.Rand, conns map[int]net.Conn, l Lease, tag byte) byte {
 	owner := l.ID.Lane()
 	if rng.IntN(8) == 0 {
 		for _, other := range s.lanes {
 			if other == owner || other == s.p.Lane() {
 				continue
 			}
-			code, err := s.rpc(conns, other, l)
+			code, err := s.rpc(conns, other, l, tag)
 			switch {
 			case err != nil:
 				s.violation("hand %v to lane %d: %v", l.ID, other, err)
@@ -679,7 +715,7 @@ func (s *mpStress) handOver(rng *rand.Rand, conns map[int]net.Conn, l Lease) byt
 			break
 		}
 	}
-	code, err := s.rpc(conns, owner, l)
+	code, err := s.rpc(conns, owner, l, tag)
 	if err != nil {
 		s.violation("hand %v to its owner: %v", l.ID, err)
 		return mpOtherErr
@@ -687,7 +723,7 @@ func (s *mpStress) handOver(rng *rand.Rand, conns map[int]net.Conn, l Lease) byt
 	if code == mpOK {
 		s.count(func(st *mpStats) { st.RemoteOK++ })
 		if rng.IntN(4) == 0 {
-			again, err := s.rpc(conns, owner, l)
+			again, err := s.rpc(conns, owner, l, tag)
 			switch {
 			case err != nil:
 				s.violation("hand %v again: %v", l.ID, err)
@@ -715,7 +751,7 @@ func (s *mpStress) acquireShared(rng *rand.Rand, conns map[int]net.Conn) {
 		plan.Execution.Complete()
 		s.count(func(st *mpStats) { st.LocalReuse++ })
 	case PlanReuseRemote:
-		if code := s.handOver(rng, conns, plan.Lease); code != mpOK {
+		if code := s.handOver(rng, conns, plan.Lease, 0xff); code != mpOK {
 			s.violation("owner refused an Acquire lease on the shared key: code %d", code)
 		} else {
 			s.count(func(st *mpStats) { st.RemoteReuse++ })
@@ -743,7 +779,7 @@ func (s *mpStress) reserveDirect(rng *rand.Rand, conns map[int]net.Conn) {
 		return
 	}
 	if !c.Local {
-		if code := s.handOver(rng, conns, l); code != mpOK {
+		if code := s.handOver(rng, conns, l, 0xff); code != mpOK {
 			s.violation("owner refused a lease on the shared key: code %d", code)
 		} else {
 			s.count(func(st *mpStats) { st.DirectRemote++ })
@@ -774,11 +810,13 @@ func (s *mpStress) unregister(id ResourceID) {
 }
 
 func (s *mpStress) acquireChurn(rng *rand.Rand, conns map[int]net.Conn) {
+	tag := rng.IntN(len(churnKeys))
+	k := churnKeys[tag]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	plan, err := s.p.Acquire(ctx, mpKeyChurn, LocalFirst{}, mpChurnLimits)
+	plan, err := s.p.Acquire(ctx, k, LocalFirst{}, mpChurnLimits)
 	cancel()
 	if err != nil {
-		s.violation("acquire on the churn key: %v", err)
+		s.violation("acquire on churn key %v: %v", k, err)
 		return
 	}
 	switch plan.Kind {
@@ -789,7 +827,14 @@ func (s *mpStress) acquireChurn(rng *rand.Rand, conns map[int]net.Conn) {
 			s.count(func(st *mpStats) { st.Abandoned++ })
 			return
 		}
+		// The record comes first under the lock that checkKey reads it
+		// with, so no sibling can present a lease on it before it exists.
+		s.mu.Lock()
 		e, err := plan.Permit.RegisterAndAccept(1)
+		if err == nil {
+			s.keyOf[e.ID()] = k
+		}
+		s.mu.Unlock()
 		if err != nil {
 			s.violation("register churn resource: %v", err)
 			return
@@ -801,6 +846,7 @@ func (s *mpStress) acquireChurn(rng *rand.Rand, conns map[int]net.Conn) {
 			s.unregister(e.ID())
 		}
 	case PlanReuseLocal:
+		s.checkKey(plan.Execution.ID(), k)
 		mpHold(rng)
 		plan.Execution.Complete()
 		s.count(func(st *mpStats) { st.LocalReuse++ })
@@ -808,7 +854,7 @@ func (s *mpStress) acquireChurn(rng *rand.Rand, conns map[int]net.Conn) {
 			s.unregister(plan.Execution.ID())
 		}
 	case PlanReuseRemote:
-		switch code := s.handOver(rng, conns, plan.Lease); code {
+		switch code := s.handOver(rng, conns, plan.Lease, byte(tag)); code {
 		case mpOK:
 			s.count(func(st *mpStats) { st.RemoteReuse++ })
 		case mpStale:
@@ -820,7 +866,7 @@ func (s *mpStress) acquireChurn(rng *rand.Rand, conns map[int]net.Conn) {
 }
 
 func (s *mpStress) claimChurn(rng *rand.Rand) {
-	cp, err := s.p.ClaimCreate(mpKeyChurn, mpChurnLimits)
+	cp, err := s.p.ClaimCreate(churnKeys[rng.IntN(len(churnKeys))], mpChurnLimits)
 	if errors.Is(err, ErrBudget) {
 		s.count(func(st *mpStats) { st.BudgetRefused++ })
 		return
@@ -867,7 +913,7 @@ func mpRoleStress(c *mpChildCtx) error {
 		return err
 	}
 	defer p.Close()
-	s := &mpStress{p: p, a: c.args, tickets: map[uint64]bool{}}
+	s := &mpStress{p: p, a: c.args, tickets: map[uint64]bool{}, keyOf: map[ResourceID]Key{}}
 	ln, err := net.Listen("unix", mpSockPath(c.args.Dir, p.Lane()))
 	if err != nil {
 		return err
@@ -937,8 +983,10 @@ func mpMonitor(p *Pool, stop <-chan struct{}, shared int) (rounds int, bad []str
 		if ks := mpKS(snap, mpKeyShared); ks.Live != shared || ks.Creating != 0 {
 			flag("shared key: live %d creating %d, want %d and 0", ks.Live, ks.Creating, shared)
 		}
-		if ks := mpKS(snap, mpKeyChurn); ks.Live+ks.Creating > mpChurnLimits.MaxResources || ks.Creating > mpChurnLimits.MaxCreating || ks.Live < 0 {
-			flag("churn key: live %d + creating %d over its budget %+v", ks.Live, ks.Creating, mpChurnLimits)
+		for _, k := range churnKeys {
+			if ks := mpKS(snap, k); ks.Live+ks.Creating > mpChurnLimits.MaxResources || ks.Creating > mpChurnLimits.MaxCreating || ks.Live < 0 {
+				flag("churn key %v: live %d + creating %d over its budget %+v", k, ks.Live, ks.Creating, mpChurnLimits)
+			}
 		}
 		cands, err = p.Candidates(mpKeyShared, cands[:0])
 		if err != nil || len(cands) != shared {
@@ -949,37 +997,58 @@ func mpMonitor(p *Pool, stop <-chan struct{}, shared int) (rounds int, bad []str
 				flag("shared key candidate %+v: in use + pending over capacity", c)
 			}
 		}
-		cands, err = p.Candidates(mpKeyChurn, cands[:0])
-		if err != nil {
-			flag("churn key candidates: %v", err)
-		}
-		for _, c := range cands {
-			// A resource removed and its slot re-created while Candidates
-			// read it can show the new capacity with the old word; only a
-			// candidate whose generation is still current counts.
-			if c.InUse+c.Pending > c.Capacity && mpCurrent(p, c.ID) {
-				flag("churn key candidate %+v: in use + pending over capacity", c)
+		for _, k := range churnKeys {
+			cands, err = p.Candidates(k, cands[:0])
+			if err != nil {
+				flag("churn key candidates: %v", err)
+			}
+			for _, c := range cands {
+				// A candidate is read as one life of its slot: word,
+				// capacity and key agree.
+				if c.InUse+c.Pending > c.Capacity {
+					flag("churn key candidate %+v: in use + pending over capacity", c)
+				}
 			}
 		}
 		time.Sleep(300 * time.Microsecond)
 	}
 }
 
-// mpCurrent reports whether id's slot is still live in id's generation.
-func mpCurrent(p *Pool, id ResourceID) bool {
-	s := p.seg
-	w := atomic.LoadUint64(s.u64(s.slotOff(id.Lane(), id.Slot()) + slWord))
-	return wGen(w) == id.Generation() && wState(w) == StateLive
-}
-
 // TestMultiProcessStress runs four processes doing Reserve/Accept/Complete and
 // Acquire(LocalFirst) on each other's resources, handing remote leases to their
-// owners over unix sockets, while a fifth (the test) reads the table: capacity
-// is never exceeded, the creation budget holds fleet-wide, no lease is
-// accepted twice or by a non-owner, and at the end every unit is back.
+// owners over unix sockets, and creating and removing resources of two keys so
+// that slots move between keys, while a fifth (the test) reads the table:
+// capacity is never exceeded, the creation budget holds fleet-wide, no lease
+// is accepted twice or by a non-owner, every execution is on a resource of
+// the key asked for, and at the end every unit is back.
 func TestMultiProcessStress(t *testing.T) {
+	mpStressRun(t, mpScale(2*time.Second, 800*time.Millisecond))
+}
+
+var mpStressDuration = flag.Duration("orbitpool.stress", 60*time.Second, "how long BenchmarkMultiProcessStress runs")
+
+// BenchmarkMultiProcessStress is TestMultiProcessStress run for
+// -orbitpool.stress (60s by default), reporting its counts:
+//
+//	go test -run '^$' -bench MultiProcessStress -benchtime 1x ./orbitpool/
+func BenchmarkMultiProcessStress(b *testing.B) {
+	for b.Loop() {
+		st, acc := mpStressRun(b, *mpStressDuration)
+		b.ReportMetric(float64(st.LocalReuse+st.DirectLocal), "local-uses")
+		b.ReportMetric(float64(st.RemoteReuse+st.DirectRemote), "remote-uses")
+		b.ReportMetric(float64(acc), "accepted")
+		b.ReportMetric(float64(st.Created), "created")
+		b.ReportMetric(float64(st.Unregistered), "unregistered")
+		b.ReportMetric(float64(st.KeyChecked), "key-checked")
+		b.ReportMetric(float64(st.StaleChurn), "stale-churn")
+		b.ReportMetric(float64(len(st.Violations)), "violations")
+	}
+}
+
+// mpStressRun runs the stress for dur and returns the children's counters and
+// the number of leases owners accepted on the shared key.
+func mpStressRun(t testing.TB, dur time.Duration) (mpStats, uint64) {
 	const children, workers = 4, 6
-	dur := mpScale(2*time.Second, 800*time.Millisecond)
 	mon, spec := mpOpenParent(t, Options{ReconcileInterval: 20 * time.Millisecond})
 	dir := mpSockDir(t)
 	args := mpArgs{Spec: spec, Reconcile: 20 * time.Millisecond, ResTimeout: 5 * time.Second, Dir: dir, Workers: workers, N: 2 * children}
@@ -1050,8 +1119,13 @@ func TestMultiProcessStress(t *testing.T) {
 	if sh.Live != 2*children || sh.InUse != 0 || sh.Pending != 0 || sh.Waiting != 0 || sh.Idle != 2*children {
 		t.Errorf("shared key after the run: %+v", sh)
 	}
-	if ch.InUse != 0 || ch.Pending != 0 || ch.Creating != 0 || ch.Waiting != 0 || ch.Live > mpChurnLimits.MaxResources {
-		t.Errorf("churn key after the run: %+v", ch)
+	for _, k := range churnKeys {
+		if ks := mpKS(snap, k); ks.InUse != 0 || ks.Pending != 0 || ks.Creating != 0 || ks.Waiting != 0 || ks.Live > mpChurnLimits.MaxResources {
+			t.Errorf("churn key %v after the run: %+v", k, ks)
+		}
+	}
+	if total.KeyChecked == 0 {
+		t.Errorf("no execution on a churn key was checked for its key: %+v", total)
 	}
 	t.Logf("%v x %d processes x %d workers: %d monitor rounds; shared key: %d accepted, %d waits (%v waiting in all); churn: %d created, %d waits; %+v",
 		dur, children, workers, mr.rounds, sh.Accepted, sh.Waits, sh.WaitTime.Round(time.Millisecond), ch.Created, ch.Waits, total)
@@ -1066,11 +1140,12 @@ func TestMultiProcessStress(t *testing.T) {
 	if len(snap.Lanes) != 1 || !snap.Lanes[0].Local {
 		t.Errorf("lanes after the children left: %+v", snap.Lanes)
 	}
-	for _, k := range []Key{mpKeyShared, mpKeyChurn} {
+	for _, k := range append([]Key{mpKeyShared}, churnKeys...) {
 		if ks := mpKS(snap, k); ks.Live != 0 || ks.Creating != 0 || ks.InUse != 0 || ks.Pending != 0 || ks.Waiting != 0 {
 			t.Errorf("key %v after the children left: %+v", k, ks)
 		}
 	}
+	return total, sh.Accepted
 }
 
 // ---- b: cross-process wake ----
