@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,10 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 				zap.Int("connections", li.Resources))
 		},
 		OnError: func(err error) {
+			if errors.Is(err, orbitpool.ErrLeakedGuard) {
+				f.logger().Error("a connection use or dial permit was never released; the garbage collector returned it", zap.Error(err))
+				return
+			}
 			f.logger().Error("pool housekeeping", zap.Error(err))
 		},
 	})

@@ -86,6 +86,7 @@ var (
 	descLeaseRefused = newDesc("leases_refused_total", "Siblings' reservations this process refused (stale, or the connection closed).")
 	descRetired      = newDesc("connections_retired_total", "Upstream connections this process closed.")
 	descRetries      = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
+	descLeakedGuards = newDesc("leaked_guards_total", "Connection uses and dial permits of this process that were garbage-collected without being released, and returned then: a bug, logged when it happens.")
 )
 
 // tableCollector reads the fleet's table when scraped.
@@ -96,7 +97,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descLeaseRefused,
-		descRetired, descRetries,
+		descRetired, descRetries, descLeakedGuards,
 	} {
 		ch <- d
 	}
@@ -146,6 +147,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descLeaseRefused, float64(st.Refused))
 	counter(descRetired, float64(st.Retired))
 	counter(descRetries, float64(st.Retries))
+	counter(descLeakedGuards, float64(f.pool.LeakedGuards()))
 }
 
 // Interface guards

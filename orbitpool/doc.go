@@ -34,9 +34,21 @@
 // a slot that is freed and reused changes generation, so a stale lease can never
 // be accepted (it would have to outlive 2^36 reuses of one slot).
 //
+// A slot's key and capacity are written while it is free or being created, so
+// a reader takes them as the resource's only between two loads of the word
+// that show the same live generation, and every operation that follows
+// requires that generation in its compare-and-swap. Slots move between keys
+// all the time (the free list is LIFO); this is what keeps a key's
+// acquisition from ever being handed another key's resource.
+//
 // Structural changes (a process joining, a key first named, reclaiming a dead
 // process) are rare and serialised by an open-file-description lock on the
-// segment file. Each process also holds an OFD lock on its lane's byte for its
+// segment file, which operations that change a key's counters and a slot
+// together (create, register, unregister) hold shared, so a reclaim never sees
+// half of one. OFD locks give a waiting writer no priority, so a writer polls
+// and keeps a fresh intent word in the header, to which new readers in every
+// process defer: naming a key or joining takes milliseconds, not seconds, while
+// other processes churn connections. Each process also holds an OFD lock on its lane's byte for its
 // whole life: the kernel drops it when the process dies however it dies, so the
 // survivors learn of a death from the OS, not from a missed heartbeat, and
 // reclaim everything the dead process held.
@@ -50,12 +62,30 @@
 // with a futex and wakes as many local waiters as units came back. No goroutine
 // polls and no OS thread is blocked per waiter.
 //
+// # Guards
+//
+// An [Execution] or [CreationPermit] that its caller drops without releasing
+// gives its unit back when the garbage collector finds it, is counted in
+// [Pool.LeakedGuards] and is reported to [Options.OnError] as [ErrLeakedGuard].
+// Executions are carved from batches with one cleanup each, so the net costs the
+// hot path no allocation of its own.
+//
 // # Benchmarks
 //
-//	go test -run '^$' -bench . -benchmem ./orbitpool/
+//	go test -run '^$' -bench 'ReserveAccept|Acquire|Wake|IdleWaiters' -benchmem ./orbitpool/
 //
 // measures Reserve/Accept/Complete over process memory and a shared segment,
 // uncontended and contended from two processes, Acquire with LocalFirst over 64
 // keys of 16 resources, and the cross-process wake latency (reported as p50 and
 // p99 metrics).
+//
+//	go test -run '^$' -bench StructuralOps -benchtime 1x ./orbitpool/
+//
+// reports the p99 of naming a key, joining and reclaiming a dead lane while
+// another process runs 8 goroutines of Register/Unregister, and
+//
+//	go test -run '^$' -bench MultiProcessStress -benchtime 1x ./orbitpool/ [-orbitpool.stress 60s]
+//
+// runs the four-process stress (remote and local use, slots moving between
+// keys, every execution's key checked) for a minute and reports its counts.
 package orbitpool

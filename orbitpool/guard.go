@@ -3,7 +3,6 @@ package orbitpool
 import (
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 )
 
@@ -14,6 +13,31 @@ const (
 	guardDone = 2
 )
 
+// useGuard is what an Execution stands for. It lives apart from the
+// Execution so that a cleanup can read it once the Execution is unreachable,
+// and holds no pointer, so that the collector never scans it. Its fields are
+// written before the Execution is handed out; its state only ever changes by
+// compare-and-swap.
+type useGuard struct {
+	id    ResourceID
+	key   keyRef
+	state uint32
+}
+
+// Executions are carved out of batches, with one cleanup per batch: a
+// cleanup per guard would cost several times the Reserve→Accept→Complete
+// cycle it guards. A batch's cleanup runs once none of its Executions is
+// reachable, and returns the units of those never completed. The pool holds
+// the batch it is carving, and lets go of it at every Reconcile, so that a
+// leaked guard in it is found within a reconcile interval and a collection.
+const guardBatchSize = 256
+
+type guardBatch struct {
+	execs  [guardBatchSize]Execution
+	guards *[guardBatchSize]useGuard
+	next   atomic.Int32
+}
+
 // Execution is the owner's guard over one unit of a resource in use.
 // Complete (or Close) gives the unit back and wakes the key's waiters; it is
 // the only way capacity returns. An Execution that is garbage-collected
@@ -21,62 +45,53 @@ const (
 // reported to Options.OnError: a caller's bug costs a log line rather than
 // capacity for the life of the process. That is a safety net, not a way to
 // release: the unit stays taken until the collector finds the guard.
-type Execution struct{ g *useGuard }
-
-// useGuard is what an Execution stands for. It lives apart from the
-// Execution so that a cleanup can read it once the Execution is unreachable.
-type useGuard struct {
-	p     *Pool
-	id    ResourceID
-	key   keyRef
-	state atomic.Uint32
+//
+// The caller's *Execution points into its batch, which keeps the batch from
+// being collected while the caller can still use it.
+type Execution struct {
+	p *Pool
+	g *useGuard
 }
 
-// Executions are carved out of batches, with one cleanup per batch: a
-// cleanup per guard would cost several times the Reserve→Accept→Complete
-// cycle it guards. A batch's cleanup runs once none of its Executions is
-// reachable, and returns the units of those never completed. Batches are
-// handed out through a sync.Pool, which drops them at garbage collection, so
-// a partly used batch does not keep a leaked guard alive for long.
-const guardBatchSize = 64
-
-type guardBatch struct {
-	execs  [guardBatchSize]Execution
-	guards *[guardBatchSize]useGuard
-	next   int
+// batchGuards is a batch cleanup's argument. It must not reach the batch.
+type batchGuards struct {
+	p  *Pool
+	gs *[guardBatchSize]useGuard
 }
 
-var guardBatches sync.Pool
-
-func newGuardBatch() *guardBatch {
+func (p *Pool) newGuardBatch() *guardBatch {
 	b := &guardBatch{guards: new([guardBatchSize]useGuard)}
 	for i := range b.execs {
-		b.execs[i].g = &b.guards[i]
+		b.execs[i] = Execution{p: p, g: &b.guards[i]}
 	}
-	runtime.AddCleanup(b, returnLeakedUses, b.guards)
+	runtime.AddCleanup(b, returnLeakedUses, batchGuards{p, b.guards})
 	return b
 }
 
 func (p *Pool) newExecution(id ResourceID, ref keyRef) *Execution {
-	b, _ := guardBatches.Get().(*guardBatch)
-	if b == nil || b.next == guardBatchSize {
-		b = newGuardBatch()
+	for {
+		b := p.guards.Load()
+		if b != nil {
+			if i := b.next.Add(1) - 1; i < guardBatchSize {
+				e := &b.execs[i]
+				*e.g = useGuard{id: id, key: ref, state: guardHeld}
+				return e
+			}
+		}
+		p.guards.CompareAndSwap(b, p.newGuardBatch())
 	}
-	e := &b.execs[b.next]
-	b.next++
-	guardBatches.Put(b)
-	g := e.g
-	g.p, g.id, g.key = p, id, ref
-	g.state.Store(guardHeld)
-	return e
 }
 
-func returnLeakedUses(gs *[guardBatchSize]useGuard) {
-	for i := range gs {
-		g := &gs[i]
-		if g.state.Load() == guardHeld && g.state.CompareAndSwap(guardHeld, guardDone) && !g.p.closed.Load() {
-			g.complete()
-			g.p.leaked(fmt.Errorf("orbitpool: an Execution on resource %v was garbage-collected without Complete; its unit is returned: %w", g.id, ErrLeakedGuard))
+func returnLeakedUses(bg batchGuards) {
+	p := bg.p
+	if p.closed.Load() {
+		return
+	}
+	for i := range bg.gs {
+		// Guards never handed out are zero, never held.
+		if g := &bg.gs[i]; atomic.LoadUint32(&g.state) == guardHeld && atomic.CompareAndSwapUint32(&g.state, guardHeld, guardDone) {
+			p.completeUse(g)
+			p.leaked(fmt.Errorf("orbitpool: an Execution on resource %v was garbage-collected without Complete; its unit is returned: %w", g.id, ErrLeakedGuard))
 		}
 	}
 }
@@ -87,8 +102,8 @@ func (e *Execution) ID() ResourceID { return e.g.id }
 // Complete ends the use. Calls after the first do nothing, as does a Complete
 // on a resource that was unregistered meanwhile.
 func (e *Execution) Complete() {
-	if e.g.state.CompareAndSwap(guardHeld, guardDone) {
-		e.g.complete()
+	if atomic.CompareAndSwapUint32(&e.g.state, guardHeld, guardDone) {
+		e.p.completeUse(e.g)
 	}
 }
 
@@ -98,8 +113,7 @@ func (e *Execution) Close() error {
 	return nil
 }
 
-func (g *useGuard) complete() {
-	p := g.p
+func (p *Pool) completeUse(g *useGuard) {
 	if p.closed.Load() {
 		return
 	}

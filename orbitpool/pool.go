@@ -45,6 +45,7 @@ type Pool struct {
 
 	tickets      atomic.Uint32
 	closed       atomic.Bool
+	guards       atomic.Pointer[guardBatch] // the batch Executions are carved from
 	leakedGuards atomic.Uint64
 
 	// laneMu guards this lane's slot allocation and key lists, which only
@@ -168,6 +169,7 @@ func (p *Pool) Close() error {
 		return nil
 	}
 	close(p.stop)
+	p.guards.Store(nil) // its cleanup refers to the pool: let both be collected
 	p.ring(p.lane)
 	futexWake(p.seg.u32(p.seg.laneOff(p.lane) + lnDoorbell)) // even if the sleeping flag lies
 	<-p.finished

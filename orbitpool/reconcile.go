@@ -28,6 +28,7 @@ func (p *Pool) Reconcile() error {
 	}
 	p.reconcileMu.Lock()
 	defer p.reconcileMu.Unlock()
+	p.guards.Store(nil) // see guardBatch
 	s := p.seg
 	atomic.StoreUint64(s.u64(s.laneOff(p.lane)+lnHeartbeat), uint64(time.Now().UnixNano()))
 	err := p.reclaimDead()
