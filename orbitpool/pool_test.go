@@ -700,11 +700,16 @@ func TestReclaimIsReported(t *testing.T) {
 	}
 	defer b.Close()
 	a := openShared(t, PoolSpec{Path: path, Lanes: 2, Keys: 4, ResourcesPerLane: 4}, 1)[0]
+	for i := range 3 {
+		if _, err := a.Register(Key{9, uint64(i % 2)}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	simulateDeath(a)
 	select {
 	case li := <-reclaimed:
-		if li.Lane != a.Lane() || li.Incarnation != a.Incarnation() {
-			t.Fatalf("reclaimed %+v, want lane %d incarnation %#x", li, a.Lane(), a.Incarnation())
+		if li.Lane != a.Lane() || li.Incarnation != a.Incarnation() || li.Resources != 3 {
+			t.Fatalf("reclaimed %+v, want lane %d incarnation %#x with 3 resources", li, a.Lane(), a.Incarnation())
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("reclaim not reported")

@@ -168,6 +168,11 @@ func (p *Pool) reclaimDead() error {
 		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
 			if alive, err := s.laneAlive(l); err == nil && !alive {
 				info := p.laneInfo(l)
+				for i := range p.l.perLane {
+					if wState(atomic.LoadUint64(s.u64(s.slotOff(l, i)+slWord))) == StateLive {
+						info.Resources++
+					}
+				}
 				p.reclaimLane(l)
 				if p.opts.OnReclaim != nil {
 					p.opts.OnReclaim(info)
