@@ -36,7 +36,7 @@ type LaneInfo struct {
 	Incarnation Incarnation
 	Started     time.Time
 	Heartbeat   time.Time // last Reconcile: a hint, never a verdict
-	Resources   int // live resources the process owns
+	Resources   int       // live resources the process owns
 }
 
 // Snapshot is the fleet's table as one process reads it.
