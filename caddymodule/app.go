@@ -300,11 +300,20 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop lets go of the fleet. The membership is closed once no config uses
-// it any more, and not before the requests this config still has in flight
-// through it have finished: a reload that starts a new config before this
-// one stops reuses it, and an in-flight WebSocket keeps it open.
-func (a *App) Stop() error {
+// Stop does not leave the fleet yet. Caddy stops its apps in no set order,
+// and the HTTP servers of this config may still be draining: requests
+// already accepted, and new ones on their open connections, still go
+// through the pool. Cleanup, which Caddy runs once every app has stopped,
+// leaves.
+func (a *App) Stop() error { return nil }
+
+// Cleanup lets go of the fleet, once this config's HTTP servers have
+// drained. The membership is closed once no config uses it any more, and not
+// before the requests this config still has in flight through it (a
+// WebSocket, say) have finished: a reload whose new config shares the
+// membership keeps it, connections and all. After a failed Provision there
+// is nothing to let go of.
+func (a *App) Cleanup() error {
 	if a.st == nil || !a.st.stopping.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -312,13 +321,6 @@ func (a *App) Stop() error {
 		a.releaseFleet()
 	}
 	return nil
-}
-
-// Cleanup lets go of the fleet as Stop does, for a config that took it but
-// was never stopped (another app failed to start); after a failed Provision
-// there is nothing to let go of.
-func (a *App) Cleanup() error {
-	return a.Stop()
 }
 
 // fleet returns the app's membership of the fleet, taking it from the usage

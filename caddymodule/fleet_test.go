@@ -610,6 +610,67 @@ func TestFleetWorkerKilled(t *testing.T) {
 	}
 }
 
+// TestFleetStopUnderLoad: stopping the fleet, by SIGTERM to the supervisor
+// or by the supervisor dying (its workers then get SIGTERM), fails no request
+// that reached a worker. Stock Caddy answers every request it accepted before
+// it stops; a client that connects after the listener closed is refused, by
+// stock Caddy as by this fleet, so only answered requests are judged.
+func TestFleetStopUnderLoad(t *testing.T) {
+	for _, how := range []struct {
+		name string
+		sig  syscall.Signal
+	}{{"sigterm", syscall.SIGTERM}, {"supervisor-killed", syscall.SIGKILL}} {
+		t.Run(how.name, func(t *testing.T) {
+			up := newFleetUpstream(t, 20*time.Millisecond)
+			f := startFleet(t, 3, up.hostport())
+			pids := []int{f.workerPID(0), f.workerPID(1), f.workerPID(2)}
+			stop := make(chan struct{})
+			var rs []result
+			done := make(chan struct{})
+			go func() {
+				rs = runLoad(f, "/", 16, 0, stop)
+				close(done)
+			}()
+			time.Sleep(time.Second)
+			if err := f.cmd.Process.Signal(how.sig); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 20*time.Second, "every worker to exit", func() bool {
+				for _, pid := range pids {
+					if syscall.Kill(pid, 0) == nil {
+						return false
+					}
+				}
+				return true
+			})
+			close(stop)
+			<-done
+			answered, refused := 0, 0
+			var bad []result
+			for _, r := range rs {
+				switch {
+				case r.err != nil:
+					refused++ // not answered: the listener was gone
+				case r.status == 200:
+					answered++
+				default:
+					bad = append(bad, r)
+				}
+			}
+			t.Logf("%d requests answered, %d not connected after the stop", answered, refused)
+			if answered == 0 {
+				t.Fatal("no request was answered")
+			}
+			if len(bad) > 0 {
+				t.Errorf("%d requests a worker answered with an error while stopping, first: %+v", len(bad), bad[0])
+			}
+			if log, _ := os.ReadFile(f.logPath); strings.Contains(string(log), "pool closed") {
+				t.Error("the log shows a request that met a closed pool")
+			}
+		})
+	}
+}
+
 // TestFleetRefusesAdminOff: a configuration with the admin endpoint off
 // cannot be reloaded, so the fleet refuses it with a clear message.
 func TestFleetRefusesAdminOff(t *testing.T) {
