@@ -91,9 +91,14 @@ func runCrossKey(t *testing.T, owner, other *Pool, d time.Duration) {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-				plan, err := owner.Acquire(ctx, r.a, LocalOnly{}, Limits{})
+				// A's budget is used up: the only plan is a local use.
+				plan, err := owner.Acquire(ctx, r.a, LocalOnly{}, Limits{MaxResources: 1})
 				cancel()
 				if err == nil {
+					if plan.Kind != PlanReuseLocal {
+						t.Errorf("plan %v with A's budget used up", plan.Kind)
+						return
+					}
 					r.saw(plan.Execution.ID())
 					plan.Execution.Complete()
 				}
