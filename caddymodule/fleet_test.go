@@ -131,7 +131,15 @@ func (f *testFleet) writeCaddyfile(upstream, version string) {
 // startFleet runs `caddy orbit-fleet` with n workers in front of upstream
 // and waits until every worker is a member of the fleet.
 func startFleet(t *testing.T, n int, upstream string) *testFleet {
-	bin := caddyBinary(t)
+	f := newTestFleet(t, n)
+	f.writeCaddyfile(upstream, "v1")
+	f.launch()
+	return f
+}
+
+// newTestFleet lays out a fleet's files; launch starts it once its
+// Caddyfile is written.
+func newTestFleet(t *testing.T, n int) *testFleet {
 	dir, err := os.MkdirTemp(testDir, "fleet-")
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +158,12 @@ func startFleet(t *testing.T, n int, upstream string) *testFleet {
 		// remote reuse, not the connection cap these tests are about.
 		govWorkers: 16,
 	}
-	f.writeCaddyfile(upstream, "v1")
+	return f
+}
+
+func (f *testFleet) launch() {
+	t, n := f.t, f.workers
+	bin := caddyBinary(t)
 	logFile, err := os.Create(f.logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +173,7 @@ func startFleet(t *testing.T, n int, upstream string) *testFleet {
 		"--run-dir", f.runDir, "--stop-timeout", "10s", "--start-timeout", "60s")
 	f.cmd.Stdout = logFile
 	f.cmd.Stderr = logFile
-	f.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	f.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+f.dir, "XDG_DATA_HOME="+f.dir)
 	if err := f.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +187,6 @@ func startFleet(t *testing.T, n int, upstream string) *testFleet {
 		}
 		return true
 	})
-	return f
 }
 
 // stop stops the fleet, and kills anything of it still running: the test
