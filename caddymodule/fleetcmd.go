@@ -44,7 +44,12 @@ every worker gracefully, killing those still running after --stop-timeout.
 The run directory (default: $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/orbit-fleet,
 else a directory in the system temp directory) holds the workers' admin
 sockets, their configurations and pid files, and a lock that keeps two fleets
-out of one directory.
+out of one directory. It is created 0700; an existing one is used only if it
+belongs to this user and no one else may open it, and nothing in it is
+written through a symlink. The segment's socket directory is held to the same
+rule. Run as root, or on a host with other users, give the fleet a directory
+of its own: systemd's RuntimeDirectory= (as in the unit below), or --run-dir
+on a path only the fleet's user can reach.
 
 A systemd template unit, caddy-fleet@.service, for /etc/caddy/<name>.Caddyfile:
 

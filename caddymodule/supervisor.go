@@ -25,6 +25,8 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/orbitproxy/orbit/internal/privdir"
 )
 
 // Restart delays of a worker that keeps exiting: doubling from the first to
@@ -107,11 +109,8 @@ type spawnRequest struct {
 }
 
 func (s *supervisor) run() error {
-	if err := os.MkdirAll(s.runDir, 0o700); err != nil {
-		return fmt.Errorf("creating run directory: %w", err)
-	}
-	if err := os.Chmod(s.runDir, 0o700); err != nil {
-		return fmt.Errorf("securing run directory: %w", err)
+	if err := privdir.Ensure(s.runDir); err != nil {
+		return fmt.Errorf("run directory: %w", err)
 	}
 	lock, err := lockRunDir(s.runDir)
 	if err != nil {
@@ -357,7 +356,7 @@ func (s *supervisor) start(w *worker) error {
 	w.running = true
 	w.ready = false
 	w.started = time.Now()
-	if err := os.WriteFile(w.pidPath, []byte(strconv.Itoa(w.proc.Pid)+"\n"), 0o600); err != nil {
+	if err := privdir.WriteFile(w.pidPath, []byte(strconv.Itoa(w.proc.Pid)+"\n")); err != nil {
 		s.log.Warn("writing worker pid file", zap.Int("worker", w.id), zap.Error(err))
 	}
 	s.log.Info("worker started", zap.Int("worker", w.id), zap.Int("pid", w.proc.Pid))
@@ -528,11 +527,7 @@ func (s *supervisor) writeConfigs() error {
 		if err != nil {
 			return err
 		}
-		tmp := w.cfgPath + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o600); err != nil {
-			return fmt.Errorf("writing worker %d configuration: %w", w.id, err)
-		}
-		if err := os.Rename(tmp, w.cfgPath); err != nil {
+		if err := privdir.WriteFile(w.cfgPath, b); err != nil {
 			return fmt.Errorf("writing worker %d configuration: %w", w.id, err)
 		}
 	}
@@ -587,7 +582,7 @@ func workerConfig(config []byte, sock string, sockets *fleetSockets) ([]byte, er
 // lockRunDir keeps a second fleet out of the run directory for as long as
 // the returned file is open.
 func lockRunDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "fleet.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := privdir.OpenFile(filepath.Join(dir, "fleet.lock"), os.O_RDWR|os.O_CREATE)
 	if err != nil {
 		return nil, fmt.Errorf("opening run directory lock: %w", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/orbitproxy/orbit/internal/privdir"
 )
 
 // maxSocketPath leaves room in sockaddr_un's 108 bytes for the file name.
@@ -39,11 +41,9 @@ func SocketPath(dir string, lane int) string {
 // socket file left by a dead process is replaced; one a live process still
 // answers on is an error, never stolen.
 func listenUnix(path string) (*net.UnixListener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("proxy: socket directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	// Another user who owns the directory could delete or replace the
+	// sockets in it: use only a directory that is ours alone.
+	if err := privdir.Ensure(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("proxy: socket directory: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
