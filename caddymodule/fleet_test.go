@@ -696,6 +696,35 @@ func TestFleetRefusesAdminOff(t *testing.T) {
 	}
 }
 
+// TestFleetRefusesUntrustedRunDir: a run directory that others may open, or
+// that is a symlink, is refused with a clear error rather than adopted, and
+// nothing is written into it.
+func TestFleetRefusesUntrustedRunDir(t *testing.T) {
+	bin := caddyBinary(t)
+	dir := t.TempDir()
+	cf := filepath.Join(dir, "Caddyfile")
+	os.WriteFile(cf, []byte(":"+strconv.Itoa(freePort(t))+" {\n\trespond ok\n}\n"), 0o644)
+	open := filepath.Join(dir, "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	link := filepath.Join(dir, "link")
+	os.Symlink(t.TempDir(), link)
+	for _, c := range []struct{ runDir, want string }{
+		{open, "must be 0700"},
+		{link, "symbolic link"},
+	} {
+		cmd := exec.Command(bin, "orbit-fleet", "--workers", "1", "--config", cf, "--run-dir", c.runDir)
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("run directory %s: %v\n%s", c.runDir, err, out)
+		}
+		if ents, _ := os.ReadDir(c.runDir); len(ents) != 0 {
+			t.Errorf("files written into the refused directory %s: %v", c.runDir, ents)
+		}
+	}
+}
+
 // TestExampleValidates: `caddy validate --config Caddyfile.example`.
 func TestExampleValidates(t *testing.T) {
 	bin := caddyBinary(t)
