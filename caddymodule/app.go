@@ -146,6 +146,13 @@ type App struct {
 	// 1s.
 	ReservationTimeout caddy.Duration `json:"reservation_timeout,omitempty"`
 
+	// KeepSegment leaves the segment file in place when the last process
+	// of the fleet leaves, so that the next fleet inherits its counters as
+	// lifetime totals. Default: false; the last process to leave removes
+	// the segment and its socket directory, and a new fleet starts from
+	// zero.
+	KeepSegment bool `json:"keep_segment,omitempty"`
+
 	logger *zap.Logger
 	policy orbitpool.Policy
 	key    string // the fleet's entry in the usage pool
@@ -413,6 +420,7 @@ func (a *App) fleetConfig() fleetConfig {
 		MemoryLimit:        a.MemoryLimit,
 		ReconcileInterval:  time.Duration(a.ReconcileInterval),
 		ReservationTimeout: time.Duration(a.ReservationTimeout),
+		KeepSegment:        a.KeepSegment,
 	}
 	if a.SocketDir != "" {
 		cfg.SocketDir = filepath.Clean(a.SocketDir)

@@ -49,6 +49,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    memory_limit         <size>
 //	    reconcile_interval   <duration>
 //	    reservation_timeout  <duration>
+//	    keep_segment
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume option name
@@ -94,6 +95,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.ReconcileInterval, err = durationArg(d, false)
 		case "reservation_timeout":
 			a.ReservationTimeout, err = durationArg(d, false)
+		case "keep_segment":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.KeepSegment = true
 		default:
 			return d.Errf("unrecognized orbit_pool option '%s'", opt)
 		}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +39,7 @@ type fleetConfig struct {
 	MemoryLimit        uint64        `json:"memory_limit"`
 	ReconcileInterval  time.Duration `json:"reconcile_interval"`
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
+	KeepSegment        bool          `json:"keep_segment"`
 }
 
 func (c fleetConfig) usageKey() string {
@@ -75,6 +78,7 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	pool, err := orbitpool.Open(cfg.spec(), orbitpool.Options{
 		ReconcileInterval:  cfg.ReconcileInterval,
 		ReservationTimeout: cfg.ReservationTimeout,
+		KeepSegment:        cfg.KeepSegment,
 		OnReclaim: func(li orbitpool.LaneInfo) {
 			f.logger().Warn("reclaimed the connections of a dead process",
 				zap.Int("pid", li.PID),
@@ -125,6 +129,15 @@ func (f *fleet) Destruct() error {
 	f.logger().Info("leaving the fleet", zap.String("segment", f.cfg.Segment), zap.Int("lane", f.pool.Lane()))
 	nerr := f.node.Close()
 	perr := f.pool.Close()
+	// The last member's leaving empties the socket directory; removing a
+	// directory still in use fails and is meant to.
+	if _, err := os.Stat(f.cfg.Segment); errors.Is(err, fs.ErrNotExist) {
+		dir := f.cfg.SocketDir
+		if dir == "" {
+			dir = proxy.SocketDir(f.cfg.Segment)
+		}
+		os.Remove(dir)
+	}
 	if nerr != nil {
 		return fmt.Errorf("closing node: %w", nerr)
 	}

@@ -146,8 +146,14 @@ func (u *scriptedUpstream) answer(c net.Conn, br *bufio.Reader, req *http.Reques
 		return false
 	case "/expect-417":
 		// Refuses without reading the body; the unread body ends the
-		// connection.
+		// connection, closed as net/http's server closes one: the write
+		// side first, then the rest a little later, so that the unread
+		// body does not reset the connection before the refusal is read.
 		reply("HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		time.Sleep(300 * time.Millisecond)
 		return false
 	case "/early-101":
 		// Switches protocols while the request body is still coming, then

@@ -29,6 +29,11 @@ type Options struct {
 	// OnError, if set, is told about errors met by background housekeeping,
 	// which has no caller to return them to. It must not block.
 	OnError func(error)
+	// KeepSegment leaves the segment file in place when the last process
+	// leaves. By default the last to leave removes it, so that the next
+	// fleet starts from an empty table, its counters included; a kept
+	// segment carries the counters over, as lifetime totals.
+	KeepSegment bool
 }
 
 // Pool is one process's membership of the fleet's pool table: a lane in a
@@ -180,8 +185,27 @@ func (p *Pool) Close() error {
 	}
 	p.reclaimLane(p.lane)
 	s.releaseLane(p.lane)
+	var err error
+	if !p.opts.KeepSegment && p.lastMember() {
+		err = s.remove()
+	}
 	s.unlockStructure()
-	return nil
+	return err
+}
+
+// lastMember reports whether no other process is in the fleet. The structure
+// lock is held, so nobody can be joining.
+func (p *Pool) lastMember() bool {
+	s := p.seg
+	for l := range p.l.nlanes {
+		if l == p.lane || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+			continue
+		}
+		if alive, err := s.laneAlive(l); err != nil || alive {
+			return false
+		}
+	}
+	return true
 }
 
 // rlockOpen takes the structure lock shared for an operation on this lane,

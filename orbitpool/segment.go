@@ -104,19 +104,39 @@ func openSegment(spec PoolSpec) (*segment, error) {
 
 	// O_NOFOLLOW: /dev/shm is writable by everyone, so a symlink planted
 	// there must not redirect the segment to a file of the victim's.
-	f, err := os.OpenFile(spec.Path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("orbitpool: open segment: %w", err)
-	}
-	s := &segment{path: spec.Path, f: f, l: l}
-	if err := s.checkOwnership(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	s.mapIntent()
-	if err := s.lockStructure(); err != nil {
+	// The last process to leave a fleet removes the segment's name under
+	// the structure lock; one that opened the file just before then finds,
+	// once it holds the lock, that the name is gone, and opens it anew.
+	var s *segment
+	for attempt := 0; ; attempt++ {
+		f, err := os.OpenFile(spec.Path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("orbitpool: open segment: %w", err)
+		}
+		s = &segment{path: spec.Path, f: f, l: l}
+		if err := s.checkOwnership(); err != nil {
+			f.Close()
+			return nil, err
+		}
+		s.mapIntent()
+		if err := s.lockStructure(); err != nil {
+			s.close()
+			return nil, err
+		}
+		named, err := s.named()
+		if err != nil || named || attempt == 8 {
+			if err == nil && !named {
+				err = fmt.Errorf("orbitpool: segment %s keeps being removed while it is opened", s.path)
+			}
+			if err != nil {
+				s.unlockStructure()
+				s.close()
+				return nil, err
+			}
+			break
+		}
+		s.unlockStructure()
 		s.close()
-		return nil, err
 	}
 	if err := s.mapAndValidate(); err != nil {
 		s.unlockStructure()
@@ -413,6 +433,36 @@ func (s *segment) laneAlive(lane int) (bool, error) {
 		return true, fmt.Errorf("orbitpool: probe lane %d lock: %w", lane, err)
 	}
 	return lk.Type != unix.F_UNLCK, nil
+}
+
+// named reports whether the segment's path still names the file it opened.
+func (s *segment) named() (bool, error) {
+	var fst, pst unix.Stat_t
+	if err := unix.Fstat(int(s.f.Fd()), &fst); err != nil {
+		return false, fmt.Errorf("orbitpool: stat segment %s: %w", s.path, err)
+	}
+	if err := unix.Lstat(s.path, &pst); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("orbitpool: stat segment %s: %w", s.path, err)
+	}
+	return fst.Dev == pst.Dev && fst.Ino == pst.Ino, nil
+}
+
+// remove unlinks the segment's name, if it still names this file. The
+// structure lock is held exclusively.
+func (s *segment) remove() error {
+	if s.f == nil {
+		return nil
+	}
+	if named, err := s.named(); err != nil || !named {
+		return err
+	}
+	if err := os.Remove(s.path); err != nil {
+		return fmt.Errorf("orbitpool: removing segment %s: %w", s.path, err)
+	}
+	return nil
 }
 
 func (s *segment) close() {

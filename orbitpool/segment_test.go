@@ -13,7 +13,9 @@ import (
 func TestSegmentValidation(t *testing.T) {
 	valid := func(t *testing.T) string {
 		path := filepath.Join(t.TempDir(), "seg")
-		p, err := Open(PoolSpec{Path: path, Lanes: 2, Keys: 8, ResourcesPerLane: 4}, testOpts)
+		opts := testOpts
+		opts.KeepSegment = true
+		p, err := Open(PoolSpec{Path: path, Lanes: 2, Keys: 8, ResourcesPerLane: 4}, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,5 +169,63 @@ func TestLeaseEncoding(t *testing.T) {
 		if err := new(Lease).UnmarshalBinary(bad); err == nil {
 			t.Errorf("%s: decoded", name)
 		}
+	}
+}
+
+// The last process to leave removes the segment, unless told to keep it; one
+// that joins while the last leaves never ends up on a file nobody can find.
+func TestLastMemberRemovesSegment(t *testing.T) {
+	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: 2, Keys: 8, ResourcesPerLane: 4}
+	exists := func() bool { _, err := os.Stat(spec.Path); return err == nil }
+	a, err := Open(spec, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(spec, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if !exists() {
+		t.Fatal("segment removed while a member remained")
+	}
+	b.Close()
+	if exists() {
+		t.Fatal("segment left behind by the last member")
+	}
+
+	keep := testOpts
+	keep.KeepSegment = true
+	c, err := Open(spec, keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if !exists() {
+		t.Fatal("KeepSegment: segment removed")
+	}
+
+	for i := range 100 {
+		last, err := Open(spec, testOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		joined := make(chan *Pool)
+		go func() {
+			p, err := Open(spec, testOpts)
+			if err != nil {
+				t.Error(err)
+			}
+			joined <- p
+		}()
+		last.Close()
+		p := <-joined
+		if p == nil {
+			return
+		}
+		if named, err := p.seg.named(); err != nil || !named {
+			t.Fatalf("round %d: a process joined a segment whose name was removed (%v)", i, err)
+		}
+		p.Close()
 	}
 }
