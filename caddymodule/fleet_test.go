@@ -725,12 +725,17 @@ func TestFleetRefusesUntrustedRunDir(t *testing.T) {
 	}
 }
 
-// TestExampleValidates: `caddy validate --config Caddyfile.example`.
+// TestExampleValidates: `caddy validate` on Caddyfile.example and on the
+// Docker images' configurations.
 func TestExampleValidates(t *testing.T) {
 	bin := caddyBinary(t)
-	out, err := exec.Command(bin, "validate", "--config", "../Caddyfile.example").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "Valid configuration") {
-		t.Fatalf("caddy validate --config Caddyfile.example: %v\n%s", err, out)
+	for _, cf := range []string{"../Caddyfile.example", "../docker/fleet.Caddyfile", "../docker/Caddyfile"} {
+		cmd := exec.Command(bin, "validate", "--config", cf, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "ORBIT_WORKER=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "Valid configuration") {
+			t.Errorf("caddy validate --config %s: %v\n%s", cf, err, out)
+		}
 	}
 }
 
