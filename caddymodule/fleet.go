@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"sync/atomic"
@@ -40,6 +41,7 @@ type fleetConfig struct {
 	ReconcileInterval  time.Duration `json:"reconcile_interval"`
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
 	KeepSegment        bool          `json:"keep_segment"`
+	ShareSegment       bool          `json:"share_segment"`
 }
 
 func (c fleetConfig) usageKey() string {
@@ -75,7 +77,9 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	}
 	f := &fleet{cfg: cfg, opened: time.Now()}
 	f.log.Store(log)
+	tag := fleetTag()
 	pool, err := orbitpool.Open(cfg.spec(), orbitpool.Options{
+		Tag:                tag,
 		ReconcileInterval:  cfg.ReconcileInterval,
 		ReservationTimeout: cfg.ReservationTimeout,
 		KeepSegment:        cfg.KeepSegment,
@@ -97,6 +101,10 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		return nil, fmt.Errorf("opening segment %s: %w", cfg.Segment, err)
 	}
 	f.pool = pool
+	if err := f.checkMembers(tag); err != nil {
+		pool.Close()
+		return nil, err
+	}
 	f.gov = governor.New(cfg.Workers, cfg.MemoryLimit)
 	node, err := proxy.NewNode(pool, proxy.NodeOptions{
 		SocketDir: cfg.SocketDir,
@@ -113,6 +121,56 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		backpressure.WithNearWindow(cfg.DeadlineNearWindow),
 	)
 	return f, nil
+}
+
+// fleetIDEnv names the fleet a supervised worker belongs to: its
+// supervisor's run directory and pid.
+const fleetIDEnv = "ORBIT_FLEET_ID"
+
+// fleetTag is what this process publishes in its lane to say which fleet it
+// belongs to: a digest of fleetIDEnv, or 0 for a process no supervisor
+// started.
+func fleetTag() uint64 {
+	id := os.Getenv(fleetIDEnv)
+	if id == "" {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return h.Sum64() | 1
+}
+
+// checkMembers logs who else uses the segment, and refuses to join one that
+// another supervisor's fleet is using unless share_segment says it is meant
+// (a hand-over from one fleet to the next): two fleets on one segment share
+// connections and caps without either operator knowing, and each reload
+// reaches only its own half.
+func (f *fleet) checkMembers(tag uint64) error {
+	snap, err := f.pool.Snapshot()
+	if err != nil {
+		return fmt.Errorf("reading the fleet table: %w", err)
+	}
+	var pids, foreign []int
+	for _, li := range snap.Lanes {
+		if li.Local {
+			continue
+		}
+		pids = append(pids, li.PID)
+		if tag != 0 && li.Tag != 0 && li.Tag != tag {
+			foreign = append(foreign, li.PID)
+		}
+	}
+	if len(foreign) == 0 {
+		if len(pids) > 0 {
+			f.logger().Info("joining processes already in the fleet", zap.String("segment", f.cfg.Segment), zap.Ints("pids", pids))
+		}
+		return nil
+	}
+	if !f.cfg.ShareSegment {
+		return fmt.Errorf("segment %s is in use by processes of another fleet (pids %v): give this fleet a segment of its own, or set share_segment to join that fleet on purpose, as in a hand-over", f.cfg.Segment, foreign)
+	}
+	f.logger().Warn("joining a segment another fleet is using (share_segment)", zap.String("segment", f.cfg.Segment), zap.Ints("other_fleet_pids", foreign))
+	return nil
 }
 
 func (f *fleet) logger() *zap.Logger { return f.log.Load() }

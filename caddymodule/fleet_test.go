@@ -725,6 +725,88 @@ func TestFleetRefusesUntrustedRunDir(t *testing.T) {
 	}
 }
 
+// TestSecondFleetOnSegmentRefused: a second `caddy orbit-fleet` naming a
+// segment that a running fleet uses is refused with a message that says so;
+// with share_segment it joins, on purpose.
+func TestSecondFleetOnSegmentRefused(t *testing.T) {
+	up := newFleetUpstream(t, 0)
+	first := startFleet(t, 1, up.hostport())
+	second := newTestFleet(t, 1)
+	second.segment = first.segment
+	run := func(share string) (string, error) {
+		cfg := fmt.Sprintf("{\n\tauto_https off\n\torbit_pool {\n\t\tsegment %s\n\t\t%s\n\t}\n}\n:%d {\n\tbind 127.0.0.1\n\treverse_proxy %s {\n\t\ttransport orbit_pool\n\t}\n}\n",
+			second.segment, share, second.port, up.hostport())
+		os.WriteFile(second.caddyfile, []byte(cfg), 0o600)
+		cmd := exec.Command(caddyBinary(t), "orbit-fleet", "--workers", "1", "--config", second.caddyfile,
+			"--run-dir", second.runDir, "--start-timeout", "20s", "--stop-timeout", "5s")
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+second.dir, "XDG_DATA_HOME="+second.dir)
+		out := new(syncBuffer)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		defer killStragglers(second.runDir)
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case err := <-done:
+				return out.String(), err
+			case <-deadline:
+			case <-time.After(50 * time.Millisecond):
+				if !strings.Contains(out.String(), "joining a segment another fleet is using") {
+					continue
+				}
+			}
+			// It joined, or never ended: stop it.
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(15 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+			return out.String(), nil
+		}
+	}
+	out, err := run("")
+	if err == nil || !strings.Contains(out, "in use by processes of another fleet") {
+		t.Fatalf("second fleet on the segment: %v\n%s", err, mpTail(out))
+	}
+	if ft, err := first.table(0); err != nil || len(ft.Fleets) != 1 || len(ft.Fleets[0].Members) != 1 {
+		t.Errorf("the first fleet's table after the refusal: %+v, %v", ft, err)
+	}
+	if out, _ := run("share_segment"); !strings.Contains(out, "joining a segment another fleet is using") {
+		t.Errorf("with share_segment the second fleet did not join:\n%s", mpTail(out))
+	}
+}
+
+// syncBuffer is a bytes.Buffer a process writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func mpTail(s string) string {
+	if len(s) > 4000 {
+		return "..." + s[len(s)-4000:]
+	}
+	return s
+}
+
 // TestExampleValidates: `caddy validate` on Caddyfile.example and on the
 // Docker images' configurations.
 func TestExampleValidates(t *testing.T) {

@@ -29,6 +29,11 @@ type Options struct {
 	// OnError, if set, is told about errors met by background housekeeping,
 	// which has no caller to return them to. It must not block.
 	OnError func(error)
+	// Tag is published with this process's lane for its siblings to read
+	// (LaneInfo.Tag): for instance which supervisor started it, so that a
+	// process can tell a sibling of its own fleet from one of another
+	// that names the same segment. The pool gives it no meaning.
+	Tag uint64
 	// KeepSegment leaves the segment file in place when the last process
 	// leaves. By default the last to leave removes it, so that the next
 	// fleet starts from an empty table, its counters included; a kept
@@ -142,6 +147,7 @@ func (p *Pool) join() error {
 		off := s.laneOff(l)
 		atomic.StoreUint64(s.u64(off+lnIncarnation), uint64(p.inc))
 		atomic.StoreUint64(s.u64(off+lnPID), uint64(os.Getpid()))
+		atomic.StoreUint64(s.u64(off+lnTag), p.opts.Tag)
 		now := uint64(time.Now().UnixNano())
 		atomic.StoreUint64(s.u64(off+lnStarted), now)
 		atomic.StoreUint64(s.u64(off+lnHeartbeat), now)

@@ -766,3 +766,25 @@ func TestWatchInASelect(t *testing.T) {
 		t.Fatalf("reserve after wake: %v", err)
 	}
 }
+
+func TestTagIsPublished(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	spec := PoolSpec{Path: path, Lanes: 2, Keys: 4, ResourcesPerLane: 4}
+	opts := testOpts
+	opts.Tag = 0xfeed
+	a, err := Open(spec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b := openShared(t, spec, 1)[0]
+	snap, err := b.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, li := range snap.Lanes {
+		if want := map[bool]uint64{true: 0, false: 0xfeed}[li.Local]; li.Tag != want {
+			t.Errorf("lane %d (local %v) tag %#x, want %#x", li.Lane, li.Local, li.Tag, want)
+		}
+	}
+}

@@ -37,6 +37,7 @@ type LaneInfo struct {
 	Started     time.Time
 	Heartbeat   time.Time // last Reconcile: a hint, never a verdict
 	Resources   int       // live resources the process owns
+	Tag         uint64    // the process's Options.Tag
 }
 
 // Snapshot is the fleet's table as one process reads it.
@@ -127,5 +128,6 @@ func (p *Pool) laneInfo(l int) LaneInfo {
 		Incarnation: Incarnation(atomic.LoadUint64(s.u64(off + lnIncarnation))),
 		Started:     time.Unix(0, int64(atomic.LoadUint64(s.u64(off+lnStarted)))),
 		Heartbeat:   time.Unix(0, int64(atomic.LoadUint64(s.u64(off+lnHeartbeat)))),
+		Tag:         atomic.LoadUint64(s.u64(off + lnTag)),
 	}
 }

@@ -98,6 +98,7 @@ const (
 	lnHeartbeat   = 32
 	lnDoorbell    = 40 // uint32 futex word
 	lnSleeping    = 44 // uint32: the dispatcher is (about to be) in futex wait
+	lnTag         = 48 // the member's Options.Tag
 )
 
 const (
