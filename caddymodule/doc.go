@@ -22,8 +22,12 @@
 // `orbit_pool` app); without one, the defaults apply. The package also
 // provides:
 //
-//   - Prometheus metrics in Caddy's registry, read from the shared table at
-//     scrape time (caddy_orbit_pool_*);
+//   - Prometheus metrics in Caddy's registry: caddy_orbit_pool_fleet_* are
+//     read from the shared table at scrape time and describe the whole fleet
+//     (every worker reports the same value: aggregate with max, not sum);
+//     the other caddy_orbit_pool_* are each process's own and sum over
+//     workers. upstream_info names the upstreams this process has proxied
+//     to;
 //   - the admin API route GET /orbit_pool/, the fleet's table as JSON;
 //   - the `caddy orbit-fleet` command, which runs N workers of this binary on
 //     one port, each with its own admin socket, restarts a crashed worker and

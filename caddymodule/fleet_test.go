@@ -413,10 +413,10 @@ func TestFleetSharesConnections(t *testing.T) {
 		}
 		metrics := string(b)
 		for _, want := range []string{
-			fmt.Sprintf(`caddy_orbit_pool_connections_created_total{key="%s"} %d`, v.Key, up.accepted.Load()),
-			fmt.Sprintf(`caddy_orbit_pool_connections{key="%s"} %d`, v.Key, up.open.Load()),
-			fmt.Sprintf(`caddy_orbit_pool_requests_in_flight{key="%s"} 0`, v.Key),
-			"caddy_orbit_pool_processes 3",
+			fmt.Sprintf(`caddy_orbit_pool_fleet_connections_created_total{key="%s"} %d`, v.Key, up.accepted.Load()),
+			fmt.Sprintf(`caddy_orbit_pool_fleet_connections{key="%s"} %d`, v.Key, up.open.Load()),
+			fmt.Sprintf(`caddy_orbit_pool_fleet_requests_in_flight{key="%s"} 0`, v.Key),
+			"caddy_orbit_pool_fleet_processes 3",
 		} {
 			if !strings.Contains(metrics, want) {
 				t.Errorf("worker %d metrics lack %q", i, want)

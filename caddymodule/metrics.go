@@ -60,26 +60,35 @@ func newDesc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name), help, labels, nil)
 }
 
+// newFleetDesc describes a fleet-wide metric: every worker reads it from the
+// one shared table and reports the same value, so its name says fleet_ and it
+// must not be summed over workers (take max). The other metrics are each
+// process's own and sum over workers.
+func newFleetDesc(name, help string, labels ...string) *prometheus.Desc {
+	return newDesc("fleet_"+name, help+" Fleet-wide: every process reports the same value; do not sum over processes.", labels...)
+}
+
 // Descriptions of the metrics read from the shared table at scrape time.
 // Gauges are the fleet's state now; counters are summed over every process
-// of the fleet since the upstream's table entry was made.
+// of the fleet since the upstream's table entry was made (a new fleet starts
+// from zero unless keep_segment kept the last fleet's table).
 var (
-	descProcesses   = newDesc("processes", "Processes that are members of the fleet.")
+	descProcesses   = newFleetDesc("processes", "Processes that are members of the fleet.")
 	descUpstream    = newDesc("upstream_info", "The upstream a pool key stands for, for the keys this process has sent requests to.", "key", "upstream")
-	descLive        = newDesc("connections", "Open upstream connections across the fleet.", "key")
-	descDialing     = newDesc("connections_dialing", "Upstream connections being dialed across the fleet.", "key")
-	descIdle        = newDesc("connections_idle", "Open upstream connections with no request on them.", "key")
-	descBusy        = newDesc("connections_busy", "Open upstream connections with a request on them or reserved.", "key")
-	descInUse       = newDesc("requests_in_flight", "Requests using upstream connections across the fleet.", "key")
-	descPending     = newDesc("reservations_pending", "Reservations on connections not yet taken up by their owner.", "key")
-	descWaiting     = newDesc("requests_waiting", "Requests waiting across the fleet for a connection to come free.", "key")
-	descCreated     = newDesc("connections_created_total", "Upstream connections dialed and shared.", "key")
-	descReused      = newDesc("reused_total", "Requests that reused an open connection, of their own process (local) or a sibling's (remote).", "key", "where")
-	descAccepted    = newDesc("leases_accepted_total", "Reservations taken up by the connection's owner.", "key")
-	descAged        = newDesc("reservations_aged_total", "Reservations dropped because they were never taken up.", "key")
-	descWaits       = newDesc("waits_total", "Requests that waited for a connection and got one.", "key")
-	descTimeouts    = newDesc("wait_timeouts_total", "Requests that waited for a connection and gave up.", "key")
-	descWaitSeconds = newDesc("wait_seconds_total", "Total time requests spent waiting for a connection.", "key")
+	descLive        = newFleetDesc("connections", "Open upstream connections across the fleet.", "key")
+	descDialing     = newFleetDesc("connections_dialing", "Upstream connections being dialed across the fleet.", "key")
+	descIdle        = newFleetDesc("connections_idle", "Open upstream connections with no request on them.", "key")
+	descBusy        = newFleetDesc("connections_busy", "Open upstream connections with a request on them or reserved.", "key")
+	descInUse       = newFleetDesc("requests_in_flight", "Requests using upstream connections across the fleet.", "key")
+	descPending     = newFleetDesc("reservations_pending", "Reservations on connections not yet taken up by their owner.", "key")
+	descWaiting     = newFleetDesc("requests_waiting", "Requests waiting across the fleet for a connection to come free.", "key")
+	descCreated     = newFleetDesc("connections_created_total", "Upstream connections dialed and shared.", "key")
+	descReused      = newFleetDesc("reused_total", "Requests that reused an open connection, of their own process (local) or a sibling's (remote).", "key", "where")
+	descAccepted    = newFleetDesc("leases_accepted_total", "Reservations taken up by the connection's owner.", "key")
+	descAged        = newFleetDesc("reservations_aged_total", "Reservations dropped because they were never taken up.", "key")
+	descWaits       = newFleetDesc("waits_total", "Requests that waited for a connection and got one.", "key")
+	descTimeouts    = newFleetDesc("wait_timeouts_total", "Requests that waited for a connection and gave up.", "key")
+	descWaitSeconds = newFleetDesc("wait_seconds_total", "Total time requests spent waiting for a connection.", "key")
 
 	descOwned        = newDesc("owned_connections", "Upstream connections this process owns.")
 	descServedRemote = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")

@@ -199,10 +199,10 @@ func TestProxyRequests(t *testing.T) {
 	_, metrics := get(t, "http://localhost:2999/metrics")
 	for _, want := range []string{
 		fmt.Sprintf(`caddy_orbit_pool_upstream_info{key="%s",upstream="%s"} 1`, v.Key, name),
-		fmt.Sprintf(`caddy_orbit_pool_connections_created_total{key="%s"} 1`, v.Key),
-		fmt.Sprintf(`caddy_orbit_pool_connections{key="%s"} 1`, v.Key),
+		fmt.Sprintf(`caddy_orbit_pool_fleet_connections_created_total{key="%s"} 1`, v.Key),
+		fmt.Sprintf(`caddy_orbit_pool_fleet_connections{key="%s"} 1`, v.Key),
 		fmt.Sprintf(`caddy_orbit_pool_wait_duration_seconds_count{upstream="%s"}`, name),
-		"caddy_orbit_pool_processes 1",
+		"caddy_orbit_pool_fleet_processes 1",
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %q", want)
