@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -620,6 +621,67 @@ func TestFleetWorkerKilled(t *testing.T) {
 	if v.Live != int(up.open.Load()) || v.Live > 4 {
 		t.Errorf("table: %d live connections, upstream has %d open", v.Live, up.open.Load())
 	}
+}
+
+// TestFleetSpreadsClients: new client connections spread evenly over the
+// workers, also after one was killed and replaced.
+func TestFleetSpreadsClients(t *testing.T) {
+	up := newFleetUpstream(t, 0)
+	f := startFleet(t, 3, up.hostport())
+	// A burst of connections opened at once, as a load balancer or a load
+	// tool opens its pool: a socket shared by every worker hands most of
+	// a burst to whichever worker is first back in accept.
+	const conns = 90
+	spread := func(when string) {
+		t.Helper()
+		per := map[string]int{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range conns {
+			wg.Go(func() {
+				<-start
+				c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", f.port), 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				mu.Lock()
+				per[resp.Header.Get("X-Worker")]++
+				mu.Unlock()
+			})
+		}
+		close(start)
+		wg.Wait()
+		t.Logf("%s: client connections per worker %v", when, per)
+		for _, w := range []string{"0", "1", "2"} {
+			// An even spread gives each 30; hashing leaves some slack.
+			if per[w] < conns/9 {
+				t.Errorf("%s: worker %s got %d of %d connections opened at once; the spread is uneven: %v", when, w, per[w], conns, per)
+			}
+		}
+	}
+	spread("at start")
+	victim := f.workerPID(1)
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "worker 1 to be replaced", func() bool {
+		pid := f.workerPID(1)
+		if pid == 0 || pid == victim {
+			return false
+		}
+		ft, err := f.table(1)
+		return err == nil && len(ft.Fleets) == 1 && len(ft.Fleets[0].Members) == 3
+	})
+	spread("after worker 1 was replaced")
 }
 
 // TestFleetStopUnderLoad: stopping the fleet, by SIGTERM to the supervisor

@@ -18,12 +18,16 @@ import (
 )
 
 // The workers of `caddy orbit-fleet` accept on listening sockets the
-// supervisor opened and passed down, one per TCP address, shared by every
-// worker. Binding each worker's own SO_REUSEPORT socket instead would lose
-// connections: when a worker reloads (Caddy opens a new socket for the new
-// config and closes the old one) or dies, the kernel resets the connections
-// still queued on the socket it closes. A shared socket lives as long as the
-// supervisor, so its queue survives every reload, crash and restart.
+// supervisor opened and passed down: for every TCP address, one SO_REUSEPORT
+// socket per worker slot, handed to that slot's worker and to every worker
+// that replaces it. The kernel spreads new connections evenly over the
+// sockets of a port, so clients spread evenly over the workers (one socket
+// shared by all would go mostly to whichever worker is quickest back in
+// accept). And since the supervisor holds every socket for its whole life,
+// none closes when a worker reloads (Caddy opens a new listener for the new
+// config and closes the old) or dies: connections queued on a dead worker's
+// socket wait for its replacement instead of being reset, as they would be
+// if each worker bound a socket of its own.
 //
 // The supervisor rewrites each HTTP server's TCP listen address to one of the
 // networks below; a worker resolves it to the inherited socket named in
@@ -245,18 +249,19 @@ func parsePortRange(r string) (start, end uint, err error) {
 	return uint(s), uint(e), nil
 }
 
-// fleetSockets are the listening sockets a supervisor shares with its
-// workers.
+// fleetSockets are the listening sockets a supervisor holds for its worker
+// slots.
 type fleetSockets struct {
-	files []*os.File     // passed as descriptors 3, 4, ...
-	fds   map[string]int // listenerKey -> descriptor in the worker
+	files [][]*os.File   // per worker slot, passed as descriptors 3, 4, ...
+	fds   map[string]int // listenerKey -> descriptor in every worker
 }
 
-// openFleetSockets opens a listening socket for every TCP address the HTTP
-// servers of config listen on. The sockets have SO_REUSEPORT set, so that a
+// openFleetSockets opens, for every TCP address the HTTP servers of config
+// listen on, one listening socket per worker slot. The sockets have
+// SO_REUSEPORT set: the slots of one address share its connections, and a
 // new fleet can start on the same ports before the old one stops.
-func openFleetSockets(config []byte) (*fleetSockets, error) {
-	fs := &fleetSockets{fds: make(map[string]int)}
+func openFleetSockets(config []byte, slots int) (*fleetSockets, error) {
+	fs := &fleetSockets{fds: make(map[string]int), files: make([][]*os.File, slots)}
 	addrs, err := tcpListenAddrs(config)
 	if err != nil {
 		return nil, err
@@ -268,27 +273,31 @@ func openFleetSockets(config []byte) (*fleetSockets, error) {
 			if _, ok := fs.fds[key]; ok {
 				continue
 			}
-			ln, err := lc.Listen(context.Background(), na.Network, net.JoinHostPort(na.Host, strconv.FormatUint(uint64(p), 10)))
-			if err != nil {
-				fs.close()
-				return nil, fmt.Errorf("listening on %s: %w", key, err)
+			fs.fds[key] = 3 + len(fs.files[0])
+			for slot := range fs.files {
+				ln, err := lc.Listen(context.Background(), na.Network, net.JoinHostPort(na.Host, strconv.FormatUint(uint64(p), 10)))
+				if err != nil {
+					fs.close()
+					return nil, fmt.Errorf("listening on %s: %w", key, err)
+				}
+				f, err := ln.(*net.TCPListener).File()
+				ln.Close()
+				if err != nil {
+					fs.close()
+					return nil, fmt.Errorf("listening on %s: %w", key, err)
+				}
+				fs.files[slot] = append(fs.files[slot], f)
 			}
-			f, err := ln.(*net.TCPListener).File()
-			ln.Close()
-			if err != nil {
-				fs.close()
-				return nil, fmt.Errorf("listening on %s: %w", key, err)
-			}
-			fs.fds[key] = 3 + len(fs.files)
-			fs.files = append(fs.files, f)
 		}
 	}
 	return fs, nil
 }
 
 func (fs *fleetSockets) close() {
-	for _, f := range fs.files {
-		f.Close()
+	for _, files := range fs.files {
+		for _, f := range files {
+			f.Close()
+		}
 	}
 }
 

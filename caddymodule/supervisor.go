@@ -121,7 +121,7 @@ func (s *supervisor) run() error {
 	if err := s.loadConfig(); err != nil {
 		return err
 	}
-	s.sockets, err = openFleetSockets(s.config)
+	s.sockets, err = openFleetSockets(s.config, s.n)
 	if err != nil {
 		return err
 	}
@@ -384,7 +384,7 @@ func (s *supervisor) fork(w *worker) error {
 		"ORBIT_FLEET_WORKERS="+strconv.Itoa(s.n),
 		fleetIDEnv+"="+s.runDir+":"+strconv.Itoa(os.Getpid()),
 		s.sockets.env())
-	cmd.ExtraFiles = s.sockets.files
+	cmd.ExtraFiles = s.sockets.files[w.id]
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Its own process group: a terminal's Ctrl-C reaches the
 		// supervisor, which stops the workers once, gracefully.

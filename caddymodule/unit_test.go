@@ -335,13 +335,16 @@ func TestHandoffListener(t *testing.T) {
 func TestFleetSocketsRewrite(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
 	cfg := `{"apps": {"http": {"servers": {"a": {"listen": ["127.0.0.1:` + port + `", "unix//tmp/x.sock", "{env.ADDR}"]}}}}}`
-	fs, err := openFleetSockets([]byte(cfg))
+	fs, err := openFleetSockets([]byte(cfg), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fs.close()
-	if len(fs.files) != 1 || fs.fds["tcp/127.0.0.1:"+port] != 3 {
-		t.Fatalf("sockets %v", fs.fds)
+	if len(fs.files) != 2 || len(fs.files[0]) != 1 || len(fs.files[1]) != 1 || fs.fds["tcp/127.0.0.1:"+port] != 3 {
+		t.Fatalf("sockets %v, %v", fs.fds, fs.files)
+	}
+	if fs.files[0][0].Fd() == fs.files[1][0].Fd() {
+		t.Fatal("the two slots share one socket")
 	}
 	out, err := workerConfig([]byte(cfg), "/run/w.sock", fs)
 	if err != nil {
