@@ -327,28 +327,7 @@ func TestModelConcurrent(t *testing.T) {
 	}
 
 	var checker sync.WaitGroup
-	checker.Go(func() {
-		for !stop.Load() {
-			for _, k := range keys {
-				cs, err := pools[0].Candidates(k, nil)
-				if err != nil {
-					fail("candidates: %v", err)
-				}
-				for _, c := range cs {
-					if c.InUse+c.Pending > c.Capacity {
-						fail("%+v over capacity", c)
-					}
-				}
-				if ref, ok := pools[0].lookupKey(k); ok {
-					var v View
-					pools[0].readBudget(ref, &v)
-					if v.Total > lim.MaxResources || v.Creating > lim.MaxCreating {
-						fail("key %v: total %d creating %d over %+v", k, v.Total, v.Creating, lim)
-					}
-				}
-			}
-		}
-	})
+	checker.Go(func() { checkLive(pools[0], keys, lim, &stop, fail) })
 
 	ops := 3000
 	if testing.Short() {
@@ -455,6 +434,31 @@ func TestModelConcurrent(t *testing.T) {
 	}
 }
 
+// checkLive checks, until stop, what must hold at every instant: no
+// resource over its capacity and no key over its budget.
+func checkLive(p *Pool, keys []Key, lim Limits, stop *atomic.Bool, fail func(string, ...any)) {
+	for !stop.Load() {
+		for _, k := range keys {
+			cs, err := p.Candidates(k, nil)
+			if err != nil {
+				fail("candidates: %v", err)
+			}
+			for _, c := range cs {
+				if c.InUse+c.Pending > c.Capacity {
+					fail("%+v over capacity", c)
+				}
+			}
+			if ref, ok := p.lookupKey(k); ok {
+				var v View
+				p.readBudget(ref, &v)
+				if v.Total > lim.MaxResources || v.Creating > lim.MaxCreating {
+					fail("key %v: total %d creating %d over %+v", k, v.Total, v.Creating, lim)
+				}
+			}
+		}
+	}
+}
+
 // maybeRefuse is a policy that, on some acquisitions, waits once and then
 // refuses: it registers a waiter and leaves with an error.
 type maybeRefuse struct {
@@ -519,28 +523,7 @@ func TestModelConcurrentChurn(t *testing.T) {
 		fail("execution for key %v on resource %v, which was never registered", k, id)
 	}
 	var checker sync.WaitGroup
-	checker.Go(func() {
-		for !stop.Load() {
-			for _, k := range keys {
-				cs, err := pools[0].Candidates(k, nil)
-				if err != nil {
-					fail("candidates: %v", err)
-				}
-				for _, c := range cs {
-					if c.InUse+c.Pending > c.Capacity {
-						fail("%+v over capacity", c)
-					}
-				}
-				if ref, ok := pools[0].lookupKey(k); ok {
-					var v View
-					pools[0].readBudget(ref, &v)
-					if v.Total > lim.MaxResources || v.Creating > lim.MaxCreating {
-						fail("key %v: total %d creating %d over %+v", k, v.Total, v.Creating, lim)
-					}
-				}
-			}
-		}
-	})
+	checker.Go(func() { checkLive(pools[0], keys, lim, &stop, fail) })
 
 	ops := 2000
 	if testing.Short() {
