@@ -174,16 +174,21 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 	}
 	var (
 		watch  *Readiness
-		woken  bool // woken before: re-register at the front
+		woke   *Readiness // the registration whose wake-up this attempt holds
 		start  time.Time
 		reason Reason
 		ref    keyRef
 	)
 	// Every way out leaves no registration behind: a waiter that is gone
 	// but still queued would take the next wake-up meant for a live one.
+	// And one that was woken and then fails passes its wake-up on, for the
+	// capacity it announced is still there for the next waiter.
 	defer func() {
 		if watch != nil {
 			watch.Close()
+		}
+		if err != nil && woke != nil {
+			woke.Close()
 		}
 	}()
 	for retries := 0; ; {
@@ -195,6 +200,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		plan, r, err = p.try(ref, key, policy, lim)
 		switch {
 		case err == nil:
+			woke = nil
 			if !start.IsZero() {
 				plan.Waited = time.Since(start)
 				p.seg.count(p.lane, ref.idx, stWaits, 1)
@@ -217,9 +223,10 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		if watch == nil {
 			// Register, then re-check before sleeping, so that capacity
 			// returned in between is not missed.
-			if watch, err = p.watch(key, woken); err != nil {
+			if watch, err = p.watch(key, woke != nil); err != nil {
 				return Plan{}, err
 			}
+			woke = nil // re-checked and found nothing: someone else took it
 			if start.IsZero() {
 				start = time.Now()
 			}
@@ -227,7 +234,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		}
 		select {
 		case <-watch.Ready():
-			watch, woken = nil, true
+			watch, woke = nil, watch
 			if p.closed.Load() {
 				return Plan{}, ErrClosed
 			}

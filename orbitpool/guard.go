@@ -44,7 +44,10 @@ type guardBatch struct {
 // without Complete gives its unit back then, counts in LeakedGuards and is
 // reported to Options.OnError: a caller's bug costs a log line rather than
 // capacity for the life of the process. That is a safety net, not a way to
-// release: the unit stays taken until the collector finds the guard.
+// release: the unit stays taken until the collector finds the guard, and
+// guards are found a batch at a time (see guardBatch), so one dropped while
+// another Execution made around the same time is still held (a long-lived
+// stream) comes back only once that one is released too.
 //
 // The caller's *Execution points into its batch, which keeps the batch from
 // being collected while the caller can still use it.
@@ -117,18 +120,7 @@ func (p *Pool) completeUse(g *useGuard) {
 	if p.closed.Load() {
 		return
 	}
-	s := p.seg
-	word := s.u64(s.slotOff(p.lane, g.id.Slot()) + slWord)
-	for {
-		w := atomic.LoadUint64(word)
-		if wGen(w) != g.id.Generation() || wState(w) != StateLive || wUse(w) == 0 {
-			return
-		}
-		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
-			break
-		}
-	}
-	p.wake(g.key.idx, 1)
+	p.dropUse(p.seg.slotOff(p.lane, g.id.Slot()), g.id.Generation(), g.key.idx)
 }
 
 // CreationPermit is one unit of a key's creation budget, held while a resource

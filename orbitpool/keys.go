@@ -108,9 +108,19 @@ func (p *Pool) collectKeys() int {
 		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || atomic.LoadUint64(s.u64(off+kfMask)) != 0 {
 			continue
 		}
-		if atomic.CompareAndSwapUint64(s.u64(off+kfCtl), c, keyCtl(kGen(c), keyTomb)) {
-			freed++
+		tomb := keyCtl(kGen(c), keyTomb)
+		if !atomic.CompareAndSwapUint64(s.u64(off+kfCtl), c, tomb) {
+			continue
 		}
+		// A waiter sets its mask bit and then reads the control word; so
+		// mark first and read the mask after: either the waiter sees the
+		// tombstone and looks the key up again, or this sees its bit and
+		// leaves the entry to it.
+		if atomic.LoadUint64(s.u64(off+kfMask)) != 0 {
+			atomic.CompareAndSwapUint64(s.u64(off+kfCtl), tomb, c)
+			continue
+		}
+		freed++
 	}
 	return freed
 }

@@ -2,6 +2,7 @@ package orbitpool
 
 import (
 	"cmp"
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -31,7 +32,7 @@ func (p *Pool) Reconcile() error {
 	p.guards.Store(nil) // see guardBatch
 	s := p.seg
 	atomic.StoreUint64(s.u64(s.laneOff(p.lane)+lnHeartbeat), uint64(time.Now().UnixNano()))
-	err := p.reclaimDead()
+	err := cmp.Or(p.healOwnLane(), p.reclaimDead())
 	now := time.Now().UnixNano()
 	timeout := p.opts.ReservationTimeout.Nanoseconds()
 	for slot := range p.l.perLane {
@@ -44,6 +45,30 @@ func (p *Pool) Reconcile() error {
 		}
 	}
 	return err
+}
+
+// healOwnLane restores this process's lane record if something overwrote it:
+// a lane that siblings take for free hides its resources from them and from
+// every recount. The kernel's lock says the lane is ours; the record is put
+// back and the keys recounted with it.
+func (p *Pool) healOwnLane() error {
+	s := p.seg
+	ctl := s.u64(s.laneOff(p.lane) + lnCtl)
+	want := laneCtl(p.laneGen, laneLive)
+	if atomic.LoadUint64(ctl) == want {
+		return nil
+	}
+	if err := s.lockStructure(); err != nil {
+		return err
+	}
+	defer s.unlockStructure()
+	got := atomic.LoadUint64(ctl)
+	if got == want {
+		return nil
+	}
+	atomic.StoreUint64(ctl, want)
+	p.recount()
+	return fmt.Errorf("orbitpool: lane %d's record read %#x, not this process's %#x; restored: %w", p.lane, got, want, ErrCorrupt)
 }
 
 // reconcileBit judges one pending bit of this lane's slot at off. The ticket

@@ -377,7 +377,14 @@ func (s *segment) yieldToWriter() {
 	for {
 		t := int64(atomic.LoadUint64(s.intent))
 		now := monotonicNow()
-		if t == 0 || now-t > int64(writerIntentFresh) {
+		if t == 0 {
+			return
+		}
+		// The clock is the host's: a time ahead of it was never written by
+		// a writer, and one too old was left by a writer that is gone.
+		// Either is cleared, so that nobody defers to it again.
+		if now-t > int64(writerIntentFresh) || t > now {
+			atomic.CompareAndSwapUint64(s.intent, uint64(t), 0)
 			return
 		}
 		if since == 0 {

@@ -391,7 +391,30 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 			return nil, ErrBusy
 		}
 		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w+useOne) {
+			if p.closed.Load() {
+				// Close may have given this lane to another process
+				// between the read of the slot and the use: Close marks
+				// the pool first, so seeing it unmarked now proves the
+				// slot was still ours. Give back what was taken.
+				p.dropUse(off, id.Generation(), ref.idx)
+				return nil, ErrClosed
+			}
 			return p.newExecution(id, ref), nil
+		}
+	}
+}
+
+// dropUse gives back one use of the slot at off in generation gen.
+func (p *Pool) dropUse(off int, gen uint64, k int) {
+	word := p.seg.u64(off + slWord)
+	for {
+		w := atomic.LoadUint64(word)
+		if wGen(w) != gen || wState(w) != StateLive || wUse(w) == 0 {
+			return
+		}
+		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
+			p.wake(k, 1)
+			return
 		}
 	}
 }

@@ -46,6 +46,12 @@ func (t *waiterTable) watch(p *Pool, ref keyRef, front bool) (*waiter, error) {
 	}
 	kw := t.keys[ref.idx]
 	if kw != nil && kw.gen != ref.gen {
+		koff := s.keyOff(ref.idx)
+		if c := atomic.LoadUint64(s.u64(koff + kfCtl)); kState(c) != keyLive || kGen(c) != ref.gen {
+			// It is the caller's reference that is out of date: the
+			// entry went to another key since it was looked up.
+			return nil, errKeyGone
+		}
 		// The entry was recycled under local waiters, which a set mask
 		// bit forbids: the mask was corrupted. Nothing will ever wake
 		// them through the old entry, so wake them now to re-check, and
