@@ -7,8 +7,8 @@ package orbitpool
 import (
 	"context"
 	"encoding/json"
-	"math/rand/v2"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"sync/atomic"
