@@ -397,7 +397,7 @@ func TestFleetDifferential(t *testing.T) {
 	pids := []int{f.workerPID(0), f.workerPID(1), f.workerPID(2)}
 
 	diffs, fleet502 := 0, 0
-	check := func(round string, ex exchange, want, got answer) {
+	check := func(round string, sequential bool, ex exchange, want, got answer) {
 		if got.status == http.StatusBadGateway && want.status != http.StatusBadGateway {
 			fleet502++
 		}
@@ -405,7 +405,9 @@ func TestFleetDifferential(t *testing.T) {
 			diffs++
 			t.Errorf("%s %s: fleet gave %v; stock gave %v", round, ex.name, got, want)
 		}
-		if ex.expect && (want.elapsed > time.Second || got.elapsed > time.Second) {
+		// Timed one at a time only: all at once, an exchange may wait its
+		// turn for the one connection the fleet allows per upstream.
+		if sequential && ex.expect && (want.elapsed > time.Second || got.elapsed > time.Second) {
 			t.Errorf("%s %s: answered after %v through the fleet, %v through stock; the refusal should come at once",
 				round, ex.name, got.elapsed, want.elapsed)
 		}
@@ -425,7 +427,7 @@ func TestFleetDifferential(t *testing.T) {
 			round := fmt.Sprintf("upstream %q, sequential round %d:", prefix, r)
 			for _, ex := range exchangeMatrix {
 				time.Sleep(ex.gap)
-				check(round, ex, want[ex.name], send(fleet+prefix, ex))
+				check(round, true, ex, want[ex.name], send(fleet+prefix, ex))
 			}
 		}
 		// All at once, several times over: the answers do not depend on
@@ -443,7 +445,7 @@ func TestFleetDifferential(t *testing.T) {
 				wg.Go(func() {
 					got := send(fleet+prefix, ex)
 					mu.Lock()
-					check(round, ex, want[ex.name], got)
+					check(round, false, ex, want[ex.name], got)
 					mu.Unlock()
 				})
 			}
