@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // outcome is how an exchange left its connection.
@@ -36,6 +38,14 @@ type exchangeOpts struct {
 	// done is called exactly once, when both the request has been written and
 	// the response consumed, or the exchange failed.
 	done func(c *conn, o outcome)
+	// stopBody, if set, makes a pending read of the request body return: it
+	// is called when the exchange fails while the body is still being sent,
+	// before roundTrip waits for the writer. The owner sets it, because its
+	// request body is a window on a peer stream that may be slow to send the
+	// rest; a caller's own body is waited for, as net/http does.
+	stopBody func()
+	// log receives the stacks of panics recovered in the exchange.
+	log *zap.Logger
 }
 
 // leg is what the unix leg adds around the HTTP/1.1 messages.
@@ -76,7 +86,21 @@ type exchange struct {
 	// to send the body, false to skip it. Nil when not expecting 100.
 	continueCh chan bool
 	contRecv   <-chan bool // the same channel, read only by the body writer
+
+	// writeDone is closed when the request writer has stopped: until then
+	// it reads the request body and writes the conn, and nothing else may.
+	// A 101 body waits for it before writing, and roundTrip before it
+	// returns an error, so the caller may close or reuse the body at once.
+	writeDone chan struct{}
 }
+
+// closedChan is the writeDone of an exchange whose request was written
+// before roundTrip returned.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 const defaultMaxHeaderBytes = 10 << 20
 
@@ -95,6 +119,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	if !hasBody {
+		x.writeDone = closedChan
 		if err := x.writeRequest(req); err != nil {
 			c.abort(err)
 			x.finish(false)
@@ -105,6 +130,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		x.wrote()
 		x.finish(true)
 	} else {
+		x.writeDone = make(chan struct{})
 		r := req
 		if req.ProtoAtLeast(1, 1) && expectsContinue(req) && o.expectContinueTimeout > 0 {
 			x.continueCh = make(chan bool, 1)
@@ -116,16 +142,37 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		go x.writeLoop(r)
 	}
 
-	resp, err := x.readResponse()
+	resp, err := x.readResponseSafe()
 	if err != nil {
 		if x.continueCh != nil {
 			x.continueCh <- false
 		}
 		c.abort(err)
 		x.finish(false)
+		if o.stopBody != nil {
+			select {
+			case <-x.writeDone:
+			default:
+				o.stopBody()
+			}
+		}
+		<-x.writeDone
 		return nil, err
 	}
 	return resp, nil
+}
+
+// readResponseSafe is readResponse with a panic turned into the exchange's
+// error, so that the connection is torn down and given back rather than held
+// busy forever by an exchange that never ends.
+func (x *exchange) readResponseSafe() (resp *http.Response, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			resp = nil
+			err = &Error{Op: "read", Err: recovered(x.o.log, "exchange", p)}
+		}
+	}()
+	return x.readResponse()
 }
 
 // maxWriteWait is how long a connection whose response is complete waits
@@ -204,7 +251,8 @@ func (x *exchange) writeRequest(r *http.Request) error {
 // writeLoop writes a request that has a body, concurrently with reading the
 // response: an upstream may answer before it has read the whole body.
 func (x *exchange) writeLoop(r *http.Request) {
-	err := x.writeRequest(r)
+	defer close(x.writeDone)
+	err := x.writeRequestSafe(r)
 	if !x.writeState.CompareAndSwap(0, writeOver) {
 		// finishRead gave up on this write and closed the connection.
 		x.finish(false)
@@ -225,6 +273,18 @@ func (x *exchange) writeLoop(r *http.Request) {
 	}
 	x.wrote()
 	x.finish(true)
+}
+
+// writeRequestSafe is writeRequest with a panic (in the body's Read, say)
+// turned into the write's error: the write loop is a goroutine of its own,
+// and a panic there would end the process.
+func (x *exchange) writeRequestSafe(r *http.Request) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &Error{Op: "write", Err: recovered(x.o.log, "request writer", p)}
+		}
+	}()
+	return x.writeRequest(r)
 }
 
 // wrote starts the response header timeout once the request is out.
@@ -331,7 +391,7 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		x.hijacked.Store(true)
-		resp.Body = newUpgradeBody(c)
+		resp.Body = newUpgradeBody(c, x.writeDone)
 		x.finish(true)
 		return resp, nil
 	}

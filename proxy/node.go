@@ -105,6 +105,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 			return nil, err
 		}
 		n.peers = newPeers(dir, opts.MaxIdlePeerStreams)
+		n.peers.log = log
 		n.srv = newServer(ln, n, log)
 		if n.gov != nil {
 			n.srv.admit = n.admit
@@ -311,13 +312,16 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	exec.Complete()
 }
 
-// use runs req on oc under exec. onDone runs when the exchange is over.
-func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDone func()) (*http.Response, error) {
+// use runs req on oc under exec. onDone runs when the exchange is over;
+// stopBody, if set, interrupts a pending read of the request body.
+func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDone, stopBody func()) (*http.Response, error) {
 	s := oc.s
 	opts := &exchangeOpts{
 		maxHeaderBytes:        s.maxHeaderBytes,
 		expectContinueTimeout: s.expectContinueTimeout,
 		responseHeaderTimeout: s.responseHeaderTimeout,
+		stopBody:              stopBody,
+		log:                   n.log,
 		done: func(_ *conn, o outcome) {
 			n.finish(oc, exec, o)
 			if onDone != nil {
@@ -368,8 +372,8 @@ type ownerExec struct {
 	exec *orbitpool.Execution
 }
 
-func (e *ownerExec) roundTrip(req *http.Request) (*http.Response, error) {
-	return e.n.use(e.oc, e.exec, req, nil)
+func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
+	return e.n.use(e.oc, e.exec, req, nil, stopBody)
 }
 
 func (e *ownerExec) abandon() {

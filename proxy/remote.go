@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // peers keeps persistent unix streams to sibling processes: an idle list per
@@ -15,6 +17,7 @@ import (
 type peers struct {
 	dir     string
 	maxIdle int // per lane
+	log     *zap.Logger
 
 	mu     sync.Mutex
 	idle   map[int][]*conn
@@ -129,6 +132,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		expectContinueTimeout: o.expectContinueTimeout,
 		responseHeaderTimeout: o.responseHeaderTimeout,
 		leg:                   lg,
+		log:                   p.log,
 		done: func(c *conn, oc outcome) {
 			p.put(lane, c, oc)
 			if onDone != nil {

@@ -26,7 +26,8 @@ type acceptor interface {
 // connection exactly once, or the execution abandoned. Either way it
 // completes itself, which is what gives the capacity back.
 type execution interface {
-	roundTrip(req *http.Request) (*http.Response, error)
+	// roundTrip runs req; stopBody makes a pending read of its body return.
+	roundTrip(req *http.Request, stopBody func()) (*http.Response, error)
 	abandon()
 }
 
@@ -99,6 +100,14 @@ func (s *server) serve() error {
 			defer s.wg.Done()
 			defer s.track(c, false)
 			defer c.Close()
+			defer func() {
+				// The exchange's own recovery points have given its
+				// connection back; what is left is this stream, which
+				// the deferred Close ends.
+				if p := recover(); p != nil {
+					recovered(s.log, "peer stream", p)
+				}
+			}()
 			s.serveConn(c)
 		}()
 	}
@@ -242,7 +251,11 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 	s.watcher.add(w)
 	defer s.watcher.remove(w)
 
-	resp, err := exec.roundTrip(req)
+	// A failed exchange may leave its writer waiting for more of the body
+	// from the peer; a read deadline in the past ends that wait, and the
+	// stream, which is out of step then, is closed below.
+	stopBody := func() { nc.SetReadDeadline(aLongTimeAgo) }
+	resp, err := exec.roundTrip(req, stopBody)
 	if err != nil {
 		s.watcher.remove(w)
 		if rl.sentAccept {
@@ -261,6 +274,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 		bw.Flush()
 		return false
 	}
+	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
 	done := reqDone.isDone()
 	s.watcher.remove(w)

@@ -326,7 +326,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
-			return n.use(oc, plan.Execution, req, release)
+			return n.use(oc, plan.Execution, req, release, nil)
 
 		case orbitpool.PlanReuseRemote:
 			if n.peers == nil {
@@ -368,7 +368,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 			}
 			n.stats.created.Add(1)
-			return n.use(oc, exec, req, release)
+			return n.use(oc, exec, req, release, nil)
 
 		default:
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}

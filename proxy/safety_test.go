@@ -1,0 +1,274 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// seqReader produces n bytes of a position-dependent sequence, so a receiver
+// can tell a body that arrived whole from one with bytes missing or mixed in.
+type seqReader struct{ off, n int64 }
+
+func (s *seqReader) Read(b []byte) (int, error) {
+	if s.off >= s.n {
+		return 0, io.EOF
+	}
+	k := min(int64(len(b)), s.n-s.off)
+	for i := range b[:k] {
+		b[i] = byte((s.off + int64(i)) % 251)
+	}
+	s.off += k
+	return int(k), nil
+}
+
+func seqSum(n int64) uint32 {
+	h := crc32.NewIEEE()
+	io.Copy(h, &seqReader{n: n})
+	return h.Sum32()
+}
+
+// earlyUpgradeUpstream answers a request with Upgrade by 101 as soon as it
+// has its head, before reading the body; then it reads the body, reports
+// what arrived, and echoes the tunnel until the client half-closes. Other
+// requests get a keep-alive "ok".
+func earlyUpgradeUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if req.Header.Get("Upgrade") == "" {
+						io.Copy(io.Discard, req.Body)
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+						continue
+					}
+					io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+					h := crc32.NewIEEE()
+					n, _ := io.Copy(h, req.Body)
+					fmt.Fprintf(c, "body=%d crc=%08x|", n, h.Sum32())
+					io.Copy(c, br)
+					io.WriteString(c, "|bye")
+					return
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// TestUpgradeWhileBodyStreams: an upstream that answers 101 while the request
+// body is still going out. The request body is the first thing on the
+// upgraded connection and the tunnel's bytes follow it, on the local path
+// and through an owner, whose one peer stream carries both (two readers of
+// it once crashed the owner). Issue 10, item 2.
+func TestUpgradeWhileBodyStreams(t *testing.T) {
+	base := earlyUpgradeUpstream(t)
+	for _, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) { testUpgradeWhileBodyStreams(t, base, chunked) })
+	}
+}
+
+func testUpgradeWhileBodyStreams(t *testing.T, base string, chunked bool) {
+	const size = 4 << 20
+	paths(t, nil, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, base+"/warm")
+		var body io.Reader = &seqReader{n: size}
+		if chunked {
+			body = io.MultiReader(body) // hides the length: chunked
+		}
+		req, _ := http.NewRequest("POST", base+"/up", body)
+		req.Header.Set("Upgrade", "echo")
+		req.Header.Set("Connection", "Upgrade")
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		rw := resp.Body.(io.ReadWriteCloser)
+		if _, err := io.WriteString(rw, "ping"); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.(interface{ CloseWrite() error }).CloseWrite()
+		got, err := io.ReadAll(rw)
+		if err != nil {
+			t.Fatalf("tunnel: %v (read %q)", err, got)
+		}
+		want := fmt.Sprintf("body=%d crc=%08x|ping|bye", size, seqSum(size))
+		if string(got) != want {
+			t.Fatalf("tunnel gave %q, want %q", got, want)
+		}
+	})
+}
+
+// panicBody panics on its first Read, as a buggy body might.
+type panicBody struct{}
+
+func (panicBody) Read([]byte) (int, error) { panic("panicBody.Read") }
+
+func observedLogs() (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.ErrorLevel)
+	return zap.New(core), logs
+}
+
+// checkPanicLogged asserts that exactly one recovered panic was logged, with
+// the stack of the code that raised it.
+func checkPanicLogged(t *testing.T, logs *observer.ObservedLogs, frame string) {
+	t.Helper()
+	var n int
+	for _, e := range logs.All() {
+		if !strings.Contains(e.Message, "recovered panic") {
+			continue
+		}
+		n++
+		if st, _ := e.ContextMap()["stack"].(string); !strings.Contains(st, frame) {
+			t.Errorf("logged stack does not name %s:\n%s", frame, st)
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d recovered panics logged, want 1", n)
+	}
+}
+
+// TestPanicInExchangeFailsOnlyThatExchange: a panic in an exchange's
+// goroutines (the request writer, the response reader) becomes that
+// exchange's error, logged once with its stack; the connection is given back
+// and the next request is served. Issue 10, item 2.
+func TestPanicInExchangeFailsOnlyThatExchange(t *testing.T) {
+	u := newTestUpstream(t)
+	m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 32, ResourcesPerLane: 128}, func(tr *Transport) {
+		tr.MaxConnsPerKey = 1 // a leaked connection would block the next request
+	})
+	for _, tc := range []struct {
+		name, frame string
+		req         func() *http.Request
+	}{
+		{"request writer", "panicBody.Read", func() *http.Request {
+			req, _ := http.NewRequest("POST", u.url("/sink"), io.MultiReader(panicBody{}))
+			return req
+		}},
+		{"response reader", "TestPanicInExchangeFailsOnlyThatExchange", func() *http.Request {
+			trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { panic("GotFirstResponseByte") }}
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", u.url("/cl"), nil)
+			return req
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log, logs := observedLogs()
+			m.node.log = log
+			_, err := m.tr.RoundTrip(tc.req())
+			if !errors.Is(err, errPanic) {
+				t.Fatalf("error %v, want the recovered panic", err)
+			}
+			checkPanicLogged(t, logs, tc.frame)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			resp, err := get(t, ctx, m.tr, u.url("/cl"))
+			if err != nil {
+				t.Fatalf("next request: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != "hello world" {
+				t.Fatalf("next request got %q", b)
+			}
+		})
+	}
+}
+
+// panicAcceptor accepts every lease; its exchange panics for /panic and
+// answers "ok" otherwise.
+type panicAcceptor struct{}
+
+func (panicAcceptor) accept([]byte) (execution, error) { return panicExec{}, nil }
+
+type panicExec struct{}
+
+func (panicExec) abandon() {}
+
+func (panicExec) roundTrip(req *http.Request, _ func()) (*http.Response, error) {
+	if req.URL.Path == "/panic" {
+		panic("panicExec.roundTrip")
+	}
+	return &http.Response{StatusCode: 200, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Length": {"2"}}, ContentLength: 2, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+}
+
+// TestPanicOnOwnerClosesOnlyThatStream: a panic while the owner serves a
+// peer's exchange ends that stream, logged once with its stack; the owner
+// keeps serving other streams.
+func TestPanicOnOwnerClosesOnlyThatStream(t *testing.T) {
+	dir := t.TempDir()
+	ln, err := listenUnix(SocketPath(dir, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, logs := observedLogs()
+	srv := newServer(ln, panicAcceptor{}, log)
+	go srv.serve()
+	defer srv.close()
+	p := newPeers(dir, 4)
+	defer p.close()
+	o := &remoteOpts{maxHeaderBytes: 1 << 20}
+	lease := []byte("lease")
+
+	req, _ := http.NewRequest("GET", "http://upstream.invalid/panic", nil)
+	if _, err := p.roundTrip(req, 3, lease, o, nil); err == nil {
+		t.Fatal("the exchange that panicked succeeded")
+	}
+	checkPanicLogged(t, logs, "panicExec.roundTrip")
+	req, _ = http.NewRequest("GET", "http://upstream.invalid/ok", nil)
+	resp, err := p.roundTrip(req, 3, lease, o, nil)
+	if err != nil {
+		t.Fatalf("after a panic on another stream: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "ok" {
+		t.Fatalf("got %q", b)
+	}
+}
