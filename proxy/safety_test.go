@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -271,4 +273,100 @@ func TestPanicOnOwnerClosesOnlyThatStream(t *testing.T) {
 	if string(b) != "ok" {
 		t.Fatalf("got %q", b)
 	}
+}
+
+// silentUpstream answers /warm and reads whatever else it is sent without
+// ever answering.
+func silentUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go func() {
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if req.URL.Path != "/warm" {
+						io.Copy(io.Discard, br)
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// slowBody gives its first kilobyte at once and each further one slowly, as
+// a slow client does. Its Read and Close touch the same plain field, as a
+// body with no locking of its own may: the race detector sees a Close that
+// does not wait for a Read.
+type slowBody struct {
+	reading atomic.Bool
+	n       int
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	b.reading.Store(true)
+	defer b.reading.Store(false)
+	if b.n > 0 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.n++
+	return copy(p, make([]byte, 1024)), nil
+}
+
+func (b *slowBody) Close() error {
+	b.n = -1
+	return nil
+}
+
+// TestRoundTripErrorWaitsForBodyWriter: when an exchange fails while its
+// request body is still being read, RoundTrip returns only after the writer
+// has stopped reading it, so the caller may close the body at once (as
+// net/http waits for its write loop). Issue 10, item 6.
+func TestRoundTripErrorWaitsForBodyWriter(t *testing.T) {
+	base := silentUpstream(t)
+	paths(t, nil, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, base+"/warm")
+		body := &slowBody{}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/slow", body)
+		_, err := rt.RoundTrip(req)
+		if err == nil {
+			t.Fatal("a request to an upstream that never answers succeeded")
+		}
+		if body.reading.Load() {
+			t.Fatal("RoundTrip returned while its writer was still reading the request body")
+		}
+		body.Close()
+		if owner.tr != rt && owner.node.Stats().ServedRemote != 1 {
+			t.Fatalf("not served remotely: %+v", owner.node.Stats())
+		}
+	})
 }
