@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"runtime"
@@ -39,6 +42,10 @@ func runBenchUpstream() int {
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
+	}
+	if os.Getenv(upstreamEnv) == "tls" {
+		cfg, _ := benchTLS()
+		ln = tls.NewListener(ln, cfg)
 	}
 	fmt.Println("addr", ln.Addr().String())
 	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
@@ -73,10 +80,26 @@ func runBenchUpstream() int {
 	}
 }
 
-func startBenchUpstream(b *testing.B) string {
+// benchTLS is the bench upstream's TLS configuration, with full-size
+// records as nginx sends them, and a pool that trusts it. The certificate is
+// net/http's fixed test certificate, so both processes get the same one.
+func benchTLS() (*tls.Config, *x509.CertPool) {
+	ts := httptest.NewUnstartedServer(nil)
+	ts.StartTLS()
+	defer ts.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	return &tls.Config{Certificates: ts.TLS.Certificates, DynamicRecordSizingDisabled: true}, roots
+}
+
+func startBenchUpstream(b *testing.B) string { return startBenchUpstreamMode(b, "1") }
+
+// startBenchUpstreamMode starts the bench upstream in another process; mode
+// "tls" makes it an https upstream.
+func startBenchUpstreamMode(b *testing.B, mode string) string {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), upstreamEnv+"=1")
+	cmd.Env = append(os.Environ(), upstreamEnv+"="+mode)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -91,7 +114,11 @@ func startBenchUpstream(b *testing.B) string {
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "addr ") {
 		b.Fatalf("upstream: %q", sc.Text())
 	}
-	return "http://" + strings.TrimPrefix(sc.Text(), "addr ")
+	scheme := "http://"
+	if mode == "tls" {
+		scheme = "https://"
+	}
+	return scheme + strings.TrimPrefix(sc.Text(), "addr ")
 }
 
 func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
@@ -105,16 +132,25 @@ func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
 
 // BenchmarkThroughput compares requests per second and allocations per
 // request of the local path with net/http.Transport, serially and with
-// parallel clients, to the same upstream.
+// parallel clients, to the same upstream, over plain TCP and over TLS (where
+// the check that a reused connection holds no unread plaintext costs a read
+// attempt per request).
 func BenchmarkThroughput(b *testing.B) {
 	url := startBenchUpstream(b) + "/ok"
+	tlsURL := startBenchUpstreamMode(b, "tls") + "/ok"
+	_, roots := benchTLS()
 	ref := &http.Transport{MaxIdleConnsPerHost: 64}
 	b.Cleanup(ref.CloseIdleConnections)
+	refTLS := &http.Transport{MaxIdleConnsPerHost: 64, TLSClientConfig: &tls.Config{RootCAs: roots}}
+	b.Cleanup(refTLS.CloseIdleConnections)
 	local := localTransport(b, nil)
+	localTLS := localTransport(b, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} })
 	for _, rt := range []struct {
 		name string
 		rt   http.RoundTripper
-	}{{"nethttp", ref}, {"orbit-local", local}} {
+		url  string
+	}{{"nethttp", ref, url}, {"orbit-local", local, url}, {"nethttp-tls", refTLS, tlsURL}, {"orbit-local-tls", localTLS, tlsURL}} {
+		url := rt.url
 		for _, par := range []bool{false, true} {
 			name := rt.name + "/serial"
 			if par {
@@ -309,5 +345,48 @@ func BenchmarkUnixLegCodec(b *testing.B) {
 			b.Fatal(err)
 		}
 		io.Copy(io.Discard, resp.Body)
+	}
+}
+
+// BenchmarkIdleCheck measures the check that runs before every reuse of a
+// connection, on plain TCP and on TLS (where it adds a read attempt with a
+// deadline in the past, to see plaintext crypto/tls holds).
+func BenchmarkIdleCheck(b *testing.B) {
+	cfg, roots := benchTLS()
+	for _, mode := range []string{"plain", "tls"} {
+		b.Run(mode, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			if mode == "tls" {
+				ln = tls.NewListener(ln, cfg)
+			}
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				io.Copy(io.Discard, c)
+			}()
+			u := upstream{Scheme: "http", Addr: ln.Addr().String()}
+			if mode == "tls" {
+				u.Scheme, u.TLS = "https", &tls.Config{RootCAs: roots, ServerName: "example.com"}
+			}
+			d := dialer{}
+			c, err := d.dial(context.Background(), &u)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.close()
+			b.ReportAllocs()
+			for b.Loop() {
+				if !c.idleAlive(nil) {
+					b.Fatal("idle connection found unusable")
+				}
+			}
+		})
 	}
 }

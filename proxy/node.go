@@ -233,7 +233,7 @@ func (oc *owned) expired(now time.Time) bool {
 // take makes oc busy for the caller, who holds an accepted execution on it,
 // after checking that it is still fit: within its limits and not closed by
 // the upstream while idle.
-func (oc *owned) take() bool {
+func (oc *owned) take(log *zap.Logger) bool {
 	for {
 		if oc.state.CompareAndSwap(stIdle, stBusy) {
 			break
@@ -243,7 +243,7 @@ func (oc *owned) take() bool {
 		}
 		runtime.Gosched()
 	}
-	if oc.expired(time.Now()) || !oc.c.idleAlive() {
+	if oc.expired(time.Now()) || !oc.c.idleAlive(log) {
 		oc.state.Store(stDead)
 		return false
 	}
@@ -353,7 +353,7 @@ func (n *Node) accept(b []byte) (execution, error) {
 		return nil, &rejectError{code: code, err: err}
 	}
 	oc := n.lookup(exec.ID())
-	if oc == nil || !oc.take() {
+	if oc == nil || !oc.take(n.log) {
 		if oc != nil && oc.state.Load() == stDead {
 			oc.c.close()
 			n.retire(oc)
@@ -406,7 +406,7 @@ func (n *Node) sweepOnce() {
 		if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
 			continue
 		}
-		if oc.expired(now) || !oc.c.idleAlive() {
+		if oc.expired(now) || !oc.c.idleAlive(n.log) {
 			oc.state.Store(stDead)
 			oc.c.close()
 			n.retire(oc)

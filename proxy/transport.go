@@ -317,7 +317,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 		switch plan.Kind {
 		case orbitpool.PlanReuseLocal:
 			oc := n.lookup(plan.Execution.ID())
-			if oc == nil || !oc.take() {
+			if oc == nil || !oc.take(n.log) {
 				if oc != nil && oc.state.Load() == stDead {
 					oc.c.close()
 					n.retire(oc)
