@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -507,4 +510,157 @@ func TestTLSUnsolicitedResponseNotReused(t *testing.T) {
 			t.Errorf("no unsolicited response logged; logs: %v", logs.All())
 		}
 	})
+}
+
+// refuseExpectUpstream answers a request that expects 100-continue with 417
+// without reading its body: through net/http's server (which then closes the
+// connection) at /std, and as a raw upstream that keeps it open at /raw.
+func refuseExpectUpstream(t *testing.T) (std, raw string) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Expect") != "" {
+			w.Header().Set("Content-Length", "7")
+			w.WriteHeader(http.StatusExpectationFailed)
+			io.WriteString(w, "refused")
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range open {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open = append(open, c)
+			mu.Unlock()
+			go func() {
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if req.Header.Get("Expect") != "" {
+						// Refused unread: whatever follows is read (and
+						// dropped) as the next request's bytes would be,
+						// so the connection cannot be reused.
+						io.WriteString(c, "HTTP/1.1 417 Expectation Failed\r\nContent-Length: 7\r\n\r\nrefused")
+						io.Copy(io.Discard, br)
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	return srv.URL, "http://" + ln.Addr().String()
+}
+
+type expectResult struct {
+	status int
+	got100 bool
+	body   string
+	err    error
+	took   time.Duration
+}
+
+func expectRequest(rt http.RoundTripper, url string) expectResult {
+	var r expectResult
+	trace := &httptrace.ClientTrace{Got100Continue: func() { r.got100 = true }}
+	ctx, cancel := context.WithTimeout(httptrace.WithClientTrace(context.Background(), trace), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(make([]byte, 16<<10)))
+	req.Header.Set("Expect", "100-continue")
+	start := time.Now()
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r.took = time.Since(start)
+	r.status, r.body, r.err = resp.StatusCode, string(b), err
+	return r
+}
+
+// frontProxy is a reverse proxy in front of base through rt, as Caddy puts
+// one: the request body it hands the transport is a server's, which sends
+// the client its 100 Continue only when the body is first read.
+func frontProxy(t *testing.T, base string, rt http.RoundTripper) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = rt
+	d := rp.Director
+	rp.Director = func(r *http.Request) {
+		d(r)
+		r.RequestURI = "" // as caddymodule does
+	}
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	front := httptest.NewServer(rp)
+	t.Cleanup(front.Close)
+	return front.URL
+}
+
+// TestExpectContinueRefusedWithoutReading: an upstream that answers
+// Expect: 100-continue with 417 without reading the body, behind a reverse
+// proxy, gives the client what it gets through net/http.Transport: the 417,
+// at once rather than after anyone's expect timeout; and the next request
+// works. Issue 10, item 4.
+func TestExpectContinueRefusedWithoutReading(t *testing.T) {
+	const expectWait = 2 * time.Second
+	std, raw := refuseExpectUpstream(t)
+	ref := &http.Transport{ExpectContinueTimeout: time.Second}
+	defer ref.CloseIdleConnections()
+	client := &http.Transport{ExpectContinueTimeout: expectWait}
+	defer client.CloseIdleConnections()
+	conf := func(tr *Transport) { tr.ExpectContinueTimeout = time.Second }
+	for _, base := range []string{std, raw} {
+		want := expectRequest(client, frontProxy(t, base, ref)+"/expect")
+		if want.err != nil || want.status != http.StatusExpectationFailed || want.took > expectWait/2 {
+			t.Fatalf("through net/http.Transport: %+v", want)
+		}
+		paths(t, conf, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+			warm(t, owner, base+"/warm")
+			front := frontProxy(t, base, rt)
+			got := expectRequest(client, front+"/expect")
+			if got.err != nil || got.status != want.status || got.body != want.body {
+				t.Errorf("%s: got %+v, through net/http.Transport %+v", base, got, want)
+			}
+			if got.took > expectWait/2 {
+				t.Errorf("%s: the 417 took %v (client's expect timeout %v)", base, got.took, expectWait)
+			}
+			resp, err := get(t, context.Background(), rt, base+"/after")
+			if err != nil {
+				t.Fatalf("next request: %v", err)
+			}
+			drain(resp)
+		})
+	}
 }
