@@ -107,6 +107,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		n.peers = newPeers(dir, opts.MaxIdlePeerStreams)
 		n.peers.log = log
 		n.srv = newServer(ln, n, log)
+		n.srv.maxIdlePerPeer = max(n.srv.maxIdlePerPeer, 2*n.peers.maxIdle)
 		if n.gov != nil {
 			n.srv.admit = n.admit
 		}
@@ -375,6 +376,8 @@ type ownerExec struct {
 func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
 	return e.n.use(e.oc, e.exec, req, nil, stopBody)
 }
+
+func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 
 func (e *ownerExec) abandon() {
 	e.oc.state.Store(stIdle)

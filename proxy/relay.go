@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -216,6 +217,8 @@ func tunnel(up *upgradeBody, nc net.Conn, br *bufio.Reader, reqDone func() bool,
 		closeWrite(nc)
 	}()
 	<-up.requestWritten()
+	// The exchange's deadline bounded the request; the tunnel lives on.
+	nc.SetReadDeadline(time.Time{})
 	if reqDone != nil && !reqDone() {
 		log.Debug("tunnel: request body not sent whole; closing")
 		up.Close()

@@ -263,6 +263,8 @@ type panicExec struct{}
 
 func (panicExec) abandon() {}
 
+func (panicExec) maxHeaderBytes() int64 { return 1 << 20 }
+
 func (panicExec) roundTrip(req *http.Request, _ func()) (*http.Response, error) {
 	if req.URL.Path == "/panic" {
 		panic("panicExec.roundTrip")
@@ -662,5 +664,132 @@ func TestExpectContinueRefusedWithoutReading(t *testing.T) {
 			}
 			drain(resp)
 		})
+	}
+}
+
+// countingAcceptor accepts every lease and counts what becomes of them.
+type countingAcceptor struct {
+	limit                    int64
+	accepted, ran, abandoned atomic.Int32
+}
+
+func (a *countingAcceptor) accept([]byte) (execution, error) {
+	a.accepted.Add(1)
+	return countingExec{a}, nil
+}
+
+type countingExec struct{ a *countingAcceptor }
+
+func (e countingExec) maxHeaderBytes() int64 { return e.a.limit }
+func (e countingExec) abandon()              { e.a.abandoned.Add(1) }
+func (e countingExec) roundTrip(req *http.Request, _ func()) (*http.Response, error) {
+	e.a.ran.Add(1)
+	return nil, errors.New("not for running")
+}
+
+// startFakeOwner serves a socket with acc and returns its path.
+func startFakeOwner(t *testing.T, acc acceptor, conf func(*server)) string {
+	t.Helper()
+	path := SocketPath(t.TempDir(), 1)
+	ln, err := listenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(ln, acc, nil)
+	if conf != nil {
+		conf(srv)
+	}
+	go srv.serve()
+	t.Cleanup(func() { srv.close() })
+	return path
+}
+
+// TestOwnerBoundsPeerHead: the owner reads a sibling's request head no
+// further than the header limit, and no longer than the frame's deadline; a
+// lease whose head does not come whole in time is given back. Issue 10,
+// item 5.
+func TestOwnerBoundsPeerHead(t *testing.T) {
+	t.Run("size", func(t *testing.T) {
+		acc := &countingAcceptor{limit: 64 << 10}
+		c, err := net.Dial("unix", startFakeOwner(t, acc, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		frame, _ := appendRequestFrame(nil, []byte("lease"), time.Time{}, 0)
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		w := bufio.NewWriter(c)
+		w.Write(frame)
+		w.WriteString("GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+		const head = 16 << 20
+		line := bytes.Repeat([]byte("h"), 32<<10)
+		var sent int
+		for sent < head {
+			n, err := w.Write(line)
+			sent += n
+			if err != nil {
+				break
+			}
+		}
+		if sent >= head {
+			w.WriteString("\r\n\r\n")
+			w.Flush()
+		}
+		if sent >= 4<<20 {
+			t.Errorf("the owner took %d bytes of a head with a limit of %d", sent, acc.limit)
+		}
+		waitFor(t, 2*time.Second, "the lease to be given back", func() bool { return acc.abandoned.Load() == 1 })
+		if n := acc.ran.Load(); n != 0 {
+			t.Errorf("a head over the limit was run %d times", n)
+		}
+	})
+	t.Run("deadline", func(t *testing.T) {
+		acc := &countingAcceptor{limit: 64 << 10}
+		c, err := net.Dial("unix", startFakeOwner(t, acc, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		start := time.Now()
+		frame, _ := appendRequestFrame(nil, []byte("lease"), start.Add(200*time.Millisecond), 0)
+		c.Write(append(frame, "GET / HTTP/1.1\r\nHost: x\r\nX-Half: "...))
+		waitFor(t, 3*time.Second, "the lease to be given back", func() bool { return acc.abandoned.Load() == 1 })
+		// The frame's deadline, plus the owner's grace, plus slack for a
+		// loaded machine: far from the seconds it took before.
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("a half-sent head held its lease for %v past a 200ms deadline", took)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("stream after a late head: read %d, %v; want EOF", n, err)
+		}
+	})
+}
+
+// TestOwnerCapsIdleStreamsPerPeer: a sibling cannot make the owner hold more
+// idle streams than the cap; those beyond it are closed at once.
+func TestOwnerCapsIdleStreamsPerPeer(t *testing.T) {
+	const limit, opened = 4, 12
+	path := startFakeOwner(t, &countingAcceptor{limit: 64 << 10}, func(s *server) { s.maxIdlePerPeer = limit })
+	var closed atomic.Int32
+	var wg sync.WaitGroup
+	for range opened {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+				closed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := closed.Load(); n != opened-limit {
+		t.Fatalf("owner closed %d of %d silent streams, want %d (a cap of %d)", n, opened, opened-limit, limit)
 	}
 }

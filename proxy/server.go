@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -26,6 +27,9 @@ type acceptor interface {
 // connection exactly once, or the execution abandoned. Either way it
 // completes itself, which is what gives the capacity back.
 type execution interface {
+	// maxHeaderBytes bounds the request head the owner reads for it: the
+	// header limit of the Transport that made the connection.
+	maxHeaderBytes() int64
 	// roundTrip runs req; stopBody makes a pending read of its body return.
 	roundTrip(req *http.Request, stopBody func()) (*http.Response, error)
 	abandon()
@@ -51,17 +55,30 @@ type server struct {
 
 	watcher watcher
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	// maxIdlePerPeer caps the streams of one peer process waiting for
+	// their next frame: what a sibling keeps idle costs a goroutine and a
+	// descriptor here, and a sibling must not make us hold without bound.
+	maxIdlePerPeer int
+
+	mu         sync.Mutex
+	conns      map[net.Conn]struct{}
+	idleByPeer map[int32]int
+	closed     bool
+	wg         sync.WaitGroup
 }
+
+// peerHeadTimeout is how long a peer may take to send a request head, and a
+// new stream its first frame, when its frame names no earlier deadline. A
+// sibling writes both at once; one that does not costs a timer, not a leased
+// upstream connection held without end.
+const peerHeadTimeout = 10 * time.Second
 
 func newServer(ln *net.UnixListener, acc acceptor, log *zap.Logger) *server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]struct{})}
+	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]struct{}),
+		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns}
 }
 
 // serve accepts peers until the listener closes.
@@ -86,7 +103,8 @@ func (s *server) serve() error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		if err := checkPeer(c); err != nil {
+		pid, err := checkPeer(c)
+		if err != nil {
 			s.log.Warn("peer refused", zap.Error(err))
 			c.Close()
 			continue
@@ -108,7 +126,7 @@ func (s *server) serve() error {
 					recovered(s.log, "peer stream", p)
 				}
 			}()
-			s.serveConn(c)
+			s.serveConn(c, pid)
 		}()
 	}
 }
@@ -145,18 +163,45 @@ func (s *server) close() error {
 	return err
 }
 
+// idle marks a stream of peer pid as waiting for its next frame, or done
+// waiting. It refuses a stream that would take the peer past its cap.
+func (s *server) idle(pid int32, enter bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !enter {
+		if s.idleByPeer[pid]--; s.idleByPeer[pid] <= 0 {
+			delete(s.idleByPeer, pid)
+		}
+		return true
+	}
+	if s.idleByPeer[pid] >= s.maxIdlePerPeer {
+		return false
+	}
+	s.idleByPeer[pid]++
+	return true
+}
+
 // serveConn runs one peer's persistent stream: frame, request, response, and
 // again, until the peer goes, a message cannot be framed, or an exchange
 // leaves the stream out of step.
-func (s *server) serveConn(nc *net.UnixConn) {
+func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	cr := &bgReader{nc: nc}
 	cr.cond.L = &cr.mu
-	br := bufio.NewReaderSize(cr, readBufSize)
+	lr := &limitReader{r: cr, n: math.MaxInt64}
+	br := bufio.NewReaderSize(lr, readBufSize)
 	bw := bufio.NewWriterSize(nc, writeBufSize)
+	wait := peerHeadTimeout // a new stream comes with its first frame
 	for {
-		nc.SetReadDeadline(time.Now().Add(2 * peerIdleTimeout))
+		if !s.idle(pid, true) {
+			s.log.Info("peer stream closed: too many idle streams from one peer",
+				zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
+			return
+		}
+		nc.SetReadDeadline(time.Now().Add(wait))
 		f, err := readFrame(br, reqHeaderLen, decodeRequestFrame)
+		s.idle(pid, false)
 		nc.SetReadDeadline(time.Time{})
+		wait = 2 * peerIdleTimeout
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
@@ -166,7 +211,7 @@ func (s *server) serveConn(nc *net.UnixConn) {
 			}
 			return
 		}
-		if !s.serveOne(nc, cr, br, bw, &f) {
+		if !s.serveOne(nc, cr, lr, br, bw, &f) {
 			return
 		}
 	}
@@ -190,7 +235,7 @@ func rejectCode(err error) uint16 {
 
 // serveOne runs one exchange and reports whether the stream can carry
 // another.
-func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) bool {
+func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) bool {
 	var deadline time.Time
 	if dl, ok := f.deadlineTime(); ok {
 		if !time.Now().Before(dl) {
@@ -218,10 +263,28 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 		s.reject(bw, rejectCode(err), err)
 		return false
 	}
+	// The head is bounded in size by the header limit (what br had read
+	// ahead aside) and in time by the frame's deadline; the body in time
+	// by the deadline too. Past it the caller has given up.
+	headBy := time.Now().Add(peerHeadTimeout)
+	if !deadline.IsZero() && deadline.Before(headBy) {
+		headBy = deadline
+	}
+	nc.SetReadDeadline(headBy)
+	lr.n = exec.maxHeaderBytes() + int64(br.Size())
 	req, err := http.ReadRequest(br)
+	lr.n = math.MaxInt64
+	nc.SetReadDeadline(deadline)
 	if err != nil {
 		exec.abandon()
-		s.log.Info("malformed request from peer", zap.Error(err))
+		switch {
+		case errors.Is(err, errHeaderLimit):
+			s.log.Info("request head from peer over the header limit", zap.Int64("limit", exec.maxHeaderBytes()))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.log.Info("request head from peer not complete by its deadline")
+		default:
+			s.log.Info("malformed request from peer", zap.Error(err))
+		}
 		return false
 	}
 	w := &watch{cr: cr, cancel: cancel, start: time.Now(), deadline: deadline}
