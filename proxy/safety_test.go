@@ -793,3 +793,61 @@ func TestOwnerCapsIdleStreamsPerPeer(t *testing.T) {
 		t.Fatalf("owner closed %d of %d silent streams, want %d (a cap of %d)", n, opened, opened-limit, limit)
 	}
 }
+
+// closePeerStreams closes, on the owner, every stream its siblings hold, as
+// an owner restarting its server or timing idle streams out would.
+func closePeerStreams(m *member) {
+	s := m.node.srv
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.Close()
+	}
+}
+
+// postNoReplay is a POST whose body cannot be had again (no GetBody).
+func postNoReplay(t *testing.T, url string, n int) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest("POST", url, io.NopCloser(&seqReader{n: int64(n)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(n)
+	return req
+}
+
+// TestDeadIdleStreamRetried: a request that meets a dead idle stream to a
+// sibling is sent again on a fresh plan, whatever its method and though its
+// body cannot be replayed: none of it was read. Issue 10, item 3.
+func TestDeadIdleStreamRetried(t *testing.T) {
+	u := newTestUpstream(t)
+	owner, client := remotePair(t, nil)
+	warm(t, owner, u.url("/cl"))
+	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if client.node.Stats().IdlePeerConns != 1 {
+		t.Fatalf("no idle stream kept: %+v", client.node.Stats())
+	}
+	closePeerStreams(owner)
+	waitFor(t, time.Second, "the owner to drop the stream", func() bool {
+		owner.node.srv.mu.Lock()
+		defer owner.node.srv.mu.Unlock()
+		return len(owner.node.srv.conns) == 0
+	})
+	const size = 256 << 10
+	resp, err = client.tr.RoundTrip(postNoReplay(t, u.url("/sink"), size))
+	if err != nil {
+		t.Fatalf("POST after a dead idle stream: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := fmt.Sprintf("%d", size); !strings.Contains(string(b), want) {
+		t.Fatalf("upstream saw %q, want %s bytes", b, want)
+	}
+	if s := client.node.Stats(); s.Retries != 1 || s.ReusedRemote != 3 {
+		t.Fatalf("stats %+v: want one retry, the GET and both attempts remote", s)
+	}
+}
