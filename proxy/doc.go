@@ -39,6 +39,14 @@
 // accept, the HTTP/1.1 response(s), each head preceded by a two-byte marker
 // carrying what the relay changed (a close-delimited body is re-framed as
 // chunked so the stream can persist; an HTTP/1.0 upstream is relayed as 1.1).
+// The caller holds the request body back until the accept, which the owner
+// sends when its writer first needs the body (or with the first response):
+// a reject, or an error before the upstream took anything, then leaves the
+// body unsent, so the transport sends the request again on a fresh plan
+// whatever its method, and the stream in step, so both ends keep it (the
+// owner reads past the head). The owner reads a head no further than the
+// header limit and no later than the frame's deadline, and caps the idle
+// streams of each sibling process.
 // Interim responses are relayed as they arrive; a 101 turns the stream into a
 // tunnel with half-close passed both ways, and both the stream and the
 // upstream connection leave their pools. A stream that sends a frame that

@@ -87,6 +87,19 @@ type exchange struct {
 	continueCh chan bool
 	contRecv   <-chan bool // the same channel, read only by the body writer
 
+	// acceptCh carries the owner's answer on the unix leg to the body
+	// writer: true once the owner accepted (send the body), false if it
+	// refused or failed first. Nil without a body or on the upstream leg.
+	acceptCh   chan bool
+	acceptRecv <-chan bool // the same channel, read only by the body writer
+	// refused is set when the owner answered before accepting the body:
+	// the writer drops what it holds, and the stream stays in step.
+	refused atomic.Bool
+	// skipped is set when a gate (acceptBody, continueBody) gave the body
+	// up: Request.Write's error then says only that the body failed (it
+	// does not wrap the gate's error in a way errors.Is sees).
+	skipped atomic.Bool
+
 	// writeDone is closed when the request writer has stopped: until then
 	// it reads the request body and writes the conn, and nothing else may.
 	// A 101 body waits for it before writing, and roundTrip before it
@@ -132,11 +145,18 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	} else {
 		x.writeDone = make(chan struct{})
 		r := req
+		if o.leg != nil {
+			x.acceptCh = make(chan bool, 1)
+			x.acceptRecv = x.acceptCh
+			r2 := *r
+			r2.Body = &acceptBody{ReadCloser: r.Body, x: x}
+			r = &r2
+		}
 		if req.ProtoAtLeast(1, 1) && expectsContinue(req) && o.expectContinueTimeout > 0 {
 			x.continueCh = make(chan bool, 1)
 			x.contRecv = x.continueCh
-			r2 := *req
-			r2.Body = &continueBody{ReadCloser: req.Body, x: x}
+			r2 := *r
+			r2.Body = &continueBody{ReadCloser: r.Body, x: x}
 			r = &r2
 		}
 		go x.writeLoop(r)
@@ -144,8 +164,25 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 
 	resp, err := x.readResponseSafe()
 	if err != nil {
+		var pe *Error
+		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept
+		if refused {
+			x.refused.Store(true)
+		}
+		if x.acceptCh != nil {
+			x.acceptCh <- false
+		}
 		if x.continueCh != nil {
 			x.continueCh <- false
+		}
+		if refused {
+			// The owner answered before it took any of the body, and
+			// skipped the request: once our writer has stopped without
+			// sending any of it, the stream is in step for the next
+			// exchange.
+			<-x.writeDone
+			x.finish(true)
+			return nil, err
 		}
 		c.abort(err)
 		x.finish(false)
@@ -259,7 +296,16 @@ func (x *exchange) writeLoop(r *http.Request) {
 		return
 	}
 	if err != nil {
-		if errors.Is(err, errSkipBody) {
+		if x.skipped.Load() {
+			if x.refused.Load() {
+				// The owner refused before accepting the body: none of
+				// it went out. Drop what bufio holds of it (at most
+				// the byte net/http's probe of a body of unknown
+				// length read) and keep the stream.
+				x.c.bw.Reset(&x.c.cw)
+				x.finish(true)
+				return
+			}
 			// Expect: 100-continue was answered with a final status on a
 			// connection about to close; the body was never sent.
 			x.finish(false)
@@ -325,6 +371,10 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	if x.o.leg != nil {
 		if err := x.o.leg.readPreamble(c.br); err != nil {
 			return nil, x.readError(err, false)
+		}
+		if x.acceptCh != nil {
+			x.acceptCh <- true
+			x.acceptCh = nil
 		}
 	}
 	if _, err := c.br.Peek(1); err != nil {
@@ -486,6 +536,37 @@ func expectsContinue(r *http.Request) bool {
 
 var errSkipBody = errors.New("request body not sent: final response before 100-continue")
 
+var errRefusedBody = errors.New("request body not sent: the owner refused the request")
+
+// acceptBody holds the request body back on the unix leg until the owner
+// accepts it (flagBodyOnAccept): an owner that refuses the lease, or fails
+// before its writer needs the body, answers first, and the body is then
+// untouched and can be sent again on another plan whatever the method.
+// Request.Write flushes the head before the first Read of a body it does not
+// know to be in memory, so blocking here is "write head, flush, wait", as
+// for 100-continue. The one Read that comes before the head is net/http's
+// probe of a body of unknown length in a GET-like request; it passes.
+type acceptBody struct {
+	io.ReadCloser
+	x      *exchange
+	waited bool
+}
+
+func (b *acceptBody) Read(p []byte) (int, error) {
+	if !b.waited {
+		x := b.x
+		if x.c.cw.n.Load() == x.written0 {
+			return b.ReadCloser.Read(p)
+		}
+		b.waited = true
+		if !<-x.acceptRecv {
+			x.skipped.Store(true)
+			return 0, errRefusedBody
+		}
+	}
+	return b.ReadCloser.Read(p)
+}
+
 // continueBody holds the request body back until the upstream answers
 // Expect: 100-continue. Request.Write flushes the head before the first Read
 // of a body it does not know to be in memory, so blocking here is exactly
@@ -508,6 +589,7 @@ func (b *continueBody) Read(p []byte) (int, error) {
 		select {
 		case send := <-x.contRecv:
 			if !send {
+				x.skipped.Store(true)
 				return 0, errSkipBody
 			}
 		case <-t.C:

@@ -29,19 +29,49 @@ func (b *body) buffered() int { return b.x.c.br.Buffered() }
 
 // relay writes responses onto the unix leg.
 type relay struct {
-	bw         *bufio.Writer
-	log        *zap.Logger
-	stopWatch  func()      // ends the background read before a tunnel reads the stream
-	reqDone    func() bool // whether the request body has been read whole from the stream
+	bw        *bufio.Writer
+	log       *zap.Logger
+	stopWatch func()      // ends the background read before a tunnel reads the stream
+	reqDone   func() bool // whether the request body has been read whole from the stream
+	err       error
+
+	// mu orders the accept frame, which the exchange's writer may send
+	// (acceptBody), with the responses the serving goroutine writes after
+	// it. Once sentAccept is set the writer never touches bw again.
+	mu         sync.Mutex
 	sentAccept bool
-	err        error
 }
 
+// accept writes the accept frame ahead of the first response, unless it has
+// gone out already.
 func (r *relay) accept() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if !r.sentAccept {
 		r.sentAccept = true
 		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
 	}
+}
+
+// acceptBody sends the accept frame at once: the exchange's writer wants the
+// request body, which a caller that set flagBodyOnAccept holds back until it
+// sees the accept. A failed flush is the peer gone, which the read of the
+// body reports.
+func (r *relay) acceptBody() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.sentAccept {
+		r.sentAccept = true
+		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+		r.bw.Flush()
+	}
+}
+
+// accepted reports whether the accept frame has gone out.
+func (r *relay) accepted() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sentAccept
 }
 
 // relay1xx forwards an interim response as it arrives.

@@ -687,7 +687,13 @@ func (e countingExec) roundTrip(req *http.Request, _ func()) (*http.Response, er
 	return nil, errors.New("not for running")
 }
 
-// startFakeOwner serves a socket with acc and returns its path.
+// startFakeOwnerAt serves lane 1's socket with acc and returns its path.
+func startFakeOwnerAt(t *testing.T, acc acceptor) string {
+	t.Helper()
+	return startFakeOwner(t, acc, nil)
+}
+
+// startFakeOwner serves lane 1's socket with acc and returns its path.
 func startFakeOwner(t *testing.T, acc acceptor, conf func(*server)) string {
 	t.Helper()
 	path := SocketPath(t.TempDir(), 1)
@@ -849,5 +855,114 @@ func TestDeadIdleStreamRetried(t *testing.T) {
 	}
 	if s := client.node.Stats(); s.Retries != 1 || s.ReusedRemote != 3 {
 		t.Fatalf("stats %+v: want one retry, the GET and both attempts remote", s)
+	}
+}
+
+// TestRefusedLeaseRetriedWithBody: an owner that refuses a lease because its
+// connection died while idle answers before the body is sent; the request is
+// sent again on a fresh plan, whatever its method and though its body
+// cannot be replayed. Issue 10, item 3 ("lease refused by owner: connection
+// closed" on 256 KiB POSTs).
+func TestRefusedLeaseRetriedWithBody(t *testing.T) {
+	u := newTestUpstream(t)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	one := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
+	// No sweep: only the check at reuse sees the dead connection.
+	owner := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, one)
+	client := newMember(t, spec, one)
+	// The owner's connection is closed by the upstream 20ms after
+	// answering; the client's next request is planned on it.
+	warm(t, owner, u.rawURL("/keepalive-then-close"))
+	time.Sleep(60 * time.Millisecond)
+	const size = 256 << 10
+	resp, err := client.tr.RoundTrip(postNoReplay(t, u.rawURL("/reason"), size))
+	if err != nil {
+		t.Fatalf("POST planned on a dead connection: %v", err)
+	}
+	drain(resp)
+	if resp.StatusCode != 299 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if s := owner.node.Stats(); s.Refused != 1 {
+		t.Errorf("owner refused %d leases, want 1: %+v", s.Refused, s)
+	}
+	if s := client.node.Stats(); s.Retries != 1 || s.IdlePeerConns != 1 {
+		t.Errorf("client stats %+v: want one retry, and the stream to the owner kept", s)
+	}
+}
+
+// nothingSentAcceptor fails its first exchange as an owner does whose
+// upstream connection broke before taking any of the request, and answers
+// "ok" to the next, reading the body.
+type nothingSentAcceptor struct{ n atomic.Int32 }
+
+func (a *nothingSentAcceptor) accept([]byte) (execution, error) { return nothingSentExec{a}, nil }
+
+type nothingSentExec struct{ a *nothingSentAcceptor }
+
+func (nothingSentExec) maxHeaderBytes() int64 { return 1 << 20 }
+func (nothingSentExec) abandon()              {}
+func (e nothingSentExec) roundTrip(req *http.Request, _ func()) (*http.Response, error) {
+	if e.a.n.Add(1) == 1 {
+		return nil, &Error{Op: "write", RetrySafe: true, Err: ErrConnBroken}
+	}
+	n, _ := io.Copy(io.Discard, req.Body)
+	body := fmt.Sprintf("got %d", n)
+	return &http.Response{StatusCode: 200, Status: "200 OK", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Length": {fmt.Sprint(len(body))}}, ContentLength: int64(len(body)),
+		Body: io.NopCloser(strings.NewReader(body))}, nil
+}
+
+// readCount counts the bytes read from a body.
+type readCount struct {
+	io.Reader
+	n atomic.Int64
+}
+
+func (r *readCount) Read(p []byte) (int, error) {
+	n, err := r.Reader.Read(p)
+	r.n.Add(int64(n))
+	return n, err
+}
+
+func (r *readCount) Close() error { return nil }
+
+// TestOwnerErrorBeforeAcceptKeepsStream: an owner that fails before it
+// accepts the body says so in an error frame; the caller has read none of
+// its body, so it may be sent again, and both ends keep the stream for the
+// next exchange. Issue 10, item 3.
+func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
+	dir := filepath.Dir(startFakeOwnerAt(t, &nothingSentAcceptor{}))
+	p := newPeers(dir, 4)
+	defer p.close()
+	o := &remoteOpts{maxHeaderBytes: 1 << 20}
+	const size = 64 << 10
+	body := &readCount{Reader: &seqReader{n: size}}
+	req, _ := http.NewRequest("POST", "http://upstream.invalid/", body)
+	req.ContentLength = size
+	_, err := p.roundTrip(req, 1, []byte("lease"), o, nil)
+	if !IsRetrySafe(err) || !errors.Is(err, ErrConnBroken) {
+		t.Fatalf("error %v, want a retry-safe ErrConnBroken", err)
+	}
+	if n := body.n.Load(); n != 0 {
+		t.Fatalf("%d bytes of the body read for an exchange the owner failed before accepting it", n)
+	}
+	p.mu.Lock()
+	idle := len(p.idle[1])
+	p.mu.Unlock()
+	if idle != 1 {
+		t.Fatalf("%d idle streams after the error frame, want the stream kept", idle)
+	}
+	req, _ = http.NewRequest("POST", "http://upstream.invalid/", body)
+	req.ContentLength = size
+	resp, err := p.roundTrip(req, 1, []byte("lease"), o, nil)
+	if err != nil {
+		t.Fatalf("the next exchange on the kept stream: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := fmt.Sprintf("got %d", size); string(b) != want {
+		t.Fatalf("got %q, want %q", b, want)
 	}
 }

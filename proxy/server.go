@@ -217,12 +217,35 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	}
 }
 
-// reject answers a frame with a refusal. The stream ends after it: the
-// request that follows was never meant for anyone else, and skipping it
-// safely would mean reading a body nobody wants.
-func (s *server) reject(bw *bufio.Writer, code uint16, err error) {
+// reject answers a frame with a refusal and reports whether the stream can
+// carry another exchange. A caller that holds its body back until the owner
+// accepts (flagBodyOnAccept) sent only the head, which is read past; an
+// older caller is sending its body too, and skipping that would mean reading
+// a body nobody wants, so its stream ends.
+func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameReject, code: code, msg: err.Error()}))
-	bw.Flush()
+	if bw.Flush() != nil || f.flags&flagBodyOnAccept == 0 {
+		return false
+	}
+	_, err = readPeerHead(nc, lr, br, time.Time{}, defaultMaxHeaderBytes)
+	return err == nil
+}
+
+// readPeerHead reads a request head from a peer, bounded in size by limit
+// (what br had read ahead aside) and in time by deadline, or peerHeadTimeout
+// if that is sooner or deadline is zero. It leaves deadline as the stream's
+// read deadline, for the body: past it the caller has given up.
+func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.Time, limit int64) (*http.Request, error) {
+	headBy := time.Now().Add(peerHeadTimeout)
+	if !deadline.IsZero() && deadline.Before(headBy) {
+		headBy = deadline
+	}
+	nc.SetReadDeadline(headBy)
+	lr.n = limit + int64(br.Size())
+	req, err := http.ReadRequest(br)
+	lr.n = math.MaxInt64
+	nc.SetReadDeadline(deadline)
+	return req, err
 }
 
 func rejectCode(err error) uint16 {
@@ -239,8 +262,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	var deadline time.Time
 	if dl, ok := f.deadlineTime(); ok {
 		if !time.Now().Before(dl) {
-			s.reject(bw, rejectDeadline, errors.New("deadline passed before the owner saw the request"))
-			return false
+			return s.reject(nc, lr, br, bw, f, rejectDeadline, errors.New("deadline passed before the owner saw the request"))
 		}
 		// The caller enforces its own deadline; the owner's is a backstop
 		// a little later, so that the caller sees its deadline pass rather
@@ -253,28 +275,17 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	if s.admit != nil {
 		release, err := s.admit(ctx)
 		if err != nil {
-			s.reject(bw, rejectOverload, err)
-			return false
+			return s.reject(nc, lr, br, bw, f, rejectOverload, err)
 		}
 		defer release()
 	}
 	exec, err := s.acc.accept(f.leaseBytes())
 	if err != nil {
-		s.reject(bw, rejectCode(err), err)
-		return false
+		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
-	// The head is bounded in size by the header limit (what br had read
-	// ahead aside) and in time by the frame's deadline; the body in time
-	// by the deadline too. Past it the caller has given up.
-	headBy := time.Now().Add(peerHeadTimeout)
-	if !deadline.IsZero() && deadline.Before(headBy) {
-		headBy = deadline
-	}
-	nc.SetReadDeadline(headBy)
-	lr.n = exec.maxHeaderBytes() + int64(br.Size())
-	req, err := http.ReadRequest(br)
-	lr.n = math.MaxInt64
-	nc.SetReadDeadline(deadline)
+	// The head is bounded by the header limit of the Transport that made
+	// the connection, and by the frame's deadline.
+	req, err := readPeerHead(nc, lr, br, deadline, exec.maxHeaderBytes())
 	if err != nil {
 		exec.abandon()
 		switch {
@@ -296,7 +307,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.Header["User-Agent"] = []string{""}
 	}
 	req.RequestURI = ""
-	reqDone := &bodyDone{ReadCloser: req.Body}
+	reqDone := &bodyDone{ReadCloser: req.Body, onFirstRead: rl.acceptBody}
 	if req.Body != http.NoBody {
 		req.Body = reqDone
 	} else {
@@ -321,8 +332,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	resp, err := exec.roundTrip(req, stopBody)
 	if err != nil {
 		s.watcher.remove(w)
-		if rl.sentAccept {
-			// A 1xx went out; the stream cannot carry an error frame now.
+		if rl.accepted() {
+			// A 1xx or the accept went out, and perhaps some of the
+			// body came in: the stream cannot carry an error frame now.
 			return false
 		}
 		var flags uint16
@@ -334,8 +346,10 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			flags |= flagIdleClosed
 		}
 		bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flags, code: errCode(err), msg: err.Error()}))
-		bw.Flush()
-		return false
+		// Nothing was accepted, so the writer read none of the body
+		// (its first read sends the accept), and a caller that holds
+		// the body back until then sent none: the stream is in step.
+		return bw.Flush() == nil && f.flags&flagBodyOnAccept != 0
 	}
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
