@@ -966,3 +966,59 @@ func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
 		t.Fatalf("got %q, want %q", b, want)
 	}
 }
+
+// TestFleetSequenceNoSpuriousFailures: one client's requests of many kinds,
+// one after another through three members sharing one connection: some end
+// with the upstream closing mid-body, a malformed response, Connection:
+// close, or the upstream closing an idle connection. The ordinary requests
+// among them (a GET and a 256 KiB POST whose body cannot be replayed) never
+// fail: whatever died in between, nothing of theirs reached the upstream,
+// and the transport sends them again. Issue 10, item 3.
+func TestFleetSequenceNoSpuriousFailures(t *testing.T) {
+	u := newTestUpstream(t)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	var ms []*member
+	for range 3 {
+		// No idle sweep: only the check at reuse finds what died.
+		ms = append(ms, newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour},
+			func(tr *Transport) { tr.MaxConnsPerKey = 1 }))
+	}
+	var n int
+	next := func() *Transport { n++; return ms[n%len(ms)].tr }
+	send := func(req *http.Request) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := next().RoundTrip(req.WithContext(ctx))
+		if err != nil {
+			return 0, err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, err
+	}
+	getReq := func(path string) *http.Request {
+		req, _ := http.NewRequest("GET", u.rawURL(path), nil)
+		return req
+	}
+	var failed int
+	for round := range 6 {
+		for _, path := range []string{"/truncated", "/malformed", "/cl-close", "/keepalive-then-close"} {
+			send(getReq(path)) // may fail: that is the upstream's doing
+		}
+		// The upstream closes its idle connection 20ms after answering;
+		// a request that races that close may fail, as with net/http.
+		time.Sleep(150 * time.Millisecond)
+		for i, req := range []*http.Request{postNoReplay(t, u.rawURL("/reason"), 256<<10), getReq("/reason"), postNoReplay(t, u.rawURL("/reason"), 256<<10)} {
+			if code, err := send(req); err != nil || code != 299 {
+				failed++
+				t.Errorf("round %d, ordinary request %d (%s): %d %v", round, i, req.Method, code, err)
+			}
+		}
+	}
+	if failed > 0 {
+		for i, m := range ms {
+			t.Logf("member %d: %+v", i, m.node.Stats())
+		}
+	}
+}
