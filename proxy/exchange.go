@@ -221,6 +221,13 @@ const maxWriteWait = 50 * time.Millisecond
 // finishRead ends the read part. If the request is still being written, the
 // write gets maxWriteWait to finish before the connection is torn down.
 func (x *exchange) finishRead(ok bool) {
+	// The response is over: from now on the caller's context, which it
+	// may cancel the moment it has the response (a server cancels a
+	// request's context as its handler returns), no longer concerns this
+	// connection. What is left of the request write is bounded below.
+	if x.stopCtx != nil {
+		x.stopCtx()
+	}
 	if x.writeState.Load() == 0 {
 		c := x.c
 		t := time.AfterFunc(maxWriteWait, func() {

@@ -1022,3 +1022,35 @@ func TestFleetSequenceNoSpuriousFailures(t *testing.T) {
 		}
 	}
 }
+
+// TestConnSurvivesCancelAfterResponse: a caller that cancels its context the
+// moment it has read the response (as a server does when its handler
+// returns) does not cost the connection, though the request writer may not
+// have quite finished: nothing is left to cancel. Before, one connection in
+// tens to hundreds was torn down, through an owner or locally.
+func TestConnSurvivesCancelAfterResponse(t *testing.T) {
+	u := newTestUpstream(t)
+	one := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
+	paths(t, one, func(t *testing.T, rt http.RoundTripper, owner *member, _ func() http.RoundTripper) {
+		warm(t, owner, u.url("/cl"))
+		body := bytes.Repeat([]byte("b"), 1<<10)
+		for i := range 300 {
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "POST", u.url("/sink"), bytes.NewReader(body))
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				cancel()
+				t.Fatalf("request %d: %v", i, err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			cancel()
+			resp.Body.Close()
+			if err != nil || string(b) != "1024" {
+				t.Fatalf("request %d: %q %v", i, b, err)
+			}
+		}
+		if s := owner.node.Stats(); s.Created != 1 || s.Retired != 0 {
+			t.Fatalf("owner %+v: want one connection, never retired", s)
+		}
+	})
+}
