@@ -404,12 +404,13 @@ func TestRoundTripErrorWaitsForBodyWriter(t *testing.T) {
 	})
 }
 
-// smugglingTLSUpstream is a TLS upstream with full-size records (as nginx
-// sends them, and Go's server once a connection has carried 128 KiB). It
-// answers /smuggle with an 8 KiB body followed, in the same write and so the
-// same record, by a second complete response nobody asked for; everything
-// else with "fresh". It counts the connections it accepted.
-func smugglingTLSUpstream(t *testing.T) (base string, roots *x509.CertPool, conns *atomic.Int32) {
+// smugglingUpstream is an upstream, TLS with full-size records (as nginx
+// sends them, and Go's server once a connection has carried 128 KiB) or
+// plain. It answers /smuggle with an 8 KiB body followed, in the same write
+// (and so, over TLS, the same record), by a second complete response nobody
+// asked for; everything else with "fresh". It counts the connections it
+// accepted.
+func smugglingUpstream(t *testing.T, withTLS bool) (base string, roots *x509.CertPool, conns *atomic.Int32) {
 	t.Helper()
 	ts := httptest.NewUnstartedServer(nil)
 	ts.StartTLS()
@@ -417,9 +418,14 @@ func smugglingTLSUpstream(t *testing.T) (base string, roots *x509.CertPool, conn
 	roots = x509.NewCertPool()
 	roots.AddCert(ts.Certificate())
 	ts.Close()
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	base = "http://" + ln.Addr().String()
+	if withTLS {
+		ln = tls.NewListener(ln, cfg)
+		base = "https://" + ln.Addr().String()
 	}
 	conns = new(atomic.Int32)
 	var mu sync.Mutex
@@ -462,16 +468,26 @@ func smugglingTLSUpstream(t *testing.T) (base string, roots *x509.CertPool, conn
 			}()
 		}
 	}()
-	return "https://" + ln.Addr().String(), roots, conns
+	return base, roots, conns
 }
 
 // TestTLSUnsolicitedResponseNotReused: a TLS connection on which the upstream
 // sent a response nobody asked for is not reused, though crypto/tls holds
 // those bytes where neither bufio nor a peek at the socket can see them; the
 // event is logged. Local path, and a sibling's request on the owner's
-// connection. Issue 10, item 1.
+// connection; plain TCP too. Issue 10, item 1.
 func TestTLSUnsolicitedResponseNotReused(t *testing.T) {
-	base, roots, conns := smugglingTLSUpstream(t)
+	for _, withTLS := range []bool{true, false} {
+		name := "plain"
+		if withTLS {
+			name = "tls"
+		}
+		t.Run(name, func(t *testing.T) { testUnsolicitedResponseNotReused(t, withTLS) })
+	}
+}
+
+func testUnsolicitedResponseNotReused(t *testing.T, withTLS bool) {
+	base, roots, conns := smugglingUpstream(t, withTLS)
 	conf := func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} }
 	loggedPaths(t, conf, func(t *testing.T, rt http.RoundTripper, owner *member, logs *observer.ObservedLogs) {
 		conns.Store(0)
