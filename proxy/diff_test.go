@@ -70,6 +70,8 @@ var diffCases = []diffCase{
 	{name: "close-delimited", raw: true, path: "/close-delimited"},
 	{name: "http10", raw: true, path: "/http10"},
 	{name: "http10-eof", raw: true, path: "/http10-eof"},
+	{name: "extra-bytes", raw: true, path: "/extra-bytes"},
+	// Right after extra-bytes: its own response, not the one left over.
 	{name: "reason-phrase", raw: true, path: "/reason"},
 	{name: "cl-close", raw: true, path: "/cl-close"},
 	{name: "no-reason", raw: true, path: "/no-reason"},
