@@ -35,7 +35,7 @@ const (
 	DefaultDialTimeout           = 3 * time.Second
 	DefaultKeepAliveProbe        = 30 * time.Second
 	DefaultIdleConnTimeout       = 2 * time.Minute
-	DefaultExpectContinueTimeout = time.Second
+	DefaultExpectContinueTimeout = 0
 	DefaultMaxResponseHeaderSize = 10 << 20
 )
 
@@ -75,7 +75,11 @@ type Transport struct {
 
 	// ExpectContinueTimeout is how long a request with
 	// "Expect: 100-continue" waits for the upstream's 100 before sending
-	// its body anyway. Default: 1s.
+	// its body anyway. Default: 0, no wait: the body goes at once, as with
+	// Caddy's http transport. A wait keeps the client's body unread, and
+	// an upstream that refuses it (417) then reaches the client only once
+	// the client sends its body anyway, at its own expect timeout: Go's
+	// server drains an unread, wrapped request body before it answers.
 	ExpectContinueTimeout caddy.Duration `json:"expect_continue_timeout,omitempty"`
 
 	// MaxResponseHeaderSize is the most bytes of response header read from
@@ -164,9 +168,6 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 
 	if t.DialTimeout == 0 {
 		t.DialTimeout = caddy.Duration(DefaultDialTimeout)
-	}
-	if t.ExpectContinueTimeout == 0 {
-		t.ExpectContinueTimeout = caddy.Duration(DefaultExpectContinueTimeout)
 	}
 	if t.MaxResponseHeaderSize == 0 {
 		t.MaxResponseHeaderSize = DefaultMaxResponseHeaderSize
@@ -279,6 +280,10 @@ func (t *Transport) inner(f *fleet) *proxy.Transport {
 		return rt
 	}
 	ka := t.KeepAlive
+	ect := time.Duration(t.ExpectContinueTimeout)
+	if ect == 0 {
+		ect = -1 // proxy.Transport: send at once (its zero is a 1s wait)
+	}
 	rt := &proxy.Transport{
 		Node:                   f.node,
 		Limiter:                f.limiter,
@@ -292,7 +297,7 @@ func (t *Transport) inner(f *fleet) *proxy.Transport {
 		MaxConnsPerKey:         t.limits.MaxResources,
 		MaxDialingPerKey:       t.limits.MaxCreating,
 		MaxResponseHeaderBytes: t.MaxResponseHeaderSize,
-		ExpectContinueTimeout:  time.Duration(t.ExpectContinueTimeout),
+		ExpectContinueTimeout:  ect,
 		ResponseHeaderTimeout:  time.Duration(t.ResponseHeaderTimeout),
 		KeyExtra:               t.keyExtra,
 	}

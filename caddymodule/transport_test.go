@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -513,4 +514,53 @@ func TestReloadKeepsFleet(t *testing.T) {
 		fl := fleetTable(t).Fleets
 		return len(fl) == 1 && fl[0].Lane != before[0].Lane
 	})
+}
+
+// TestProxyExpectContinueRefused: a client that sends Expect: 100-continue
+// with a 16 KiB body to an upstream that refuses it with 417 unread gets
+// through orbit_pool what it gets through Caddy's http transport: the 417,
+// at once rather than at the client's expect timeout. (Whether a 100 comes
+// first is a race in both: the transport reads the client's body, which
+// makes Caddy's server send the 100, while the 417 comes back.) Issue 10,
+// item 4.
+func TestProxyExpectContinueRefused(t *testing.T) {
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "7")
+		w.WriteHeader(http.StatusExpectationFailed)
+		io.WriteString(w, "refused")
+	}), false)
+	orbit, stock := freePort(t), freePort(t)
+	startCaddy(t, "", site(orbit, up.hostport(), "", "")+fmt.Sprintf(`:%d {
+	bind 127.0.0.1
+	reverse_proxy %s
+}
+`, stock, up.hostport()))
+	const expectWait = 2 * time.Second
+	tr := &http.Transport{ExpectContinueTimeout: expectWait}
+	defer tr.CloseIdleConnections()
+	send := func(port int) (status int, got100 bool, took time.Duration) {
+		trace := &httptrace.ClientTrace{Got100Continue: func() { got100 = true }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), "POST",
+			fmt.Sprintf("http://127.0.0.1:%d/", port), strings.NewReader(strings.Repeat("x", 16<<10)))
+		req.Header.Set("Expect", "100-continue")
+		start := time.Now()
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("port %d: %v", port, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, got100, time.Since(start)
+	}
+	wantStatus, _, wantTook := send(stock)
+	if wantTook > expectWait/2 {
+		t.Fatalf("http transport: the 417 took %v (client's expect timeout %v)", wantTook, expectWait)
+	}
+	status, _, took := send(orbit)
+	if status != wantStatus {
+		t.Errorf("orbit_pool: status %d; http transport: status %d", status, wantStatus)
+	}
+	if took > expectWait/2 {
+		t.Errorf("orbit_pool: the 417 took %v (client's expect timeout %v)", took, expectWait)
+	}
 }

@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"runtime"
@@ -40,6 +43,10 @@ func runBenchUpstream() int {
 		fmt.Println("error", err)
 		return 1
 	}
+	if os.Getenv(upstreamEnv) == "tls" {
+		cfg, _ := benchTLS()
+		ln = tls.NewListener(ln, cfg)
+	}
 	fmt.Println("addr", ln.Addr().String())
 	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
 	for {
@@ -56,6 +63,7 @@ func runBenchUpstream() int {
 				if err != nil {
 					return
 				}
+				io.Copy(io.Discard, req.Body)
 				switch req.URL.Path {
 				case "/hold":
 					ms, _ := strconv.Atoi(req.URL.Query().Get("ms"))
@@ -73,10 +81,26 @@ func runBenchUpstream() int {
 	}
 }
 
-func startBenchUpstream(b *testing.B) string {
+// benchTLS is the bench upstream's TLS configuration, with full-size
+// records as nginx sends them, and a pool that trusts it. The certificate is
+// net/http's fixed test certificate, so both processes get the same one.
+func benchTLS() (*tls.Config, *x509.CertPool) {
+	ts := httptest.NewUnstartedServer(nil)
+	ts.StartTLS()
+	defer ts.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	return &tls.Config{Certificates: ts.TLS.Certificates, DynamicRecordSizingDisabled: true}, roots
+}
+
+func startBenchUpstream(b *testing.B) string { return startBenchUpstreamMode(b, "1") }
+
+// startBenchUpstreamMode starts the bench upstream in another process; mode
+// "tls" makes it an https upstream.
+func startBenchUpstreamMode(b *testing.B, mode string) string {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), upstreamEnv+"=1")
+	cmd.Env = append(os.Environ(), upstreamEnv+"="+mode)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -91,7 +115,11 @@ func startBenchUpstream(b *testing.B) string {
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "addr ") {
 		b.Fatalf("upstream: %q", sc.Text())
 	}
-	return "http://" + strings.TrimPrefix(sc.Text(), "addr ")
+	scheme := "http://"
+	if mode == "tls" {
+		scheme = "https://"
+	}
+	return scheme + strings.TrimPrefix(sc.Text(), "addr ")
 }
 
 func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
@@ -105,16 +133,25 @@ func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
 
 // BenchmarkThroughput compares requests per second and allocations per
 // request of the local path with net/http.Transport, serially and with
-// parallel clients, to the same upstream.
+// parallel clients, to the same upstream, over plain TCP and over TLS (where
+// the check that a reused connection holds no unread plaintext costs a read
+// attempt per request).
 func BenchmarkThroughput(b *testing.B) {
 	url := startBenchUpstream(b) + "/ok"
+	tlsURL := startBenchUpstreamMode(b, "tls") + "/ok"
+	_, roots := benchTLS()
 	ref := &http.Transport{MaxIdleConnsPerHost: 64}
 	b.Cleanup(ref.CloseIdleConnections)
+	refTLS := &http.Transport{MaxIdleConnsPerHost: 64, TLSClientConfig: &tls.Config{RootCAs: roots}}
+	b.Cleanup(refTLS.CloseIdleConnections)
 	local := localTransport(b, nil)
+	localTLS := localTransport(b, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} })
 	for _, rt := range []struct {
 		name string
 		rt   http.RoundTripper
-	}{{"nethttp", ref}, {"orbit-local", local}} {
+		url  string
+	}{{"nethttp", ref, url}, {"orbit-local", local, url}, {"nethttp-tls", refTLS, tlsURL}, {"orbit-local-tls", localTLS, tlsURL}} {
+		url := rt.url
 		for _, par := range []bool{false, true} {
 			name := rt.name + "/serial"
 			if par {
@@ -152,37 +189,56 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 	local := localTransport(b, nil)
 	owner, client := remotePair(b, nil)
 	warm(b, owner, url)
-	req, _ := http.NewRequest("GET", url, nil)
-	benchGet(b, local, req)
-	benchGet(b, client.tr, req)
-	var lt, rtimes []time.Duration
-	b.ReportAllocs()
-	b.ResetTimer()
-	for b.Loop() {
-		t0 := time.Now()
-		benchGet(b, local, req)
-		t1 := time.Now()
-		benchGet(b, client.tr, req)
-		t2 := time.Now()
-		lt = append(lt, t1.Sub(t0))
-		rtimes = append(rtimes, t2.Sub(t1))
+	body := bytes.Repeat([]byte("b"), 1<<10)
+	for _, method := range []string{"GET", "POST"} {
+		// A POST's body waits on the remote path for the owner's accept.
+		b.Run(method, func(b *testing.B) {
+			newReq := func() *http.Request {
+				if method == "GET" {
+					req, _ := http.NewRequest("GET", url, nil)
+					return req
+				}
+				req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+				return req
+			}
+			req := newReq()
+			benchGet(b, local, req)
+			benchGet(b, client.tr, newReq())
+			var lt, rtimes []time.Duration
+			before := client.node.Stats().ReusedRemote
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				lreq, rreq := req, req
+				if method != "GET" {
+					lreq, rreq = newReq(), newReq()
+				}
+				t0 := time.Now()
+				benchGet(b, local, lreq)
+				t1 := time.Now()
+				benchGet(b, client.tr, rreq)
+				t2 := time.Now()
+				lt = append(lt, t1.Sub(t0))
+				rtimes = append(rtimes, t2.Sub(t1))
+			}
+			b.StopTimer()
+			if client.node.Stats().ReusedRemote-before < uint64(len(rtimes)) {
+				b.Fatalf("remote requests did not all go through the owner: client %+v owner %+v", client.node.Stats(), owner.node.Stats())
+			}
+			pct := func(d []time.Duration, p float64) float64 {
+				slices.Sort(d)
+				return float64(d[int(float64(len(d)-1)*p)].Nanoseconds()) / 1e3
+			}
+			lp50, lp99 := pct(lt, .5), pct(lt, .99)
+			rp50, rp99 := pct(rtimes, .5), pct(rtimes, .99)
+			b.ReportMetric(lp50, "local-p50-us")
+			b.ReportMetric(lp99, "local-p99-us")
+			b.ReportMetric(rp50, "remote-p50-us")
+			b.ReportMetric(rp99, "remote-p99-us")
+			b.ReportMetric(rp50-lp50, "added-p50-us")
+			b.ReportMetric(rp99-lp99, "added-p99-us")
+		})
 	}
-	b.StopTimer()
-	if client.node.Stats().ReusedRemote < uint64(len(rtimes)) {
-		b.Fatal("remote requests did not all go through the owner")
-	}
-	pct := func(d []time.Duration, p float64) float64 {
-		slices.Sort(d)
-		return float64(d[int(float64(len(d)-1)*p)].Nanoseconds()) / 1e3
-	}
-	lp50, lp99 := pct(lt, .5), pct(lt, .99)
-	rp50, rp99 := pct(rtimes, .5), pct(rtimes, .99)
-	b.ReportMetric(lp50, "local-p50-us")
-	b.ReportMetric(lp99, "local-p99-us")
-	b.ReportMetric(rp50, "remote-p50-us")
-	b.ReportMetric(rp99, "remote-p99-us")
-	b.ReportMetric(rp50-lp50, "added-p50-us")
-	b.ReportMetric(rp99-lp99, "added-p99-us")
 }
 
 func heapAndStacks() uint64 {
@@ -309,5 +365,48 @@ func BenchmarkUnixLegCodec(b *testing.B) {
 			b.Fatal(err)
 		}
 		io.Copy(io.Discard, resp.Body)
+	}
+}
+
+// BenchmarkIdleCheck measures the check that runs before every reuse of a
+// connection, on plain TCP and on TLS (where it adds a read attempt with a
+// deadline in the past, to see plaintext crypto/tls holds).
+func BenchmarkIdleCheck(b *testing.B) {
+	cfg, roots := benchTLS()
+	for _, mode := range []string{"plain", "tls"} {
+		b.Run(mode, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			if mode == "tls" {
+				ln = tls.NewListener(ln, cfg)
+			}
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				io.Copy(io.Discard, c)
+			}()
+			u := upstream{Scheme: "http", Addr: ln.Addr().String()}
+			if mode == "tls" {
+				u.Scheme, u.TLS = "https", &tls.Config{RootCAs: roots, ServerName: "example.com"}
+			}
+			d := dialer{}
+			c, err := d.dial(context.Background(), &u)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.close()
+			b.ReportAllocs()
+			for b.Loop() {
+				if !c.idleAlive(nil) {
+					b.Fatal("idle connection found unusable")
+				}
+			}
+		})
 	}
 }

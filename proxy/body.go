@@ -94,13 +94,22 @@ var errBodyClosed = errors.New("response body closed before the end")
 
 // upgradeBody is the Body of a 101 Switching Protocols response: the
 // connection itself, read-write, with CloseWrite for half-close. Bytes the
-// head reader buffered past the 101 are read first.
+// head reader buffered past the 101 are read first. An upstream may switch
+// protocols before it has read the request body; the body is still the
+// first thing on the connection, so writes wait until it is out.
 type upgradeBody struct {
-	c    *conn
-	once sync.Once
+	c       *conn
+	written <-chan struct{} // closed once the request writer has stopped
+	once    sync.Once
 }
 
-func newUpgradeBody(c *conn) *upgradeBody { return &upgradeBody{c: c} }
+func newUpgradeBody(c *conn, written <-chan struct{}) *upgradeBody {
+	return &upgradeBody{c: c, written: written}
+}
+
+// requestWritten is closed once the request, body included, has been
+// written or its writer has given up.
+func (u *upgradeBody) requestWritten() <-chan struct{} { return u.written }
 
 func (u *upgradeBody) Read(p []byte) (int, error) {
 	if u.c.br.Buffered() > 0 {
@@ -109,11 +118,17 @@ func (u *upgradeBody) Read(p []byte) (int, error) {
 	return u.c.nc.Read(p)
 }
 
-func (u *upgradeBody) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
+func (u *upgradeBody) Write(p []byte) (int, error) {
+	<-u.written
+	return u.c.nc.Write(p)
+}
 
-// CloseWrite half-closes the connection: the peer reads EOF, and this side
-// can still read what it sends.
-func (u *upgradeBody) CloseWrite() error { return u.c.closeWrite() }
+// CloseWrite half-closes the connection once the request is out: the peer
+// reads EOF, and this side can still read what it sends.
+func (u *upgradeBody) CloseWrite() error {
+	<-u.written
+	return u.c.closeWrite()
+}
 
 func (u *upgradeBody) Close() error {
 	u.once.Do(u.c.close)

@@ -70,6 +70,8 @@ var diffCases = []diffCase{
 	{name: "close-delimited", raw: true, path: "/close-delimited"},
 	{name: "http10", raw: true, path: "/http10"},
 	{name: "http10-eof", raw: true, path: "/http10-eof"},
+	{name: "extra-bytes", raw: true, path: "/extra-bytes"},
+	// Right after extra-bytes: its own response, not the one left over.
 	{name: "reason-phrase", raw: true, path: "/reason"},
 	{name: "cl-close", raw: true, path: "/cl-close"},
 	{name: "no-reason", raw: true, path: "/no-reason"},
@@ -164,7 +166,24 @@ func (tc *diffCase) request(ctx context.Context, base string) *http.Request {
 	return req
 }
 
-func run(t *testing.T, tc *diffCase, rt http.RoundTripper, u *testUpstream) (observation, error) {
+// fataler is what run needs of its test: a child process that runs a case
+// for TestMultiProcessDifferential has no *testing.T.
+type fataler interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// diffBase says where a case's upstreams are.
+type diffBase struct {
+	srv, raw string                        // base URLs of the net/http and the raw upstream
+	gate     func(id string) chan struct{} // the stream handler's gates; nil away from the upstream's process
+}
+
+func baseOf(u *testUpstream) diffBase {
+	return diffBase{srv: u.srv.URL, raw: "http://" + u.raw.Addr().String(), gate: u.gate}
+}
+
+func run(t fataler, tc *diffCase, rt http.RoundTripper, u diffBase) (observation, error) {
 	t.Helper()
 	var o observation
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -177,9 +196,9 @@ func run(t *testing.T, tc *diffCase, rt http.RoundTripper, u *testUpstream) (obs
 		Got100Continue: func() { o.Got100 = true },
 	}
 	ctx = httptrace.WithClientTrace(ctx, trace)
-	base := u.srv.URL
+	base := u.srv
 	if tc.raw {
-		base = "http://" + u.raw.Addr().String()
+		base = u.raw
 	}
 	req := tc.request(ctx, base)
 	resp, err := rt.RoundTrip(req)
@@ -232,7 +251,7 @@ func run(t *testing.T, tc *diffCase, rt http.RoundTripper, u *testUpstream) (obs
 		cancel()
 		_, err := io.ReadAll(resp.Body)
 		if err == nil {
-			t.Fatal("body read after cancel succeeded")
+			t.Fatalf("body read after cancel succeeded")
 		}
 		o.BodyErr = true
 		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -319,7 +338,7 @@ func TestDifferential(t *testing.T) {
 	for i := range diffCases {
 		tc := diffCases[i]
 		t.Run(tc.name, func(t *testing.T) {
-			want, wantErr := run(t, &tc, ref, u)
+			want, wantErr := run(t, &tc, ref, baseOf(u))
 			if tc.errKind == nil && wantErr != nil {
 				t.Fatalf("net/http: %v", wantErr)
 			}
@@ -330,7 +349,7 @@ func TestDifferential(t *testing.T) {
 				t.Fatalf("net/http observation does not show the behaviour under test: %+v", want)
 			}
 			check := func(path string, rt http.RoundTripper) {
-				got, err := run(t, &tc, rt, u)
+				got, err := run(t, &tc, rt, baseOf(u))
 				if tc.errKind != nil {
 					if err == nil {
 						t.Fatalf("%s: no error", path)

@@ -23,8 +23,11 @@
 // Failures are [*Error] values. [IsRetrySafe] tells those after which nothing
 // of the request can have reached the upstream (a dial, a refused lease, an
 // admission refusal, a write that the kernel took no byte of): the caller may
-// send the request anywhere again. Like net/http, a reused connection that
-// closes before answering is retried here for replayable requests.
+// send the request anywhere again; the transport does so itself, whatever
+// the method, when no attempt has read the body yet. Like net/http, a reused
+// connection that closes before answering is retried here for replayable
+// requests, and RoundTrip returns an error only once the attempt's request
+// writer has stopped, so the caller may close or reuse the body at once.
 //
 // # The owner's side
 //
@@ -39,6 +42,14 @@
 // accept, the HTTP/1.1 response(s), each head preceded by a two-byte marker
 // carrying what the relay changed (a close-delimited body is re-framed as
 // chunked so the stream can persist; an HTTP/1.0 upstream is relayed as 1.1).
+// The caller holds the request body back until the accept, which the owner
+// sends when its writer first needs the body (or with the first response):
+// a reject, or an error before the upstream took anything, then leaves the
+// body unsent, so the transport sends the request again on a fresh plan
+// whatever its method, and the stream in step, so both ends keep it (the
+// owner reads past the head). The owner reads a head no further than the
+// header limit and no later than the frame's deadline, and caps the idle
+// streams of each sibling process.
 // Interim responses are relayed as they arrive; a 101 turns the stream into a
 // tunnel with half-close passed both ways, and both the stream and the
 // upstream connection leave their pools. A stream that sends a frame that
@@ -47,7 +58,10 @@
 // pending on the stream (after a short delay, so fast exchanges never pay for
 // it): if the peer goes, the exchange is cancelled and the upstream connection
 // closed rather than held. An owner that dies closes its streams, so a caller
-// reading a response from it gets an error at once.
+// reading a response from it gets an error at once. A panic in an exchange's
+// goroutines (request writer, response reader, relay, tunnel) fails that
+// exchange and is logged with its stack; the process keeps serving, as
+// net/http's server does when a handler panics.
 //
 // A [governor.Governor], when given, bounds the owner's forwarding work and
 // relay buffers; a [backpressure.Limiter] admits requests with their
@@ -81,8 +95,12 @@
 // # Upstream connections
 //
 // A connection costs no goroutine while idle. Before each reuse, and in a
-// periodic sweep, a non-blocking MSG_PEEK finds connections the upstream
-// closed (or sent anything to) while idle; those and the ones past their idle
+// periodic sweep, a check finds connections the upstream closed, or sent
+// anything to, while idle: bufio's buffer, a non-blocking MSG_PEEK of the
+// socket, and for TLS a read with a deadline in the past, which sees the
+// plaintext crypto/tls has already decrypted and holds (an upstream that sent
+// a second response in the record of the first). An unsolicited response is
+// logged, as net/http logs it. Those and the ones past their idle
 // timeout, lifetime or request count are closed and unregistered, which
 // invalidates every outstanding lease on them and gives the budget back. A
 // connection broken by an exchange leaves the pool at once.

@@ -50,6 +50,10 @@ type Error struct {
 	// response byte: the upstream probably timed it out as we sent. net/http
 	// sends a replayable request again in that case, and so does Transport.
 	idleClosed bool
+	// beforeAccept marks an owner's reject or error frame that came before
+	// it accepted the request's body: neither end read or sent any of the
+	// body, and both keep the stream.
+	beforeAccept bool
 }
 
 func (e *Error) Error() string {

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // outcome is how an exchange left its connection.
@@ -36,6 +38,14 @@ type exchangeOpts struct {
 	// done is called exactly once, when both the request has been written and
 	// the response consumed, or the exchange failed.
 	done func(c *conn, o outcome)
+	// stopBody, if set, makes a pending read of the request body return: it
+	// is called when the exchange fails while the body is still being sent,
+	// before roundTrip waits for the writer. The owner sets it, because its
+	// request body is a window on a peer stream that may be slow to send the
+	// rest; a caller's own body is waited for, as net/http does.
+	stopBody func()
+	// log receives the stacks of panics recovered in the exchange.
+	log *zap.Logger
 }
 
 // leg is what the unix leg adds around the HTTP/1.1 messages.
@@ -76,7 +86,34 @@ type exchange struct {
 	// to send the body, false to skip it. Nil when not expecting 100.
 	continueCh chan bool
 	contRecv   <-chan bool // the same channel, read only by the body writer
+
+	// acceptCh carries the owner's answer on the unix leg to the body
+	// writer: true once the owner accepted (send the body), false if it
+	// refused or failed first. Nil without a body or on the upstream leg.
+	acceptCh   chan bool
+	acceptRecv <-chan bool // the same channel, read only by the body writer
+	// refused is set when the owner answered before accepting the body:
+	// the writer drops what it holds, and the stream stays in step.
+	refused atomic.Bool
+	// skipped is set when a gate (acceptBody, continueBody) gave the body
+	// up: Request.Write's error then says only that the body failed (it
+	// does not wrap the gate's error in a way errors.Is sees).
+	skipped atomic.Bool
+
+	// writeDone is closed when the request writer has stopped: until then
+	// it reads the request body and writes the conn, and nothing else may.
+	// A 101 body waits for it before writing, and roundTrip before it
+	// returns an error, so the caller may close or reuse the body at once.
+	writeDone chan struct{}
 }
+
+// closedChan is the writeDone of an exchange whose request was written
+// before roundTrip returned.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 const defaultMaxHeaderBytes = 10 << 20
 
@@ -95,6 +132,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	if !hasBody {
+		x.writeDone = closedChan
 		if err := x.writeRequest(req); err != nil {
 			c.abort(err)
 			x.finish(false)
@@ -105,27 +143,73 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		x.wrote()
 		x.finish(true)
 	} else {
+		x.writeDone = make(chan struct{})
 		r := req
+		if o.leg != nil {
+			x.acceptCh = make(chan bool, 1)
+			x.acceptRecv = x.acceptCh
+			r2 := *r
+			r2.Body = &acceptBody{ReadCloser: r.Body, x: x}
+			r = &r2
+		}
 		if req.ProtoAtLeast(1, 1) && expectsContinue(req) && o.expectContinueTimeout > 0 {
 			x.continueCh = make(chan bool, 1)
 			x.contRecv = x.continueCh
-			r2 := *req
-			r2.Body = &continueBody{ReadCloser: req.Body, x: x}
+			r2 := *r
+			r2.Body = &continueBody{ReadCloser: r.Body, x: x}
 			r = &r2
 		}
 		go x.writeLoop(r)
 	}
 
-	resp, err := x.readResponse()
+	resp, err := x.readResponseSafe()
 	if err != nil {
+		var pe *Error
+		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept
+		if refused {
+			x.refused.Store(true)
+		}
+		if x.acceptCh != nil {
+			x.acceptCh <- false
+		}
 		if x.continueCh != nil {
 			x.continueCh <- false
 		}
+		if refused {
+			// The owner answered before it took any of the body, and
+			// skipped the request: once our writer has stopped without
+			// sending any of it, the stream is in step for the next
+			// exchange.
+			<-x.writeDone
+			x.finish(true)
+			return nil, err
+		}
 		c.abort(err)
 		x.finish(false)
+		if o.stopBody != nil {
+			select {
+			case <-x.writeDone:
+			default:
+				o.stopBody()
+			}
+		}
+		<-x.writeDone
 		return nil, err
 	}
 	return resp, nil
+}
+
+// readResponseSafe is readResponse with a panic turned into the exchange's
+// error, so that the connection is torn down and given back rather than held
+// busy forever by an exchange that never ends.
+func (x *exchange) readResponseSafe() (resp *http.Response, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			resp = nil
+			err = &Error{Op: "read", Err: recovered(x.o.log, "exchange", p)}
+		}
+	}()
+	return x.readResponse()
 }
 
 // maxWriteWait is how long a connection whose response is complete waits
@@ -137,6 +221,13 @@ const maxWriteWait = 50 * time.Millisecond
 // finishRead ends the read part. If the request is still being written, the
 // write gets maxWriteWait to finish before the connection is torn down.
 func (x *exchange) finishRead(ok bool) {
+	// The response is over: from now on the caller's context, which it
+	// may cancel the moment it has the response (a server cancels a
+	// request's context as its handler returns), no longer concerns this
+	// connection. What is left of the request write is bounded below.
+	if x.stopCtx != nil {
+		x.stopCtx()
+	}
 	if x.writeState.Load() == 0 {
 		c := x.c
 		t := time.AfterFunc(maxWriteWait, func() {
@@ -204,14 +295,24 @@ func (x *exchange) writeRequest(r *http.Request) error {
 // writeLoop writes a request that has a body, concurrently with reading the
 // response: an upstream may answer before it has read the whole body.
 func (x *exchange) writeLoop(r *http.Request) {
-	err := x.writeRequest(r)
+	defer close(x.writeDone)
+	err := x.writeRequestSafe(r)
 	if !x.writeState.CompareAndSwap(0, writeOver) {
 		// finishRead gave up on this write and closed the connection.
 		x.finish(false)
 		return
 	}
 	if err != nil {
-		if errors.Is(err, errSkipBody) {
+		if x.skipped.Load() {
+			if x.refused.Load() {
+				// The owner refused before accepting the body: none of
+				// it went out. Drop what bufio holds of it (at most
+				// the byte net/http's probe of a body of unknown
+				// length read) and keep the stream.
+				x.c.bw.Reset(&x.c.cw)
+				x.finish(true)
+				return
+			}
 			// Expect: 100-continue was answered with a final status on a
 			// connection about to close; the body was never sent.
 			x.finish(false)
@@ -225,6 +326,18 @@ func (x *exchange) writeLoop(r *http.Request) {
 	}
 	x.wrote()
 	x.finish(true)
+}
+
+// writeRequestSafe is writeRequest with a panic (in the body's Read, say)
+// turned into the write's error: the write loop is a goroutine of its own,
+// and a panic there would end the process.
+func (x *exchange) writeRequestSafe(r *http.Request) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &Error{Op: "write", Err: recovered(x.o.log, "request writer", p)}
+		}
+	}()
+	return x.writeRequest(r)
 }
 
 // wrote starts the response header timeout once the request is out.
@@ -265,6 +378,10 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	if x.o.leg != nil {
 		if err := x.o.leg.readPreamble(c.br); err != nil {
 			return nil, x.readError(err, false)
+		}
+		if x.acceptCh != nil {
+			x.acceptCh <- true
+			x.acceptCh = nil
 		}
 	}
 	if _, err := c.br.Peek(1); err != nil {
@@ -331,7 +448,7 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		x.hijacked.Store(true)
-		resp.Body = newUpgradeBody(c)
+		resp.Body = newUpgradeBody(c, x.writeDone)
 		x.finish(true)
 		return resp, nil
 	}
@@ -426,6 +543,37 @@ func expectsContinue(r *http.Request) bool {
 
 var errSkipBody = errors.New("request body not sent: final response before 100-continue")
 
+var errRefusedBody = errors.New("request body not sent: the owner refused the request")
+
+// acceptBody holds the request body back on the unix leg until the owner
+// accepts it (flagBodyOnAccept): an owner that refuses the lease, or fails
+// before its writer needs the body, answers first, and the body is then
+// untouched and can be sent again on another plan whatever the method.
+// Request.Write flushes the head before the first Read of a body it does not
+// know to be in memory, so blocking here is "write head, flush, wait", as
+// for 100-continue. The one Read that comes before the head is net/http's
+// probe of a body of unknown length in a GET-like request; it passes.
+type acceptBody struct {
+	io.ReadCloser
+	x      *exchange
+	waited bool
+}
+
+func (b *acceptBody) Read(p []byte) (int, error) {
+	if !b.waited {
+		x := b.x
+		if x.c.cw.n.Load() == x.written0 {
+			return b.ReadCloser.Read(p)
+		}
+		b.waited = true
+		if !<-x.acceptRecv {
+			x.skipped.Store(true)
+			return 0, errRefusedBody
+		}
+	}
+	return b.ReadCloser.Read(p)
+}
+
 // continueBody holds the request body back until the upstream answers
 // Expect: 100-continue. Request.Write flushes the head before the first Read
 // of a body it does not know to be in memory, so blocking here is exactly
@@ -448,6 +596,7 @@ func (b *continueBody) Read(p []byte) (int, error) {
 		select {
 		case send := <-x.contRecv:
 			if !send {
+				x.skipped.Store(true)
 				return 0, errSkipBody
 			}
 		case <-t.C:

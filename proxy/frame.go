@@ -52,7 +52,20 @@ const (
 	flagIdleClosed
 
 	respFlagsKnown = flagNothingSent | flagIdleClosed
-	reqFlagsKnown  = 0
+)
+
+// Request frame flags.
+const (
+	// flagBodyOnAccept: the caller sends the request body only once the
+	// owner has answered with an accept frame, which the owner sends when
+	// its writer first needs the body (or with the first response). A
+	// reject or error frame before it leaves the body unsent, so the
+	// caller may retry it whatever the method, and the stream in step: the
+	// owner skips the request head, and both keep the stream. Without the
+	// flag (an older caller) the owner closes the stream instead.
+	flagBodyOnAccept uint16 = 1 << iota
+
+	reqFlagsKnown = flagBodyOnAccept
 )
 
 // Reject reasons.

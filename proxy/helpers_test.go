@@ -33,11 +33,16 @@ func newFleet(t testing.TB, n int, conf func(*Transport)) []*member {
 
 func newMember(t testing.TB, spec orbitpool.PoolSpec, conf func(*Transport)) *member {
 	t.Helper()
+	return newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond}, conf)
+}
+
+func newMemberOpts(t testing.TB, spec orbitpool.PoolSpec, opts NodeOptions, conf func(*Transport)) *member {
+	t.Helper()
 	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	nd, err := NewNode(p, NodeOptions{SweepInterval: 50 * time.Millisecond})
+	nd, err := NewNode(p, opts)
 	if err != nil {
 		p.Close()
 		t.Fatal(err)

@@ -105,7 +105,9 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 			return nil, err
 		}
 		n.peers = newPeers(dir, opts.MaxIdlePeerStreams)
+		n.peers.log = log
 		n.srv = newServer(ln, n, log)
+		n.srv.maxIdlePerPeer = max(n.srv.maxIdlePerPeer, 2*n.peers.maxIdle)
 		if n.gov != nil {
 			n.srv.admit = n.admit
 		}
@@ -232,7 +234,7 @@ func (oc *owned) expired(now time.Time) bool {
 // take makes oc busy for the caller, who holds an accepted execution on it,
 // after checking that it is still fit: within its limits and not closed by
 // the upstream while idle.
-func (oc *owned) take() bool {
+func (oc *owned) take(log *zap.Logger) bool {
 	for {
 		if oc.state.CompareAndSwap(stIdle, stBusy) {
 			break
@@ -242,7 +244,7 @@ func (oc *owned) take() bool {
 		}
 		runtime.Gosched()
 	}
-	if oc.expired(time.Now()) || !oc.c.idleAlive() {
+	if oc.expired(time.Now()) || !oc.c.idleAlive(log) {
 		oc.state.Store(stDead)
 		return false
 	}
@@ -311,13 +313,16 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	exec.Complete()
 }
 
-// use runs req on oc under exec. onDone runs when the exchange is over.
-func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDone func()) (*http.Response, error) {
+// use runs req on oc under exec. onDone runs when the exchange is over;
+// stopBody, if set, interrupts a pending read of the request body.
+func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDone, stopBody func()) (*http.Response, error) {
 	s := oc.s
 	opts := &exchangeOpts{
 		maxHeaderBytes:        s.maxHeaderBytes,
 		expectContinueTimeout: s.expectContinueTimeout,
 		responseHeaderTimeout: s.responseHeaderTimeout,
+		stopBody:              stopBody,
+		log:                   n.log,
 		done: func(_ *conn, o outcome) {
 			n.finish(oc, exec, o)
 			if onDone != nil {
@@ -349,7 +354,7 @@ func (n *Node) accept(b []byte) (execution, error) {
 		return nil, &rejectError{code: code, err: err}
 	}
 	oc := n.lookup(exec.ID())
-	if oc == nil || !oc.take() {
+	if oc == nil || !oc.take(n.log) {
 		if oc != nil && oc.state.Load() == stDead {
 			oc.c.close()
 			n.retire(oc)
@@ -368,9 +373,11 @@ type ownerExec struct {
 	exec *orbitpool.Execution
 }
 
-func (e *ownerExec) roundTrip(req *http.Request) (*http.Response, error) {
-	return e.n.use(e.oc, e.exec, req, nil)
+func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
+	return e.n.use(e.oc, e.exec, req, nil, stopBody)
 }
+
+func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 
 func (e *ownerExec) abandon() {
 	e.oc.state.Store(stIdle)
@@ -402,7 +409,7 @@ func (n *Node) sweepOnce() {
 		if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
 			continue
 		}
-		if oc.expired(now) || !oc.c.idleAlive() {
+		if oc.expired(now) || !oc.c.idleAlive(n.log) {
 			oc.state.Store(stDead)
 			oc.c.close()
 			n.retire(oc)

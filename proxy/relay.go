@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -28,18 +29,49 @@ func (b *body) buffered() int { return b.x.c.br.Buffered() }
 
 // relay writes responses onto the unix leg.
 type relay struct {
-	bw         *bufio.Writer
-	log        *zap.Logger
-	stopWatch  func() // ends the background read before a tunnel reads the stream
+	bw        *bufio.Writer
+	log       *zap.Logger
+	stopWatch func()      // ends the background read before a tunnel reads the stream
+	reqDone   func() bool // whether the request body has been read whole from the stream
+	err       error
+
+	// mu orders the accept frame, which the exchange's writer may send
+	// (acceptBody), with the responses the serving goroutine writes after
+	// it. Once sentAccept is set the writer never touches bw again.
+	mu         sync.Mutex
 	sentAccept bool
-	err        error
 }
 
+// accept writes the accept frame ahead of the first response, unless it has
+// gone out already.
 func (r *relay) accept() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if !r.sentAccept {
 		r.sentAccept = true
 		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
 	}
+}
+
+// acceptBody sends the accept frame at once: the exchange's writer wants the
+// request body, which a caller that set flagBodyOnAccept holds back until it
+// sees the accept. A failed flush is the peer gone, which the read of the
+// body reports.
+func (r *relay) acceptBody() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.sentAccept {
+		r.sentAccept = true
+		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+		r.bw.Flush()
+	}
+}
+
+// accepted reports whether the accept frame has gone out.
+func (r *relay) accepted() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sentAccept
 }
 
 // relay1xx forwards an interim response as it arrives.
@@ -115,8 +147,8 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		if r.stopWatch != nil {
 			r.stopWatch()
 		}
-		if up, ok := resp.Body.(io.ReadWriteCloser); ok {
-			tunnel(up, nc, br, r.log)
+		if up, ok := resp.Body.(*upgradeBody); ok {
+			tunnel(up, nc, br, r.reqDone, r.log)
 		}
 		return false
 	}
@@ -191,18 +223,37 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 }
 
 // tunnel joins an upgraded upstream connection and the peer stream until
-// both directions end, passing each half-close on.
-func tunnel(up io.ReadWriteCloser, nc net.Conn, br *bufio.Reader, log *zap.Logger) {
+// both directions end, passing each half-close on. The upstream may have
+// switched protocols before the request body was all sent, and the body
+// comes from the same stream as the tunnel's bytes after it: the stream has
+// one reader at a time, so the tunnel reads it only once the exchange's
+// writer has stopped, and only if that writer read the body to its end
+// (otherwise what follows on the stream is the rest of a body, not tunnel).
+func tunnel(up *upgradeBody, nc net.Conn, br *bufio.Reader, reqDone func() bool, log *zap.Logger) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer func() {
+			if p := recover(); p != nil {
+				recovered(log, "tunnel", p)
+				up.Close()
+				nc.Close()
+			}
+		}()
 		if _, err := io.Copy(nc, up); err != nil && !errors.Is(err, net.ErrClosed) {
 			log.Debug("tunnel upstream->peer", zap.Error(err))
 			nc.Close()
 		}
 		closeWrite(nc)
 	}()
-	if _, err := io.Copy(up, br); err != nil {
+	<-up.requestWritten()
+	// The exchange's deadline bounded the request; the tunnel lives on.
+	nc.SetReadDeadline(time.Time{})
+	if reqDone != nil && !reqDone() {
+		log.Debug("tunnel: request body not sent whole; closing")
+		up.Close()
+		nc.Close()
+	} else if _, err := io.Copy(up, br); err != nil {
 		log.Debug("tunnel peer->upstream", zap.Error(err))
 		up.Close()
 	} else {

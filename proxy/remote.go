@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // peers keeps persistent unix streams to sibling processes: an idle list per
@@ -15,6 +17,7 @@ import (
 type peers struct {
 	dir     string
 	maxIdle int // per lane
+	log     *zap.Logger
 
 	mu     sync.Mutex
 	idle   map[int][]*conn
@@ -129,6 +132,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		expectContinueTimeout: o.expectContinueTimeout,
 		responseHeaderTimeout: o.responseHeaderTimeout,
 		leg:                   lg,
+		log:                   p.log,
 		done: func(c *conn, oc outcome) {
 			p.put(lane, c, oc)
 			if onDone != nil {
@@ -147,7 +151,7 @@ type remoteLeg struct {
 }
 
 func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
-	b, err := appendRequestFrame(l.scratch[:0], l.lease, l.deadline, 0)
+	b, err := appendRequestFrame(l.scratch[:0], l.lease, l.deadline, flagBodyOnAccept)
 	if err != nil {
 		return &Error{Op: "lease", RetrySafe: true, Err: err}
 	}
@@ -164,13 +168,14 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 	case frameAccept:
 		return nil
 	case frameReject:
-		return &Error{Op: "lease", RetrySafe: true, Err: fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)}
+		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)}
 	default:
 		err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
 		if s := errCodeSentinels[f.code]; s != nil {
 			err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, f.msg)
 		}
-		return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0, Err: err}
+		return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
+			beforeAccept: true, Err: err}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -26,7 +27,11 @@ type acceptor interface {
 // connection exactly once, or the execution abandoned. Either way it
 // completes itself, which is what gives the capacity back.
 type execution interface {
-	roundTrip(req *http.Request) (*http.Response, error)
+	// maxHeaderBytes bounds the request head the owner reads for it: the
+	// header limit of the Transport that made the connection.
+	maxHeaderBytes() int64
+	// roundTrip runs req; stopBody makes a pending read of its body return.
+	roundTrip(req *http.Request, stopBody func()) (*http.Response, error)
 	abandon()
 }
 
@@ -50,17 +55,30 @@ type server struct {
 
 	watcher watcher
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	// maxIdlePerPeer caps the streams of one peer process waiting for
+	// their next frame: what a sibling keeps idle costs a goroutine and a
+	// descriptor here, and a sibling must not make us hold without bound.
+	maxIdlePerPeer int
+
+	mu         sync.Mutex
+	conns      map[net.Conn]struct{}
+	idleByPeer map[int32]int
+	closed     bool
+	wg         sync.WaitGroup
 }
+
+// peerHeadTimeout is how long a peer may take to send a request head, and a
+// new stream its first frame, when its frame names no earlier deadline. A
+// sibling writes both at once; one that does not costs a timer, not a leased
+// upstream connection held without end.
+const peerHeadTimeout = 10 * time.Second
 
 func newServer(ln *net.UnixListener, acc acceptor, log *zap.Logger) *server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]struct{})}
+	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]struct{}),
+		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns}
 }
 
 // serve accepts peers until the listener closes.
@@ -85,7 +103,8 @@ func (s *server) serve() error {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		if err := checkPeer(c); err != nil {
+		pid, err := checkPeer(c)
+		if err != nil {
 			s.log.Warn("peer refused", zap.Error(err))
 			c.Close()
 			continue
@@ -99,7 +118,15 @@ func (s *server) serve() error {
 			defer s.wg.Done()
 			defer s.track(c, false)
 			defer c.Close()
-			s.serveConn(c)
+			defer func() {
+				// The exchange's own recovery points have given its
+				// connection back; what is left is this stream, which
+				// the deferred Close ends.
+				if p := recover(); p != nil {
+					recovered(s.log, "peer stream", p)
+				}
+			}()
+			s.serveConn(c, pid)
 		}()
 	}
 }
@@ -136,18 +163,45 @@ func (s *server) close() error {
 	return err
 }
 
+// idle marks a stream of peer pid as waiting for its next frame, or done
+// waiting. It refuses a stream that would take the peer past its cap.
+func (s *server) idle(pid int32, enter bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !enter {
+		if s.idleByPeer[pid]--; s.idleByPeer[pid] <= 0 {
+			delete(s.idleByPeer, pid)
+		}
+		return true
+	}
+	if s.idleByPeer[pid] >= s.maxIdlePerPeer {
+		return false
+	}
+	s.idleByPeer[pid]++
+	return true
+}
+
 // serveConn runs one peer's persistent stream: frame, request, response, and
 // again, until the peer goes, a message cannot be framed, or an exchange
 // leaves the stream out of step.
-func (s *server) serveConn(nc *net.UnixConn) {
+func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	cr := &bgReader{nc: nc}
 	cr.cond.L = &cr.mu
-	br := bufio.NewReaderSize(cr, readBufSize)
+	lr := &limitReader{r: cr, n: math.MaxInt64}
+	br := bufio.NewReaderSize(lr, readBufSize)
 	bw := bufio.NewWriterSize(nc, writeBufSize)
+	wait := peerHeadTimeout // a new stream comes with its first frame
 	for {
-		nc.SetReadDeadline(time.Now().Add(2 * peerIdleTimeout))
+		if !s.idle(pid, true) {
+			s.log.Info("peer stream closed: too many idle streams from one peer",
+				zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
+			return
+		}
+		nc.SetReadDeadline(time.Now().Add(wait))
 		f, err := readFrame(br, reqHeaderLen, decodeRequestFrame)
+		s.idle(pid, false)
 		nc.SetReadDeadline(time.Time{})
+		wait = 2 * peerIdleTimeout
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
@@ -157,18 +211,41 @@ func (s *server) serveConn(nc *net.UnixConn) {
 			}
 			return
 		}
-		if !s.serveOne(nc, cr, br, bw, &f) {
+		if !s.serveOne(nc, cr, lr, br, bw, &f) {
 			return
 		}
 	}
 }
 
-// reject answers a frame with a refusal. The stream ends after it: the
-// request that follows was never meant for anyone else, and skipping it
-// safely would mean reading a body nobody wants.
-func (s *server) reject(bw *bufio.Writer, code uint16, err error) {
+// reject answers a frame with a refusal and reports whether the stream can
+// carry another exchange. A caller that holds its body back until the owner
+// accepts (flagBodyOnAccept) sent only the head, which is read past; an
+// older caller is sending its body too, and skipping that would mean reading
+// a body nobody wants, so its stream ends.
+func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameReject, code: code, msg: err.Error()}))
-	bw.Flush()
+	if bw.Flush() != nil || f.flags&flagBodyOnAccept == 0 {
+		return false
+	}
+	_, err = readPeerHead(nc, lr, br, time.Time{}, defaultMaxHeaderBytes)
+	return err == nil
+}
+
+// readPeerHead reads a request head from a peer, bounded in size by limit
+// (what br had read ahead aside) and in time by deadline, or peerHeadTimeout
+// if that is sooner or deadline is zero. It leaves deadline as the stream's
+// read deadline, for the body: past it the caller has given up.
+func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.Time, limit int64) (*http.Request, error) {
+	headBy := time.Now().Add(peerHeadTimeout)
+	if !deadline.IsZero() && deadline.Before(headBy) {
+		headBy = deadline
+	}
+	nc.SetReadDeadline(headBy)
+	lr.n = limit + int64(br.Size())
+	req, err := http.ReadRequest(br)
+	lr.n = math.MaxInt64
+	nc.SetReadDeadline(deadline)
+	return req, err
 }
 
 func rejectCode(err error) uint16 {
@@ -181,12 +258,11 @@ func rejectCode(err error) uint16 {
 
 // serveOne runs one exchange and reports whether the stream can carry
 // another.
-func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) bool {
+func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) bool {
 	var deadline time.Time
 	if dl, ok := f.deadlineTime(); ok {
 		if !time.Now().Before(dl) {
-			s.reject(bw, rejectDeadline, errors.New("deadline passed before the owner saw the request"))
-			return false
+			return s.reject(nc, lr, br, bw, f, rejectDeadline, errors.New("deadline passed before the owner saw the request"))
 		}
 		// The caller enforces its own deadline; the owner's is a backstop
 		// a little later, so that the caller sees its deadline pass rather
@@ -199,20 +275,27 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 	if s.admit != nil {
 		release, err := s.admit(ctx)
 		if err != nil {
-			s.reject(bw, rejectOverload, err)
-			return false
+			return s.reject(nc, lr, br, bw, f, rejectOverload, err)
 		}
 		defer release()
 	}
 	exec, err := s.acc.accept(f.leaseBytes())
 	if err != nil {
-		s.reject(bw, rejectCode(err), err)
-		return false
+		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
-	req, err := http.ReadRequest(br)
+	// The head is bounded by the header limit of the Transport that made
+	// the connection, and by the frame's deadline.
+	req, err := readPeerHead(nc, lr, br, deadline, exec.maxHeaderBytes())
 	if err != nil {
 		exec.abandon()
-		s.log.Info("malformed request from peer", zap.Error(err))
+		switch {
+		case errors.Is(err, errHeaderLimit):
+			s.log.Info("request head from peer over the header limit", zap.Int64("limit", exec.maxHeaderBytes()))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.log.Info("request head from peer not complete by its deadline")
+		default:
+			s.log.Info("malformed request from peer", zap.Error(err))
+		}
 		return false
 	}
 	w := &watch{cr: cr, cancel: cancel, start: time.Now(), deadline: deadline}
@@ -224,7 +307,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 		req.Header["User-Agent"] = []string{""}
 	}
 	req.RequestURI = ""
-	reqDone := &bodyDone{ReadCloser: req.Body}
+	reqDone := &bodyDone{ReadCloser: req.Body, onFirstRead: rl.acceptBody}
 	if req.Body != http.NoBody {
 		req.Body = reqDone
 	} else {
@@ -242,11 +325,16 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 	s.watcher.add(w)
 	defer s.watcher.remove(w)
 
-	resp, err := exec.roundTrip(req)
+	// A failed exchange may leave its writer waiting for more of the body
+	// from the peer; a read deadline in the past ends that wait, and the
+	// stream, which is out of step then, is closed below.
+	stopBody := func() { nc.SetReadDeadline(aLongTimeAgo) }
+	resp, err := exec.roundTrip(req, stopBody)
 	if err != nil {
 		s.watcher.remove(w)
-		if rl.sentAccept {
-			// A 1xx went out; the stream cannot carry an error frame now.
+		if rl.accepted() {
+			// A 1xx or the accept went out, and perhaps some of the
+			// body came in: the stream cannot carry an error frame now.
 			return false
 		}
 		var flags uint16
@@ -258,9 +346,12 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, br *bufio.Reader, bw *bufio
 			flags |= flagIdleClosed
 		}
 		bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flags, code: errCode(err), msg: err.Error()}))
-		bw.Flush()
-		return false
+		// Nothing was accepted, so the writer read none of the body
+		// (its first read sends the accept), and a caller that holds
+		// the body back until then sent none: the stream is in step.
+		return bw.Flush() == nil && f.flags&flagBodyOnAccept != 0
 	}
+	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
 	done := reqDone.isDone()
 	s.watcher.remove(w)

@@ -77,26 +77,27 @@ var errPeerUID = errors.New("proxy: peer runs as another user")
 
 // checkPeer admits only a peer running as our own user: our upstream
 // connections are our user's to share. The kernel vouches for the
-// credentials (SO_PEERCRED), so nothing the peer sends can forge them.
-func checkPeer(c *net.UnixConn) error {
+// credentials (SO_PEERCRED), so nothing the peer sends can forge them. It
+// returns the peer's process id, which the owner bounds its idle streams by.
+func checkPeer(c *net.UnixConn) (pid int32, err error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return err
+		return 0, err
 	}
 	if cerr != nil {
-		return fmt.Errorf("proxy: SO_PEERCRED: %w", cerr)
+		return 0, fmt.Errorf("proxy: SO_PEERCRED: %w", cerr)
 	}
 	if int(cred.Uid) != os.Getuid() {
-		return fmt.Errorf("%w: uid %d", errPeerUID, cred.Uid)
+		return 0, fmt.Errorf("%w: uid %d", errPeerUID, cred.Uid)
 	}
-	return nil
+	return cred.Pid, nil
 }
 
 // dialUnix connects to an owner's socket and checks that the owner is our
@@ -108,7 +109,7 @@ func dialUnix(ctx context.Context, path string) (*net.UnixConn, error) {
 		return nil, err
 	}
 	uc := c.(*net.UnixConn)
-	if err := checkPeer(uc); err != nil {
+	if _, err := checkPeer(uc); err != nil {
 		uc.Close()
 		return nil, err
 	}

@@ -240,6 +240,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := t.once(r, e, onDone)
 		if err == nil {
 			delivered()
+			if tb != nil {
+				tb.settle()
+			}
 			if resp.Request == r && r != req {
 				resp.Request = req
 			}
@@ -265,7 +268,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			release()
 		}
 		if tb != nil {
-			tb.Close()
+			tb.closeNow()
 		}
 		if cerr := ctx.Err(); cerr != nil && !isContextErr(err) {
 			err = cerr
@@ -317,7 +320,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 		switch plan.Kind {
 		case orbitpool.PlanReuseLocal:
 			oc := n.lookup(plan.Execution.ID())
-			if oc == nil || !oc.take() {
+			if oc == nil || !oc.take(n.log) {
 				if oc != nil && oc.state.Load() == stDead {
 					oc.c.close()
 					n.retire(oc)
@@ -326,7 +329,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
-			return n.use(oc, plan.Execution, req, release)
+			return n.use(oc, plan.Execution, req, release, nil)
 
 		case orbitpool.PlanReuseRemote:
 			if n.peers == nil {
@@ -368,7 +371,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 			}
 			n.stats.created.Add(1)
-			return n.use(oc, exec, req, release)
+			return n.use(oc, exec, req, release, nil)
 
 		default:
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
@@ -393,11 +396,19 @@ func (t *Transport) CloseIdleConnections() {
 }
 
 // trackBody records whether a request body has been touched, so a failed
-// attempt knows whether it can be sent again as it is.
+// attempt knows whether it can be sent again as it is. An attempt that gives
+// the body up without reading any of it (Request.Write closes the body on
+// every failure, a write that failed before the body was reached included)
+// does not close it: nothing of it went anywhere, so a retry may send it
+// whatever the method. RoundTrip closes it when it is done with it.
 type trackBody struct {
 	rc     io.ReadCloser
 	used   atomic.Bool
 	closed atomic.Bool
+
+	mu      sync.Mutex
+	pending bool // an attempt closed the body without reading it
+	settled bool // RoundTrip returned a response: closes are real now
 }
 
 func (b *trackBody) Read(p []byte) (int, error) {
@@ -406,6 +417,29 @@ func (b *trackBody) Read(p []byte) (int, error) {
 }
 
 func (b *trackBody) Close() error {
+	b.mu.Lock()
+	if !b.used.Load() && !b.settled {
+		b.pending = true
+		b.mu.Unlock()
+		return nil
+	}
+	b.mu.Unlock()
+	return b.closeNow()
+}
+
+// settle is RoundTrip returning a response: a close that an attempt asked
+// for, or asks for from now on, happens.
+func (b *trackBody) settle() {
+	b.mu.Lock()
+	b.settled = true
+	pending := b.pending
+	b.mu.Unlock()
+	if pending {
+		b.closeNow()
+	}
+}
+
+func (b *trackBody) closeNow() error {
 	if b.closed.CompareAndSwap(false, true) {
 		return b.rc.Close()
 	}

@@ -264,6 +264,11 @@ func rawResponse(c net.Conn, req *http.Request) bool {
 		return false
 	case "/reason":
 		w("HTTP/1.1 299 Quite Fine Indeed\r\nContent-Length: 2\r\n\r\nok")
+	case "/extra-bytes":
+		// A response, and in the same write one nobody asked for: the
+		// connection must not carry another exchange.
+		w("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" +
+			"HTTP/1.1 200 OK\r\nContent-Length: 22\r\n\r\nSMUGGLED-FROM-PREVIOUS")
 	case "/no-reason":
 		w("HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n")
 	case "/trailing-space":

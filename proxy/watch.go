@@ -122,15 +122,22 @@ func (l *watcher) loop() {
 	}
 }
 
-// bodyDone tells when a relayed request body has been read to the end.
+// bodyDone tells when a relayed request body is first wanted and when it has
+// been read to the end. Only the exchange's writer reads it.
 type bodyDone struct {
 	io.ReadCloser
+	onFirstRead func() // run before the first Read, then cleared
+
 	mu    sync.Mutex
 	done  bool
 	onEOF func()
 }
 
 func (b *bodyDone) Read(p []byte) (int, error) {
+	if fn := b.onFirstRead; fn != nil {
+		b.onFirstRead = nil
+		fn()
+	}
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {
 		b.mu.Lock()
