@@ -401,6 +401,15 @@ func TestFleetDifferential(t *testing.T) {
 		if got.status == http.StatusBadGateway && want.status != http.StatusBadGateway {
 			fleet502++
 		}
+		if ex.expect {
+			// Whether a client the upstream refuses is first told to
+			// continue depends, in stock Caddy too, on whether the
+			// transport's first read of the body or the refusal comes
+			// first; runs of stock Caddy differ. The timing is judged
+			// below.
+			want.informed = strings.TrimPrefix(want.informed, "100")
+			got.informed = strings.TrimPrefix(got.informed, "100")
+		}
 		if !want.same(got) {
 			diffs++
 			t.Errorf("%s %s: fleet gave %v; stock gave %v", round, ex.name, got, want)

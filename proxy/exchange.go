@@ -319,7 +319,17 @@ func (x *exchange) writeLoop(r *http.Request) {
 			return
 		}
 		if !x.headDone.Load() {
-			x.c.abort(x.writeError(err))
+			// A peer that answers without reading the whole body (an
+			// upstream refusing it, or an owner relaying that refusal)
+			// may close before the body is out. Its answer is then
+			// already on the way: give the reader maxWriteWait to take
+			// it, as net/http does, before tearing the connection down.
+			c, werr := x.c, x.writeError(err)
+			time.AfterFunc(maxWriteWait, func() {
+				if !x.headDone.Load() {
+					c.abort(werr)
+				}
+			})
 		}
 		x.finish(false)
 		return

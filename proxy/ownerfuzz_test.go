@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func FuzzOwnerStream(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	log, logs := observedLogs()
-	path := SocketPath(f.TempDir(), 1)
+	path := SocketPath(filepath.Join(f.TempDir(), "sock"), 1)
 	ln, err := listenUnix(path)
 	if err != nil {
 		f.Fatal(err)

@@ -121,6 +121,14 @@ type remoteOpts struct {
 // ErrLeaseRefused or ErrOwnerFailed.
 func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOpts, onDone func()) (*http.Response, error) {
 	ctx := req.Context()
+	if o.expectContinueTimeout == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
+		// With no wait for the upstream's 100, a local exchange starts
+		// reading the body at once, as net/http's does, and a server
+		// reading that body tells its client to continue at once. Here
+		// the body waits for the owner's accept; an empty read now still
+		// tells the client, whatever the upstream answers.
+		req.Body.Read(nil)
+	}
 	c, err := p.get(ctx, lane)
 	if err != nil {
 		return nil, err

@@ -277,7 +277,7 @@ func (panicExec) roundTrip(req *http.Request, _ func()) (*http.Response, error) 
 // peer's exchange ends that stream, logged once with its stack; the owner
 // keeps serving other streams.
 func TestPanicOnOwnerClosesOnlyThatStream(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "sock")
 	ln, err := listenUnix(SocketPath(dir, 3))
 	if err != nil {
 		t.Fatal(err)
@@ -712,7 +712,7 @@ func startFakeOwnerAt(t *testing.T, acc acceptor) string {
 // startFakeOwner serves lane 1's socket with acc and returns its path.
 func startFakeOwner(t *testing.T, acc acceptor, conf func(*server)) string {
 	t.Helper()
-	path := SocketPath(t.TempDir(), 1)
+	path := SocketPath(filepath.Join(t.TempDir(), "sock"), 1)
 	ln, err := listenUnix(path)
 	if err != nil {
 		t.Fatal(err)
