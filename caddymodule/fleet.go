@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -181,11 +182,17 @@ func (f *fleet) setLogger(l *zap.Logger) {
 	}
 }
 
+// drainTimeout bounds how long a leaving process lets siblings' exchanges on
+// its connections run before it closes them.
+const drainTimeout = 10 * time.Second
+
 // Destruct leaves the fleet: this process's connections are closed and
 // unregistered, its socket removed and its lane freed.
 func (f *fleet) Destruct() error {
 	f.logger().Info("leaving the fleet", zap.String("segment", f.cfg.Segment), zap.Int("lane", f.pool.Lane()))
-	nerr := f.node.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	nerr := f.node.Shutdown(ctx)
+	cancel()
 	perr := f.pool.Close()
 	// The last member's leaving empties the socket directory; removing a
 	// directory still in use fails and is meant to.

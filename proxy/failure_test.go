@@ -431,3 +431,60 @@ func TestStaleStreamToGoneOwnerIsRetrySafe(t *testing.T) {
 	}
 	t.Logf("error: %v (retry-safe %v)", err, pe.RetrySafe)
 }
+
+// TestOwnerShutdownFailsNoSiblingRequest: an owner that shuts down lets the
+// exchange a sibling has under way on its connection finish, and a sibling's
+// request that arrives meanwhile is served anyway (refused by the owner,
+// then retried on a plan of its own), whatever its method.
+func TestOwnerShutdownFailsNoSiblingRequest(t *testing.T) {
+	u := newTestUpstream(t)
+	// Room for a second connection, for the request that comes while the
+	// first is busy with the exchange under way.
+	owner, client := remotePair(t, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	warm(t, owner, u.url("/cl"))
+	resp, err := get(t, context.Background(), client.tr, u.url("/stream?id=shutdown"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readWithTimeout(resp.Body, len("chunk-0;"), 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		done <- owner.node.Shutdown(ctx)
+	}()
+	// The owner is draining: a new request through it must still succeed.
+	waitFor(t, 2*time.Second, "the owner to drain", func() bool { return owner.node.draining.Load() })
+	req, _ := http.NewRequest("POST", u.url("/echo"), strings.NewReader("while draining"))
+	r2, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("a request while the owner drains: %v", err)
+	}
+	b, _ := io.ReadAll(r2.Body)
+	r2.Body.Close()
+	if r2.StatusCode != 200 || !strings.Contains(string(b), "while draining") {
+		t.Fatalf("a request while the owner drains: %d %q", r2.StatusCode, b)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned (%v) while a sibling's exchange was under way", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	u.gate("shutdown") <- struct{}{}
+	u.gate("shutdown") <- struct{}{}
+	rest, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !strings.Contains(string(rest), "chunk-2") {
+		t.Fatalf("the exchange under way when the owner began to leave: %q, %v", rest, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return once the exchange ended")
+	}
+}

@@ -56,6 +56,7 @@ type Node struct {
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
 	isClosed bool
+	draining atomic.Bool
 }
 
 // NodeStats counts what a node did since it started.
@@ -124,6 +125,39 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 
 // Pool is the pool the node was made for.
 func (n *Node) Pool() *orbitpool.Pool { return n.pool }
+
+// Shutdown leaves the fleet without failing a sibling's request: new leases
+// on this process's connections are refused, which their senders retry on
+// another plan; idle connections leave the pool at once, so that nobody
+// picks them, and busy ones as they come free; exchanges already under way
+// for siblings run to their end, or until ctx ends. Then it closes as Close
+// does.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.draining.Store(true)
+	if n.srv != nil {
+		n.srv.draining.Store(true)
+	}
+	for i := range n.slots {
+		if oc := n.slots[i].Load(); oc != nil && oc.state.CompareAndSwap(stIdle, stDead) {
+			oc.c.close()
+			n.retire(oc)
+		}
+	}
+	if n.srv != nil {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+	wait:
+		for n.srv.active.Load() > 0 {
+			select {
+			case <-ctx.Done():
+				n.log.Warn("leaving with siblings' exchanges still running", zap.Int64("exchanges", n.srv.active.Load()))
+				break wait
+			case <-tick.C:
+			}
+		}
+	}
+	return n.Close()
+}
 
 // Close stops serving siblings, closes the streams to them and every upstream
 // connection this process owns, unregistering them.
@@ -297,7 +331,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	switch o {
 	case outcomeReusable:
 		now := time.Now()
-		if oc.expired(now) || n.lookup(oc.id) != oc {
+		if oc.expired(now) || n.lookup(oc.id) != oc || n.draining.Load() {
 			oc.c.close()
 			n.retire(oc)
 			break

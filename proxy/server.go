@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -54,6 +55,11 @@ type server struct {
 	admit func(ctx context.Context) (release func(), err error)
 
 	watcher watcher
+
+	// draining refuses new leases, retry-safe, while active exchanges
+	// finish: see Node.Shutdown.
+	draining atomic.Bool
+	active   atomic.Int64
 
 	// maxIdlePerPeer caps the streams of one peer process waiting for
 	// their next frame: what a sibling keeps idle costs a goroutine and a
@@ -248,6 +254,8 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 	return req, err
 }
 
+var errOwnerLeaving = errors.New("the owner is leaving the fleet")
+
 func rejectCode(err error) uint16 {
 	var re *rejectError
 	if errors.As(err, &re) {
@@ -268,6 +276,13 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		// a little later, so that the caller sees its deadline pass rather
 		// than the owner's reaction to it. The watcher enforces it.
 		deadline = dl.Add(ownerDeadlineGrace)
+	}
+	// Counted before the check, so that Shutdown, which marks the server
+	// draining and then waits for the count, never misses one.
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	if s.draining.Load() {
+		return s.reject(nc, lr, br, bw, f, rejectClosing, errOwnerLeaving)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
