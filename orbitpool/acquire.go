@@ -311,6 +311,17 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	return Plan{}, ReasonBusy, errWait
 }
 
+// Live is how many resources of key are registered across the fleet now.
+func (p *Pool) Live(key Key) int {
+	ref, ok := p.lookupKey(key)
+	if !ok {
+		return 0
+	}
+	var v View
+	p.readBudget(ref, &v)
+	return v.Total - v.Creating
+}
+
 func (p *Pool) readBudget(ref keyRef, v *View) {
 	c := atomic.LoadUint64(p.seg.u64(p.seg.keyOff(ref.idx) + kfCtl))
 	v.Total, v.Creating = kTotal(c), kCreating(c)

@@ -488,3 +488,45 @@ func TestOwnerShutdownFailsNoSiblingRequest(t *testing.T) {
 		t.Fatal("Shutdown did not return once the exchange ended")
 	}
 }
+
+// TestLoweredCapRetiresConnections: a Transport configured with a lower cap
+// than the connections the fleet holds (a reload lowered it) gets the idle
+// ones above it retired by the next sweep, and a busy one when it comes back.
+func TestLoweredCapRetiresConnections(t *testing.T) {
+	u := newTestUpstream(t)
+	m := newFleet(t, 1, func(tr *Transport) { tr.MaxConnsPerKey = 4 })[0]
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			resp, err := get(t, context.Background(), m.tr, u.url("/slow?ms=200"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			drain(resp)
+		})
+	}
+	wg.Wait()
+	_, key, err := m.tr.Upstream(mustRequest(t, u.url("/cl")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live := m.pool.Live(key); live != 4 {
+		t.Fatalf("%d connections after 4 concurrent requests under a cap of 4", live)
+	}
+	lowered := &Transport{Node: m.node, MaxConnsPerKey: 2}
+	resp, err := get(t, context.Background(), lowered, u.url("/cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	waitFor(t, 3*time.Second, "the connections above the lowered cap to be retired", func() bool { return m.pool.Live(key) <= 2 })
+}
+
+func mustRequest(t *testing.T, url string) *http.Request {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}

@@ -57,6 +57,7 @@ type Node struct {
 	closeMu  sync.Mutex
 	isClosed bool
 	draining atomic.Bool
+	caps     sync.Map // orbitpool.Key -> int: see setCap
 }
 
 // NodeStats counts what a node did since it started.
@@ -223,6 +224,7 @@ func (n *Node) admit(ctx context.Context) (func(), error) {
 // owned is an upstream connection this process owns and has registered.
 type owned struct {
 	id    orbitpool.ResourceID
+	key   orbitpool.Key
 	c     *conn
 	s     *connSettings
 	state atomic.Uint32
@@ -299,12 +301,12 @@ func (n *Node) lookup(id orbitpool.ResourceID) *owned {
 
 // install records a new connection under its registered id, busy for its
 // creator.
-func (n *Node) install(id orbitpool.ResourceID, c *conn, s *connSettings) (*owned, error) {
+func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *connSettings) (*owned, error) {
 	slot := id.Slot()
 	if slot < 0 || slot >= len(n.slots) {
 		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.slots))
 	}
-	oc := &owned{id: id, c: c, s: s}
+	oc := &owned{id: id, key: key, c: c, s: s}
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())
 	n.slots[slot].Store(oc)
@@ -331,7 +333,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	switch o {
 	case outcomeReusable:
 		now := time.Now()
-		if oc.expired(now) || n.lookup(oc.id) != oc || n.draining.Load() {
+		if oc.expired(now) || n.lookup(oc.id) != oc || n.draining.Load() || n.overCap(oc.key) {
 			oc.c.close()
 			n.retire(oc)
 			break
@@ -443,7 +445,7 @@ func (n *Node) sweepOnce() {
 		if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
 			continue
 		}
-		if oc.expired(now) || !oc.c.idleAlive(n.log) {
+		if oc.expired(now) || n.overCap(oc.key) || !oc.c.idleAlive(n.log) {
 			oc.state.Store(stDead)
 			oc.c.close()
 			n.retire(oc)
@@ -451,4 +453,20 @@ func (n *Node) sweepOnce() {
 		}
 		oc.state.Store(stIdle)
 	}
+}
+
+// setCap records the fleet-wide cap on key's connections that the latest
+// Transport to use key was configured with (0: none).
+func (n *Node) setCap(key orbitpool.Key, max int) { n.caps.Store(key, max) }
+
+// overCap reports whether the fleet holds more connections of key than its
+// cap allows now: a cap lowered by a reload. Such a connection is retired
+// when idle (by the sweep) or when its exchange ends, rather than kept.
+func (n *Node) overCap(key orbitpool.Key) bool {
+	v, ok := n.caps.Load(key)
+	if !ok {
+		return false
+	}
+	max := v.(int)
+	return max > 0 && n.pool.Live(key) > max
 }

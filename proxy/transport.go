@@ -154,6 +154,9 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 	}
 	u := upstream{Scheme: scheme, Addr: addr, TLS: t.TLSClientConfig}
 	e := &upstreamEntry{u: u, host: host, name: scheme + "://" + addr, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
+	if t.Node != nil {
+		t.Node.setCap(e.key, t.MaxConnsPerKey)
+	}
 	v, _ := t.upstreams.LoadOrStore(id, e)
 	t.last.Store(v.(*upstreamEntry))
 	return v.(*upstreamEntry), nil
@@ -363,7 +366,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				c.close()
 				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 			}
-			oc, err := n.install(exec.ID(), c, &t.settings)
+			oc, err := n.install(exec.ID(), e.key, c, &t.settings)
 			if err != nil {
 				c.close()
 				n.pool.Unregister(exec.ID())
