@@ -290,6 +290,23 @@ type result struct {
 	config string
 }
 
+// loadInBackground runs runLoad with conc goroutines until the function it
+// returns is called, which returns the results.
+func loadInBackground(f *testFleet, conc int) func() []result {
+	stop := make(chan struct{})
+	var rs []result
+	done := make(chan struct{})
+	go func() {
+		rs = runLoad(f, "/", conc, 0, stop)
+		close(done)
+	}()
+	return func() []result {
+		close(stop)
+		<-done
+		return rs
+	}
+}
+
 // runLoad sends requests from conc goroutines, each on a new connection so
 // that the kernel spreads them over the workers, until stop is closed or
 // each goroutine has sent max requests (max 0: no limit).
@@ -448,13 +465,7 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	stop := make(chan struct{})
-	var rs []result
-	done := make(chan struct{})
-	go func() {
-		rs = runLoad(f, "/", 8, 0, stop)
-		close(done)
-	}()
+	endLoad := loadInBackground(f, 8)
 	time.Sleep(time.Second)
 	f.writeCaddyfile(up.hostport(), "v2")
 	reloaded := time.Now()
@@ -476,8 +487,7 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 		return len(seen) == 3
 	})
 	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	<-done
+	rs := endLoad()
 
 	if bad := failures(rs); len(bad) > 0 {
 		t.Fatalf("%d of %d requests failed across the reload, first: %+v (reload at %s)", len(bad), len(rs), bad[0], reloaded.Format(time.StampMilli))
@@ -542,13 +552,7 @@ func TestFleetReloadNewMembershipUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	var rs []result
-	done := make(chan struct{})
-	go func() {
-		rs = runLoad(f, "/", 12, 0, stop)
-		close(done)
-	}()
+	endLoad := loadInBackground(f, 12)
 	time.Sleep(time.Second)
 	f.reconcile = "60ms"
 	f.writeCaddyfile(up.hostport(), "v2")
@@ -568,8 +572,7 @@ func TestFleetReloadNewMembershipUnderLoad(t *testing.T) {
 		return true
 	})
 	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	<-done
+	rs := endLoad()
 	if bad := failures(rs); len(bad) > 0 {
 		t.Fatalf("%d of %d requests failed across a reload that changed the membership, first: %+v", len(bad), len(rs), bad[0])
 	}
@@ -588,13 +591,7 @@ func TestFleetWorkerKilled(t *testing.T) {
 	up := newFleetUpstream(t, 20*time.Millisecond)
 	f := startFleet(t, 3, up.hostport())
 
-	stop := make(chan struct{})
-	var rs []result
-	done := make(chan struct{})
-	go func() {
-		rs = runLoad(f, "/", 12, 0, stop)
-		close(done)
-	}()
+	endLoad := loadInBackground(f, 12)
 	time.Sleep(time.Second)
 	victim := f.workerPID(1)
 	if victim == 0 {
@@ -608,8 +605,7 @@ func TestFleetWorkerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second)
-	close(stop)
-	<-done
+	rs := endLoad()
 
 	var early, late []result
 	for _, r := range failures(rs) {
@@ -750,13 +746,7 @@ func TestFleetStopUnderLoad(t *testing.T) {
 			up := newFleetUpstream(t, 20*time.Millisecond)
 			f := startFleet(t, 3, up.hostport())
 			pids := []int{f.workerPID(0), f.workerPID(1), f.workerPID(2)}
-			stop := make(chan struct{})
-			var rs []result
-			done := make(chan struct{})
-			go func() {
-				rs = runLoad(f, "/", 16, 0, stop)
-				close(done)
-			}()
+			endLoad := loadInBackground(f, 16)
 			time.Sleep(time.Second)
 			if err := f.cmd.Process.Signal(how.sig); err != nil {
 				t.Fatal(err)
@@ -769,8 +759,7 @@ func TestFleetStopUnderLoad(t *testing.T) {
 				}
 				return true
 			})
-			close(stop)
-			<-done
+			rs := endLoad()
 			answered, refused := 0, 0
 			var bad []result
 			for _, r := range rs {
