@@ -350,6 +350,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		if rl.accepted() {
 			// A 1xx or the accept went out, and perhaps some of the
 			// body came in: the stream cannot carry an error frame now.
+			s.log.Info("a sibling's exchange failed after its body began; closing the stream", zap.Error(err))
 			return false
 		}
 		var flags uint16
