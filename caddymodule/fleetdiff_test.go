@@ -476,3 +476,52 @@ func TestFleetDifferential(t *testing.T) {
 		t.Errorf("%d differences from stock Caddy, %d answers of 502 where stock had none", diffs, fleet502)
 	}
 }
+
+// TestFleetEarlyAnswerEndsSiblingStream: an upstream that refuses a request
+// before reading its body makes the owner end the sibling's stream (the
+// unread body leaves it out of step). The sibling must not send its next
+// request on that stream even when, on its side, the body went out whole;
+// it did, and such a request failed with 502 "owner process gone" in about
+// one round in ten.
+func TestFleetEarlyAnswerEndsSiblingStream(t *testing.T) {
+	plain := newScriptedUpstream(t, false)
+	tlsUp := newScriptedUpstream(t, true)
+	f := newTestFleet(t, 3)
+	cfg := fmt.Sprintf(`{
+	auto_https off
+	orbit_pool {
+		segment %s
+		max_conns_per_host 1
+		reconcile_interval 50ms
+		workers 16
+	}
+}
+`, f.segment) + diffSite(f.port, plain.addr(), tlsUp.addr(), "orbit_pool")
+	if err := os.WriteFile(f.caddyfile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.launch()
+	seq := []exchange{
+		{name: "malformed", path: "/malformed"},
+		{name: "ok", path: "/ok"},
+		{name: "expect-417", method: "PUT", path: "/expect-417", body: strings.Repeat("e", 16<<10), expect: true},
+	}
+	rounds := 100
+	if testing.Short() {
+		rounds = 20
+	}
+	failed := 0
+	for r := range rounds {
+		for _, ex := range seq {
+			a := send(f.url("/tls"), ex)
+			if ex.name != "malformed" && a.status != 200 && a.status != http.StatusExpectationFailed {
+				if failed++; failed <= 3 {
+					t.Errorf("round %d, %s: %v", r, ex.name, a)
+				}
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed", failed, 2*rounds)
+	}
+}

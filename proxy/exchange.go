@@ -455,6 +455,8 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	keep := true
 	if x.o.leg == nil {
 		keep = !resp.Close && !req.Close
+	} else if hf&headStreamEnds != 0 {
+		keep = false
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		x.hijacked.Store(true)

@@ -120,8 +120,13 @@ const (
 	// headClose: the upstream response asked for the connection to close
 	// (Response.Close), which says nothing about the unix stream.
 	headClose
+	// headStreamEnds: the owner ends the unix stream after this response,
+	// for it did not read the whole request body (an upstream that
+	// answered without it): the caller must not send another request on
+	// it, even if, on its side, the body went out whole.
+	headStreamEnds
 
-	headFlagsKnown = headProto10 | headCloseDelimited | headClose
+	headFlagsKnown = headProto10 | headCloseDelimited | headClose | headStreamEnds
 	headMarker     = 'H'
 )
 

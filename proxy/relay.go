@@ -33,7 +33,10 @@ type relay struct {
 	log       *zap.Logger
 	stopWatch func()      // ends the background read before a tunnel reads the stream
 	reqDone   func() bool // whether the request body has been read whole from the stream
-	err       error
+	// keepStream is whether the stream carries another exchange after this
+	// response, as its head said (headStreamEnds).
+	keepStream bool
+	err        error
 
 	// mu orders the accept frame, which the exchange's writer may send
 	// (acceptBody), with the responses the serving goroutine writes after
@@ -117,6 +120,13 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	}
 	if resp.Close {
 		hf |= headClose
+	}
+	// Decided now, and told: a body still unread when the head goes out
+	// means the stream ends with this exchange, whatever happens to the
+	// rest of the body meanwhile.
+	r.keepStream = r.reqDone == nil || r.reqDone()
+	if !r.keepStream {
+		hf |= headStreamEnds
 	}
 	chunked := len(resp.TransferEncoding) > 0
 	hasBody := req.Method != http.MethodHead && resp.ContentLength != 0 && resp.Body != http.NoBody &&

@@ -369,9 +369,8 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
-	done := reqDone.isDone()
 	s.watcher.remove(w)
-	return ok && done && !cr.peerGone()
+	return ok && rl.keepStream && reqDone.isDone() && !cr.peerGone()
 }
 
 // ownerDeadlineGrace is how long after the caller's deadline the owner gives
