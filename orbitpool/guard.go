@@ -20,7 +20,7 @@ const (
 // compare-and-swap.
 type useGuard struct {
 	id    ResourceID
-	key   keyRef
+	key   uint32 // the key entry's index, all that giving the unit back needs
 	state uint32
 }
 
@@ -77,7 +77,7 @@ func (p *Pool) newExecution(id ResourceID, ref keyRef) *Execution {
 		if b != nil {
 			if i := b.next.Add(1) - 1; i < guardBatchSize {
 				e := &b.execs[i]
-				*e.g = useGuard{id: id, key: ref, state: guardHeld}
+				*e.g = useGuard{id: id, key: uint32(ref.idx), state: guardHeld}
 				return e
 			}
 		}
@@ -120,7 +120,7 @@ func (p *Pool) completeUse(g *useGuard) {
 	if p.closed.Load() {
 		return
 	}
-	p.dropUse(p.seg.slotOff(p.lane, g.id.Slot()), g.id.Generation(), g.key.idx)
+	p.dropUse(p.seg.slotOff(p.lane, g.id.Slot()), g.id.Generation(), int(g.key))
 }
 
 // CreationPermit is one unit of a key's creation budget, held while a resource
