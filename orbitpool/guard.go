@@ -71,13 +71,14 @@ func (p *Pool) newGuardBatch() *guardBatch {
 	return b
 }
 
-func (p *Pool) newExecution(id ResourceID, ref keyRef) *Execution {
+// newExecution hands out a guard over one use of id, a resource of key entry k.
+func (p *Pool) newExecution(id ResourceID, k int) *Execution {
 	for {
 		b := p.guards.Load()
 		if b != nil {
 			if i := b.next.Add(1) - 1; i < guardBatchSize {
 				e := &b.execs[i]
-				*e.g = useGuard{id: id, key: uint32(ref.idx), state: guardHeld}
+				*e.g = useGuard{id: id, key: uint32(k), state: guardHeld}
 				return e
 			}
 		}
@@ -92,7 +93,7 @@ func returnLeakedUses(bg batchGuards) {
 	}
 	for i := range bg.gs {
 		// Guards never handed out are zero, never held.
-		if g := &bg.gs[i]; atomic.LoadUint32(&g.state) == guardHeld && atomic.CompareAndSwapUint32(&g.state, guardHeld, guardDone) {
+		if g := &bg.gs[i]; atomic.CompareAndSwapUint32(&g.state, guardHeld, guardDone) {
 			p.completeUse(g)
 			p.leaked(fmt.Errorf("orbitpool: an Execution on resource %v was garbage-collected without Complete; its unit is returned: %w", g.id, ErrLeakedGuard))
 		}

@@ -76,7 +76,7 @@ func (cp *CreationPermit) RegisterAndAccept(capacity int) (*Execution, error) {
 	if err != nil {
 		return nil, err
 	}
-	return cp.p.newExecution(id, cp.key), nil
+	return cp.p.newExecution(id, cp.key.idx), nil
 }
 
 func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
@@ -359,7 +359,13 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 	// The key is read between the word load above and the compare-and-swap
 	// below, both of this generation, so it is the key of the life that
 	// the use is taken on.
-	k, kg, ok := p.slotKey(off)
+	k, _, ok := p.slotKey(off)
+	if !ok {
+		// Refused before the use is taken, so nothing is held on a slot
+		// that cannot say whose waiters to wake; its bit, without a
+		// ticket now, is aged out by Reconcile.
+		return nil, fmt.Errorf("orbitpool: resource %v names key entry %d: %w", l.ID, k, ErrCorrupt)
+	}
 	for {
 		w = atomic.LoadUint64(s.u64(off + slWord))
 		if wGen(w) != l.ID.Generation() || w&bit == 0 {
@@ -369,11 +375,8 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 			break
 		}
 	}
-	if !ok {
-		return nil, fmt.Errorf("orbitpool: resource %v names key entry %d: %w", l.ID, k, ErrCorrupt)
-	}
 	s.count(p.lane, k, stAccepted, 1)
-	return p.newExecution(l.ID, keyRef{k, kg}), nil
+	return p.newExecution(l.ID, k), nil
 }
 
 // useLocal reserves and accepts a unit of one of this process's resources in a
@@ -399,7 +402,7 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 				p.dropUse(off, id.Generation(), ref.idx)
 				return nil, ErrClosed
 			}
-			return p.newExecution(id, ref), nil
+			return p.newExecution(id, ref.idx), nil
 		}
 	}
 }
