@@ -8,18 +8,6 @@ import (
 	"time"
 )
 
-// refuseOnceWoken waits on the first two decisions (the initial try and the
-// re-check after registering) and refuses on every later one: it refuses only
-// after it has been woken.
-type refuseOnceWoken struct{ calls *atomic.Int32 }
-
-func (p refuseOnceWoken) Decide(v *View) Decision {
-	if p.calls.Add(1) <= 2 {
-		return Decision{Action: ActionWait, Reason: ReasonBusy}
-	}
-	return Decision{Action: ActionRefuse, Reason: ReasonPolicy}
-}
-
 // TestAdvWokenWaiterThatFailsSwallowsWakeup: a waiter that is woken and then
 // fails (here its policy refuses; any error of try does the same) leaves
 // Acquire without passing its wake-up on. The next waiter stays parked while
@@ -29,20 +17,15 @@ func (p refuseOnceWoken) Decide(v *View) Decision {
 func TestAdvWokenWaiterThatFailsSwallowsWakeup(t *testing.T) {
 	backings(t, func(t *testing.T, p *Pool) {
 		k := Key{0xad1, 1}
-		id, err := p.Register(k, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := p.useLocal(id, mustRef(t, p, k))
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := onlyUnitInUse(t, p, k)
 		var calls atomic.Int32
 		first := make(chan error, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
-			_, err := p.Acquire(ctx, k, refuseOnceWoken{&calls}, Limits{MaxResources: 1})
+			// Waits on the first try and on the re-check after
+			// registering, so it refuses only once woken.
+			_, err := p.Acquire(ctx, k, refuseAfter{2, &calls}, Limits{MaxResources: 1})
 			first <- err
 		}()
 		waitFor(t, func() bool { return keyStats(t, p, k).Waiting == 1 })

@@ -238,14 +238,32 @@ func TestCloseRacingClaimsLeaksNothing(t *testing.T) {
 	}
 }
 
-// waitThenRefuse waits on its first decision and refuses on the next.
-type waitThenRefuse struct{ calls *atomic.Int32 }
+// refuseAfter waits on its first waits decisions and refuses on every later
+// one.
+type refuseAfter struct {
+	waits int32
+	calls *atomic.Int32
+}
 
-func (p waitThenRefuse) Decide(v *View) Decision {
-	if p.calls.Add(1) == 1 {
+func (p refuseAfter) Decide(v *View) Decision {
+	if p.calls.Add(1) <= p.waits {
 		return Decision{Action: ActionWait, Reason: ReasonBusy}
 	}
 	return Decision{Action: ActionRefuse, Reason: ReasonPolicy}
+}
+
+// onlyUnitInUse registers a resource of k with room for one use and takes it.
+func onlyUnitInUse(t *testing.T, p *Pool, k Key) *Execution {
+	t.Helper()
+	id, err := p.Register(k, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := p.useLocal(id, mustRef(t, p, k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 // An Acquire that registered as a waiter and then fails leaves no waiter
@@ -253,16 +271,10 @@ func (p waitThenRefuse) Decide(v *View) Decision {
 func TestAcquireErrorLeavesNoWaiter(t *testing.T) {
 	backings(t, func(t *testing.T, p *Pool) {
 		k := Key{31, 31}
-		id, err := p.Register(k, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := p.useLocal(id, mustRef(t, p, k))
-		if err != nil {
-			t.Fatal(err)
-		}
+		e := onlyUnitInUse(t, p, k)
 		var calls atomic.Int32
-		if _, err := p.Acquire(context.Background(), k, waitThenRefuse{&calls}, Limits{}); !errors.Is(err, ErrRefused) {
+		// Refused on the re-check after registering as a waiter.
+		if _, err := p.Acquire(context.Background(), k, refuseAfter{1, &calls}, Limits{}); !errors.Is(err, ErrRefused) {
 			t.Fatalf("acquire: %v, want ErrRefused", err)
 		}
 		if ks := keyStats(t, p, k); ks.Waiting != 0 {

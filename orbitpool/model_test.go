@@ -395,17 +395,7 @@ func TestModelConcurrent(t *testing.T) {
 
 	// Everything completed: in use 0 at once; abandoned reservations are
 	// aged out by their owners within the reservation timeout.
-	waitFor(t, func() bool {
-		for _, k := range keys {
-			cs, _ := pools[1].Candidates(k, nil)
-			for _, c := range cs {
-				if c.InUse != 0 || c.Pending != 0 {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitQuiet(t, pools[1], keys)
 	snap, err := pools[2].Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -457,6 +447,23 @@ func checkLive(p *Pool, keys []Key, lim Limits, stop *atomic.Bool, fail func(str
 			}
 		}
 	}
+}
+
+// waitQuiet waits until no resource of keys has a use or a reservation, as
+// seen from p.
+func waitQuiet(t *testing.T, p *Pool, keys []Key) {
+	t.Helper()
+	waitFor(t, func() bool {
+		for _, k := range keys {
+			cs, _ := p.Candidates(k, nil)
+			for _, c := range cs {
+				if c.InUse != 0 || c.Pending != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 // maybeRefuse is a policy that, on some acquisitions, waits once and then
@@ -677,17 +684,7 @@ func TestModelConcurrentChurn(t *testing.T) {
 
 	// Everything completed, dead reservers' reservations dropped, the
 	// closed lanes' budget back: the counters agree with the slots.
-	waitFor(t, func() bool {
-		for _, k := range keys {
-			cs, _ := pools[1].Candidates(k, nil)
-			for _, c := range cs {
-				if c.InUse != 0 || c.Pending != 0 {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitQuiet(t, pools[1], keys)
 	snap, err := pools[2].Snapshot()
 	if err != nil {
 		t.Fatal(err)
