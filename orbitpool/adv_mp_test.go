@@ -5,7 +5,6 @@ package orbitpool
 // multiproc_test.go's (files initialise in name order) and takes those roles.
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -122,27 +121,7 @@ func TestAdvClosedPoolAcquireRaceMultiProcess(t *testing.T) {
 		}
 		ch := mpStart(t, "adv-joinreg", mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 50 * time.Millisecond, Key: k, Cap: 1000, N: 16, Lifetime: 30 * time.Second})
 		ch.expect("started", 30*time.Second)
-		var running atomic.Int32
-		done := make(chan struct{})
-		for range 100 {
-			running.Add(1)
-			go func() {
-				defer func() {
-					if running.Add(-1) == 0 {
-						close(done)
-					}
-				}()
-				for {
-					ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-					plan, err := x.Acquire(ctx, k, LocalOnly{}, Limits{})
-					cancel()
-					if err != nil {
-						return
-					}
-					plan.Execution.Complete()
-				}
-			}()
-		}
+		done := acquireUntilClosed(x, k, 100)
 		time.Sleep(2 * time.Millisecond)
 		x.Close()
 		m := ch.expect("ready", 20*time.Second)

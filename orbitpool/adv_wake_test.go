@@ -142,27 +142,7 @@ func TestAdvClosedPoolAcquireRaceStochastic(t *testing.T) {
 	for time.Now().Before(deadline) {
 		rounds++
 		x := cur
-		done := make(chan struct{})
-		var running atomic.Int32
-		for range 6 {
-			running.Add(1)
-			go func() {
-				defer func() {
-					if running.Add(-1) == 0 {
-						close(done)
-					}
-				}()
-				for {
-					ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-					plan, err := x.Acquire(ctx, k, LocalOnly{}, Limits{})
-					cancel()
-					if err != nil {
-						return
-					}
-					plan.Execution.Complete()
-				}
-			}()
-		}
+		done := acquireUntilClosed(x, k, 6)
 		time.Sleep(time.Millisecond)
 		x.Close()
 		y, err := Open(spec, testOpts)
@@ -185,4 +165,32 @@ func TestAdvClosedPoolAcquireRaceStochastic(t *testing.T) {
 		}
 	}
 	t.Logf("%d rounds, no unit of the next owner taken", rounds)
+}
+
+// acquireUntilClosed runs n goroutines that acquire and complete local uses
+// of k on p until an acquisition fails (the pool closed); done is closed once
+// they all stopped.
+func acquireUntilClosed(p *Pool, k Key, n int) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	var running atomic.Int32
+	running.Store(int32(n))
+	for range n {
+		go func() {
+			defer func() {
+				if running.Add(-1) == 0 {
+					close(ch)
+				}
+			}()
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				plan, err := p.Acquire(ctx, k, LocalOnly{}, Limits{})
+				cancel()
+				if err != nil {
+					return
+				}
+				plan.Execution.Complete()
+			}
+		}()
+	}
+	return ch
 }
