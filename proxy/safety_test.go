@@ -312,6 +312,21 @@ func TestPanicOnOwnerClosesOnlyThatStream(t *testing.T) {
 // ever answering.
 func silentUpstream(t *testing.T) string {
 	t.Helper()
+	return rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		if req.URL.Path != "/warm" {
+			io.Copy(io.Discard, br)
+			return false
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+}
+
+// rawUpstream serves scripted answers on plain TCP: answer is called for each
+// request read from a connection, and the connection ends when it returns
+// false. Every connection is closed when the test ends.
+func rawUpstream(t *testing.T, answer func(c net.Conn, br *bufio.Reader, req *http.Request) bool) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -339,14 +354,9 @@ func silentUpstream(t *testing.T) string {
 				br := bufio.NewReader(c)
 				for {
 					req, err := http.ReadRequest(br)
-					if err != nil {
+					if err != nil || !answer(c, br, req) {
 						return
 					}
-					if req.URL.Path != "/warm" {
-						io.Copy(io.Discard, br)
-						return
-					}
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 				}
 			}()
 		}
@@ -549,51 +559,20 @@ func refuseExpectUpstream(t *testing.T) (std, raw string) {
 		srv.CloseClientConnections()
 		srv.Close()
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range open {
-			c.Close()
+	raw = rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		if req.Header.Get("Expect") != "" {
+			// Refused unread: whatever follows is read (and
+			// dropped) as the next request's bytes would be,
+			// so the connection cannot be reused.
+			io.WriteString(c, "HTTP/1.1 417 Expectation Failed\r\nContent-Length: 7\r\n\r\nrefused")
+			io.Copy(io.Discard, br)
+			return false
 		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
 	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			go func() {
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if req.Header.Get("Expect") != "" {
-						// Refused unread: whatever follows is read (and
-						// dropped) as the next request's bytes would be,
-						// so the connection cannot be reused.
-						io.WriteString(c, "HTTP/1.1 417 Expectation Failed\r\nContent-Length: 7\r\n\r\nrefused")
-						io.Copy(io.Discard, br)
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			}()
-		}
-	}()
-	return srv.URL, "http://" + ln.Addr().String()
+	return srv.URL, raw
 }
 
 type expectResult struct {
