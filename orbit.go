@@ -7,7 +7,8 @@
 // The parts are packages of their own: orbitpool (the fleet's pool table in
 // shared memory), governor and backpressure (the process's budget and
 // deadline-aware permits), proxy (an http.RoundTripper over the pool, usable
-// without Caddy) and caddymodule (the orbit_pool app and transport).
+// without Caddy), caddymodule (the orbit_pool app and transport) and fleet
+// (the `caddy orbit-fleet` supervisor).
 package orbit
 
 import _ "github.com/orbitproxy/orbit/caddymodule" // registers the Caddy modules

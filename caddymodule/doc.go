@@ -28,10 +28,10 @@
 //     the other caddy_orbit_pool_* are each process's own and sum over
 //     workers. upstream_info names the upstreams this process has proxied
 //     to;
-//   - the admin API route GET /orbit_pool/, the fleet's table as JSON;
-//   - the `caddy orbit-fleet` command, which runs N workers of this binary on
-//     one port, each with its own admin socket, restarts a crashed worker and
-//     passes reloads and stops to all.
+//   - the admin API route GET /orbit_pool/, the fleet's table as JSON.
+//
+// Importing it also registers the `caddy orbit-fleet` command (package fleet),
+// which runs N workers of this binary on one port.
 //
 // Refusals reach the client as caddyhttp errors: 503 when the upstream's
 // connections, the process's in-flight cap or the request's remaining time

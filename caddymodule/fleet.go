@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"os"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/orbitproxy/orbit/backpressure"
+	orbitfleet "github.com/orbitproxy/orbit/fleet"
 	"github.com/orbitproxy/orbit/governor"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"github.com/orbitproxy/orbit/proxy"
@@ -78,7 +78,7 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	}
 	f := &fleet{cfg: cfg, opened: time.Now()}
 	f.log.Store(log)
-	tag := fleetTag()
+	tag := orbitfleet.Tag()
 	pool, err := orbitpool.Open(cfg.spec(), orbitpool.Options{
 		Tag:                tag,
 		ReconcileInterval:  cfg.ReconcileInterval,
@@ -122,23 +122,6 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		backpressure.WithNearWindow(cfg.DeadlineNearWindow),
 	)
 	return f, nil
-}
-
-// fleetIDEnv names the fleet a supervised worker belongs to: its
-// supervisor's run directory and pid.
-const fleetIDEnv = "ORBIT_FLEET_ID"
-
-// fleetTag is what this process publishes in its lane to say which fleet it
-// belongs to: a digest of fleetIDEnv, or 0 for a process no supervisor
-// started.
-func fleetTag() uint64 {
-	id := os.Getenv(fleetIDEnv)
-	if id == "" {
-		return 0
-	}
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	return h.Sum64() | 1
 }
 
 // checkMembers logs who else uses the segment, and refuses to join one that

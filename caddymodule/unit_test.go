@@ -2,14 +2,12 @@ package caddymodule
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -212,153 +210,5 @@ func TestTrackBody(t *testing.T) {
 	b.Close()
 	if done != 2 {
 		t.Errorf("done ran %d times over two bodies", done)
-	}
-}
-
-func TestWorkerConfig(t *testing.T) {
-	in := `{"admin": {"listen": "localhost:2019", "origins": ["a"]}, "apps": {"http": {}}}`
-	out, err := workerConfig([]byte(in), "/run/f/worker-1.sock", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg struct {
-		Admin struct {
-			Listen  string   `json:"listen"`
-			Origins []string `json:"origins"`
-			Config  struct {
-				Persist *bool `json:"persist"`
-			} `json:"config"`
-		} `json:"admin"`
-		Apps map[string]any `json:"apps"`
-	}
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Admin.Listen != "unix//run/f/worker-1.sock" || cfg.Admin.Config.Persist == nil || *cfg.Admin.Config.Persist ||
-		len(cfg.Admin.Origins) != 1 || cfg.Apps["http"] == nil {
-		t.Errorf("worker config: %s", out)
-	}
-	if _, err := workerConfig([]byte(`{"admin": {"disabled": true}}`), "/s", nil); err == nil {
-		t.Error("a config with the admin endpoint off was accepted")
-	}
-}
-
-// TestHandoffListener: of two listeners on one socket in a process, only
-// the newer accepts; the older resumes if the newer closes first, and the
-// socket outlives both.
-func TestHandoffListener(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ln.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	addr := ln.Addr().String()
-	ln.Close()
-	key := "test/" + addr
-	open := func() *handoffListener {
-		l, err := net.FileListener(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return newHandoffListener(key, l.(*net.TCPListener))
-	}
-	accepted := func(l *handoffListener) <-chan net.Conn {
-		ch := make(chan net.Conn, 1)
-		go func() {
-			c, err := l.Accept()
-			if err == nil {
-				ch <- c
-			}
-			close(ch)
-		}()
-		return ch
-	}
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-
-	old := open()
-	oldCh := accepted(old)
-	time.Sleep(20 * time.Millisecond) // old is in Accept
-	newer := open()
-	newCh := accepted(newer)
-	c1 := dial()
-	defer c1.Close()
-	select {
-	case c := <-newCh:
-		c.Close()
-	case <-oldCh:
-		t.Fatal("the older listener accepted after a newer one opened")
-	case <-time.After(3 * time.Second):
-		t.Fatal("nobody accepted")
-	}
-	// The newer one closes first (its config failed to start): the older
-	// takes over, on the same socket.
-	newer.Close()
-	c2 := dial()
-	defer c2.Close()
-	select {
-	case c, ok := <-oldCh:
-		if !ok {
-			t.Fatal("the older listener failed")
-		}
-		c.Close()
-	case <-time.After(3 * time.Second):
-		t.Fatal("the older listener did not resume")
-	}
-	old.Close()
-	if _, err := old.Accept(); err == nil {
-		t.Error("a closed listener accepted")
-	}
-	// The socket is still open: a third listener accepts a new connection.
-	third := open()
-	defer third.Close()
-	ch := accepted(third)
-	c3 := dial()
-	defer c3.Close()
-	select {
-	case c := <-ch:
-		c.Close()
-	case <-time.After(3 * time.Second):
-		t.Fatal("the socket did not survive its listeners")
-	}
-}
-
-func TestFleetSocketsRewrite(t *testing.T) {
-	port := strconv.Itoa(freePort(t))
-	cfg := `{"apps": {"http": {"servers": {"a": {"listen": ["127.0.0.1:` + port + `", "unix//tmp/x.sock", "{env.ADDR}"]}}}}}`
-	fs, err := openFleetSockets([]byte(cfg), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fs.close()
-	if len(fs.files) != 2 || len(fs.files[0]) != 1 || len(fs.files[1]) != 1 || fs.fds["tcp/127.0.0.1:"+port] != 3 {
-		t.Fatalf("sockets %v, %v", fs.fds, fs.files)
-	}
-	if fs.files[0][0].Fd() == fs.files[1][0].Fd() {
-		t.Fatal("the two slots share one socket")
-	}
-	out, err := workerConfig([]byte(cfg), "/run/w.sock", fs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := `"listen":["orbittcp/127.0.0.1:` + port + `","unix//tmp/x.sock","{env.ADDR}"]`
-	if !strings.Contains(string(out), want) || !strings.Contains(string(out), `"shutdown_delay":"1s"`) {
-		t.Errorf("worker config %s\nwant %s and a shutdown delay", out, want)
-	}
-	if !strings.Contains(fs.env(), `"tcp/127.0.0.1:`+port+`":3`) {
-		t.Errorf("env %s", fs.env())
-	}
-	out, _ = workerConfig([]byte(`{"apps": {"http": {"shutdown_delay": "5s"}}}`), "/run/w.sock", fs)
-	if !strings.Contains(string(out), `"shutdown_delay":"5s"`) {
-		t.Errorf("the configuration's shutdown_delay was replaced: %s", out)
 	}
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package fleet
 
 import (
 	"bytes"
@@ -382,7 +382,7 @@ func (s *supervisor) fork(w *worker) error {
 	cmd.Env = append(os.Environ(),
 		"ORBIT_FLEET_WORKER="+strconv.Itoa(w.id),
 		"ORBIT_FLEET_WORKERS="+strconv.Itoa(s.n),
-		fleetIDEnv+"="+s.runDir+":"+strconv.Itoa(os.Getpid()),
+		idEnv+"="+s.runDir+":"+strconv.Itoa(os.Getpid()),
 		s.sockets.env())
 	cmd.ExtraFiles = s.sockets.files[w.id]
 	cmd.SysProcAttr = &syscall.SysProcAttr{
