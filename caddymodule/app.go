@@ -153,13 +153,6 @@ type App struct {
 	// zero.
 	KeepSegment bool `json:"keep_segment,omitempty"`
 
-	// ShareSegment lets a process started by one `caddy orbit-fleet` join a
-	// segment that processes of another fleet are using, as when a new
-	// fleet takes over from an old one. Default: false; such a join is
-	// refused, since two fleets on one segment share connections and caps
-	// without knowing it. Processes not started by orbit-fleet always join.
-	ShareSegment bool `json:"share_segment,omitempty"`
-
 	logger *zap.Logger
 	policy orbitpool.Policy
 	key    string // the fleet's entry in the usage pool
@@ -428,7 +421,6 @@ func (a *App) fleetConfig() fleetConfig {
 		ReconcileInterval:  time.Duration(a.ReconcileInterval),
 		ReservationTimeout: time.Duration(a.ReservationTimeout),
 		KeepSegment:        a.KeepSegment,
-		ShareSegment:       a.ShareSegment,
 	}
 	if a.SocketDir != "" {
 		cfg.SocketDir = filepath.Clean(a.SocketDir)

@@ -50,7 +50,6 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    reconcile_interval   <duration>
 //	    reservation_timeout  <duration>
 //	    keep_segment
-//	    share_segment
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume option name
@@ -101,11 +100,6 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			a.KeepSegment = true
-		case "share_segment":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			a.ShareSegment = true
 		default:
 			return d.Errf("unrecognized orbit_pool option '%s'", opt)
 		}

@@ -42,7 +42,6 @@ type fleetConfig struct {
 	ReconcileInterval  time.Duration `json:"reconcile_interval"`
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
 	KeepSegment        bool          `json:"keep_segment"`
-	ShareSegment       bool          `json:"share_segment"`
 }
 
 func (c fleetConfig) usageKey() string {
@@ -102,7 +101,7 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		return nil, fmt.Errorf("opening segment %s: %w", cfg.Segment, err)
 	}
 	f.pool = pool
-	if err := f.checkMembers(tag); err != nil {
+	if err := f.logMembers(tag); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -124,12 +123,13 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	return f, nil
 }
 
-// checkMembers logs who else uses the segment, and refuses to join one that
-// another supervisor's fleet is using unless share_segment says it is meant
-// (a hand-over from one fleet to the next): two fleets on one segment share
-// connections and caps without either operator knowing, and each reload
-// reaches only its own half.
-func (f *fleet) checkMembers(tag uint64) error {
+// logMembers says who else uses the segment. Processes of another fleet
+// (another supervisor, or none) share this one's connections and caps: that
+// can be meant, as when two sites on one host cap the same upstream, or when
+// a new fleet takes over from an old one, so it is logged, not refused.
+// `caddy orbit-fleet` refuses the one case that must be a mistake, a second
+// fleet on the same listening address, unless told it is a hand-over.
+func (f *fleet) logMembers(tag uint64) error {
 	snap, err := f.pool.Snapshot()
 	if err != nil {
 		return fmt.Errorf("reading the fleet table: %w", err)
@@ -140,20 +140,17 @@ func (f *fleet) checkMembers(tag uint64) error {
 			continue
 		}
 		pids = append(pids, li.PID)
-		if tag != 0 && li.Tag != 0 && li.Tag != tag {
+		if li.Tag != tag {
 			foreign = append(foreign, li.PID)
 		}
 	}
-	if len(foreign) == 0 {
-		if len(pids) > 0 {
-			f.logger().Info("joining processes already in the fleet", zap.String("segment", f.cfg.Segment), zap.Ints("pids", pids))
-		}
-		return nil
+	switch {
+	case len(foreign) > 0:
+		f.logger().Warn("joining a segment processes of another fleet are using: they share connections and caps with this one",
+			zap.String("segment", f.cfg.Segment), zap.Ints("pids", pids), zap.Ints("other_fleet_pids", foreign))
+	case len(pids) > 0:
+		f.logger().Info("joining processes already in the fleet", zap.String("segment", f.cfg.Segment), zap.Ints("pids", pids))
 	}
-	if !f.cfg.ShareSegment {
-		return fmt.Errorf("segment %s is in use by processes of another fleet (pids %v): give this fleet a segment of its own, or set share_segment to join that fleet on purpose, as in a hand-over", f.cfg.Segment, foreign)
-	}
-	f.logger().Warn("joining a segment another fleet is using (share_segment)", zap.String("segment", f.cfg.Segment), zap.Ints("other_fleet_pids", foreign))
 	return nil
 }
 

@@ -828,20 +828,23 @@ func TestFleetRefusesUntrustedRunDir(t *testing.T) {
 	}
 }
 
-// TestSecondFleetOnSegmentRefused: a second `caddy orbit-fleet` naming a
-// segment that a running fleet uses is refused with a message that says so;
-// with share_segment it joins, on purpose.
-func TestSecondFleetOnSegmentRefused(t *testing.T) {
+// TestSecondFleet: a second `caddy orbit-fleet` on the listening address of a
+// running fleet is refused with a message that says what to do; with
+// --handover it starts beside it. One on another address may share the
+// running fleet's segment, and says so in its log.
+func TestSecondFleet(t *testing.T) {
 	up := newFleetUpstream(t, 0)
 	first := startFleet(t, 1, up.hostport())
 	second := newTestFleet(t, 1)
 	second.segment = first.segment
-	run := func(share string) (string, error) {
-		cfg := fmt.Sprintf("{\n\tauto_https off\n\torbit_pool {\n\t\tsegment %s\n\t\t%s\n\t}\n}\n:%d {\n\tbind 127.0.0.1\n\treverse_proxy %s {\n\t\ttransport orbit_pool\n\t}\n}\n",
-			second.segment, share, second.port, up.hostport())
+	const joined = "joining a segment processes of another fleet are using"
+	run := func(port int, flags ...string) (string, error) {
+		cfg := fmt.Sprintf("{\n\tauto_https off\n\torbit_pool {\n\t\tsegment %s\n\t}\n}\n:%d {\n\tbind 127.0.0.1\n\treverse_proxy %s {\n\t\ttransport orbit_pool\n\t}\n}\n",
+			second.segment, port, up.hostport())
 		os.WriteFile(second.caddyfile, []byte(cfg), 0o600)
-		cmd := exec.Command(caddyBinary(t), "orbit-fleet", "--workers", "1", "--config", second.caddyfile,
-			"--run-dir", second.runDir, "--start-timeout", "20s", "--stop-timeout", "5s")
+		args := append([]string{"orbit-fleet", "--workers", "1", "--config", second.caddyfile,
+			"--run-dir", second.runDir, "--start-timeout", "20s", "--stop-timeout", "5s"}, flags...)
+		cmd := exec.Command(caddyBinary(t), args...)
 		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+second.dir, "XDG_DATA_HOME="+second.dir)
 		out := new(syncBuffer)
 		cmd.Stdout, cmd.Stderr = out, out
@@ -858,7 +861,7 @@ func TestSecondFleetOnSegmentRefused(t *testing.T) {
 				return out.String(), err
 			case <-deadline:
 			case <-time.After(50 * time.Millisecond):
-				if !strings.Contains(out.String(), "joining a segment another fleet is using") {
+				if !strings.Contains(out.String(), joined) {
 					continue
 				}
 			}
@@ -873,15 +876,18 @@ func TestSecondFleetOnSegmentRefused(t *testing.T) {
 			return out.String(), nil
 		}
 	}
-	out, err := run("")
-	if err == nil || !strings.Contains(out, "in use by processes of another fleet") {
-		t.Fatalf("second fleet on the segment: %v\n%s", err, mpTail(out))
+	out, err := run(first.port)
+	if err == nil || !strings.Contains(out, "another process is listening on tcp/127.0.0.1:"+strconv.Itoa(first.port)) || !strings.Contains(out, "--handover") {
+		t.Fatalf("second fleet on the first one's address: %v\n%s", err, mpTail(out))
 	}
 	if ft, err := first.table(0); err != nil || len(ft.Fleets) != 1 || len(ft.Fleets[0].Members) != 1 {
 		t.Errorf("the first fleet's table after the refusal: %+v, %v", ft, err)
 	}
-	if out, _ := run("share_segment"); !strings.Contains(out, "joining a segment another fleet is using") {
-		t.Errorf("with share_segment the second fleet did not join:\n%s", mpTail(out))
+	if out, _ := run(first.port, "--handover"); !strings.Contains(out, "--handover") || !strings.Contains(out, joined) {
+		t.Errorf("with --handover the second fleet did not start beside the first:\n%s", mpTail(out))
+	}
+	if out, _ := run(second.port); !strings.Contains(out, joined) {
+		t.Errorf("a fleet on another address did not join the segment, or did not say so:\n%s", mpTail(out))
 	}
 }
 

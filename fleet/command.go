@@ -15,20 +15,27 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "orbit-fleet",
-		Usage: "[--config <path> [--adapter <name>]] [--workers <n>] [--run-dir <dir>] [--pidfile <file>] [--stop-timeout <duration>]",
+		Usage: "[--config <path> [--adapter <name>]] [--workers <n>] [--run-dir <dir>] [--pidfile <file>] [--stop-timeout <duration>] [--handover]",
 		Short: "Runs a fleet of Caddy workers on one port, sharing upstream connections",
 		Long: `
 Runs N Caddy workers of this binary with one configuration, on the same
 ports, and an orbit_pool transport in the configuration makes them share
 their upstream connections.
 
-The fleet opens one listening socket for each TCP address the configuration's
-HTTP servers listen on and passes it to every worker, which accept from it in
-turn. The socket outlives any worker, so a worker that reloads, crashes or
-restarts loses none of the connections waiting to be accepted (separate
-SO_REUSEPORT sockets would reset them). HTTP/3 (UDP) is bound by each worker
-with SO_REUSEPORT. Addresses a reload adds are bound by each worker until the
+For each TCP address the configuration's HTTP servers listen on, the fleet
+opens one SO_REUSEPORT socket per worker slot and hands it to that slot's
+worker, and later to the worker that replaces it. The kernel spreads clients
+evenly over the sockets, and since the fleet holds every socket for its whole
+life, a worker that reloads, crashes or restarts resets none of the
+connections waiting to be accepted. HTTP/3 (UDP) is bound by each worker with
+SO_REUSEPORT. Addresses a reload adds are bound by each worker until the
 fleet restarts.
+
+The fleet refuses to start on an address another process already listens on
+(with SO_REUSEPORT the two would silently split the clients), unless
+--handover says it is meant to: a new fleet starting beside the old one it
+replaces, which is then stopped. Fleets on other addresses may share a pool
+segment; each worker logs the processes of other fleets it finds there.
 
 Each worker gets its own admin endpoint, a unix socket in the run directory
 (worker-<i>.sock), and persist_config off; the configuration's own admin
@@ -73,6 +80,7 @@ A systemd template unit, caddy-fleet@.service, for /etc/caddy/<name>.Caddyfile:
 			cmd.Flags().String("pidfile", "", "Path of a file to write the fleet's process ID to")
 			cmd.Flags().Duration("stop-timeout", 60*time.Second, "How long workers may take to stop gracefully")
 			cmd.Flags().Duration("start-timeout", 60*time.Second, "How long workers may take to load the configuration at startup")
+			cmd.Flags().Bool("handover", false, "Start even if another process listens on the configuration's addresses, to take over from it")
 			cmd.RunE = caddycmd.WrapCommandFuncForCobra(cmdOrbitFleet)
 		},
 	})
@@ -109,6 +117,7 @@ func cmdOrbitFleet(fl caddycmd.Flags) (int, error) {
 		runDir:       runDir,
 		stopTimeout:  fl.Duration("stop-timeout"),
 		startTimeout: fl.Duration("start-timeout"),
+		handover:     fl.Bool("handover"),
 		log:          caddy.Log().Named("orbit-fleet"),
 	}
 	if err := s.run(); err != nil {

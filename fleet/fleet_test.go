@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"strconv"
@@ -129,7 +130,7 @@ func TestHandoffListener(t *testing.T) {
 func TestFleetSocketsRewrite(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
 	cfg := `{"apps": {"http": {"servers": {"a": {"listen": ["127.0.0.1:` + port + `", "unix//tmp/x.sock", "{env.ADDR}"]}}}}}`
-	fs, err := openFleetSockets([]byte(cfg), 2)
+	fs, err := openFleetSockets([]byte(cfg), 2, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +155,43 @@ func TestFleetSocketsRewrite(t *testing.T) {
 	out, _ = workerConfig([]byte(`{"apps": {"http": {"shutdown_delay": "5s"}}}`), "/run/w.sock", fs)
 	if !strings.Contains(string(out), `"shutdown_delay":"5s"`) {
 		t.Errorf("the configuration's shutdown_delay was replaced: %s", out)
+	}
+}
+
+// TestFleetSocketsRefuseTakenAddress: an address another process listens on,
+// with SO_REUSEPORT or without, is refused, unless the fleet is told to take
+// over from it.
+func TestFleetSocketsRefuseTakenAddress(t *testing.T) {
+	for _, reuse := range []bool{false, true} {
+		lc := net.ListenConfig{}
+		if reuse {
+			lc.Control = reusePortControl
+		}
+		other, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := strconv.Itoa(other.Addr().(*net.TCPAddr).Port)
+		cfg := []byte(`{"apps": {"http": {"servers": {"a": {"listen": [":` + port + `"]}}}}}`)
+		if fs, err := openFleetSockets(cfg, 2, false); err == nil || !strings.Contains(err.Error(), "--handover") {
+			if fs != nil {
+				fs.close()
+			}
+			t.Errorf("reuseport=%v: the address of a running listener was not refused: %v", reuse, err)
+		}
+		fs, err := openFleetSockets(cfg, 2, true)
+		switch {
+		case reuse && err != nil:
+			t.Errorf("with --handover, beside a SO_REUSEPORT listener: %v", err)
+		case reuse && (len(fs.taken) != 1 || fs.taken[0] != "tcp/:"+port):
+			t.Errorf("with --handover, taken addresses %v", fs.taken)
+		case !reuse && err == nil:
+			t.Error("a listener without SO_REUSEPORT cannot be shared, yet the fleet opened its address")
+		}
+		if fs != nil {
+			fs.close()
+		}
+		other.Close()
 	}
 }
 

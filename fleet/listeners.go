@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -254,13 +255,19 @@ func parsePortRange(r string) (start, end uint, err error) {
 type fleetSockets struct {
 	files [][]*os.File   // per worker slot, passed as descriptors 3, 4, ...
 	fds   map[string]int // listenerKey -> descriptor in every worker
+	taken []string       // listenerKeys another process was listening on
 }
 
 // openFleetSockets opens, for every TCP address the HTTP servers of config
 // listen on, one listening socket per worker slot. The sockets have
 // SO_REUSEPORT set: the slots of one address share its connections, and a
 // new fleet can start on the same ports before the old one stops.
-func openFleetSockets(config []byte, slots int) (*fleetSockets, error) {
+//
+// SO_REUSEPORT would as readily let a second fleet (or any server of this
+// user) listen beside one already running, and the kernel would silently
+// split the clients between them. So an address another process listens on
+// is refused, unless handover says this fleet is meant to take over from it.
+func openFleetSockets(config []byte, slots int, handover bool) (*fleetSockets, error) {
 	fs := &fleetSockets{fds: make(map[string]int), files: make([][]*os.File, slots)}
 	addrs, err := tcpListenAddrs(config)
 	if err != nil {
@@ -273,9 +280,20 @@ func openFleetSockets(config []byte, slots int) (*fleetSockets, error) {
 			if _, ok := fs.fds[key]; ok {
 				continue
 			}
+			addr := net.JoinHostPort(na.Host, strconv.FormatUint(uint64(p), 10))
+			if taken, err := listenedOn(na.Network, addr); err != nil {
+				fs.close()
+				return nil, fmt.Errorf("listening on %s: %w", key, err)
+			} else if taken {
+				if !handover {
+					fs.close()
+					return nil, fmt.Errorf("another process is listening on %s (another fleet, or another server): stop it first, or pass --handover to start this fleet beside it and take its place", key)
+				}
+				fs.taken = append(fs.taken, key)
+			}
 			fs.fds[key] = 3 + len(fs.files[0])
 			for slot := range fs.files {
-				ln, err := lc.Listen(context.Background(), na.Network, net.JoinHostPort(na.Host, strconv.FormatUint(uint64(p), 10)))
+				ln, err := lc.Listen(context.Background(), na.Network, addr)
 				if err != nil {
 					fs.close()
 					return nil, fmt.Errorf("listening on %s: %w", key, err)
@@ -291,6 +309,21 @@ func openFleetSockets(config []byte, slots int) (*fleetSockets, error) {
 		}
 	}
 	return fs, nil
+}
+
+// listenedOn reports whether some process listens on addr. A bind without
+// SO_REUSEPORT fails while any socket listens on the address, whether or not
+// that one set SO_REUSEPORT.
+func listenedOn(network, addr string) (bool, error) {
+	ln, err := net.Listen(network, addr)
+	if err == nil {
+		ln.Close()
+		return false, nil
+	}
+	if errors.Is(err, unix.EADDRINUSE) {
+		return true, nil
+	}
+	return false, err
 }
 
 func (fs *fleetSockets) close() {

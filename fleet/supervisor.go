@@ -53,6 +53,7 @@ type supervisor struct {
 	runDir       string
 	stopTimeout  time.Duration
 	startTimeout time.Duration
+	handover     bool // start beside another process listening on the same addresses
 	log          *zap.Logger
 
 	ln        net.Listener  // pingbacks: a worker echoes its token once its config runs
@@ -121,11 +122,15 @@ func (s *supervisor) run() error {
 	if err := s.loadConfig(); err != nil {
 		return err
 	}
-	s.sockets, err = openFleetSockets(s.config, s.n)
+	s.sockets, err = openFleetSockets(s.config, s.n, s.handover)
 	if err != nil {
 		return err
 	}
 	defer s.sockets.close()
+	if len(s.sockets.taken) > 0 {
+		s.log.Warn("starting beside other processes listening on the same addresses (--handover): clients go to both until they stop",
+			zap.Strings("addresses", s.sockets.taken))
+	}
 	for i := range s.n {
 		w := &worker{
 			id:      i,
