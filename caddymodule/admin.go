@@ -157,7 +157,7 @@ func (f *fleet) view() (FleetView, error) {
 	for _, ks := range snap.Keys {
 		v.Upstreams = append(v.Upstreams, UpstreamView{
 			Key:          ks.Key.String(),
-			Upstreams:    upstreamNames(ks.Key),
+			Upstreams:    f.names.of(ks.Key),
 			Live:         ks.Live,
 			Dialing:      ks.Creating,
 			Idle:         ks.Idle,

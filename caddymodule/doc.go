@@ -26,8 +26,8 @@
 //     read from the shared table at scrape time and describe the whole fleet
 //     (every worker reports the same value: aggregate with max, not sum);
 //     the other caddy_orbit_pool_* are each process's own and sum over
-//     workers. upstream_info names the upstreams this process has proxied
-//     to;
+//     workers. upstream_info names the upstream each key stands for, as
+//     any member learnt it;
 //   - the admin API route GET /orbit_pool/, the fleet's table as JSON.
 //
 // Importing it also registers the `caddy orbit-fleet` command (package fleet),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -67,6 +68,7 @@ type fleet struct {
 	node    *proxy.Node
 	gov     *governor.Governor
 	limiter *backpressure.Limiter
+	names   *keyNames
 	opened  time.Time
 	log     atomic.Pointer[zap.Logger]
 }
@@ -116,6 +118,11 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		return nil, fmt.Errorf("listening for siblings in %s: %w", cfg.SocketDir, err)
 	}
 	f.node = node
+	if f.names, err = openKeyNames(f.namesDir()); err != nil {
+		node.Close()
+		pool.Close()
+		return nil, fmt.Errorf("upstream names: %w", err)
+	}
 	f.limiter = backpressure.New(
 		backpressure.WithCap(cfg.MaxInFlight),
 		backpressure.WithNearWindow(cfg.DeadlineNearWindow),
@@ -162,6 +169,18 @@ func (f *fleet) setLogger(l *zap.Logger) {
 	}
 }
 
+func (f *fleet) socketDir() string {
+	if f.cfg.SocketDir != "" {
+		return f.cfg.SocketDir
+	}
+	return proxy.SocketDir(f.cfg.Segment)
+}
+
+// namesDir is where the members write the upstream names of the fleet's
+// keys: beside their forwarding sockets, in a directory only their user may
+// enter.
+func (f *fleet) namesDir() string { return filepath.Join(f.socketDir(), "names") }
+
 // drainTimeout bounds how long a leaving process lets siblings' exchanges on
 // its connections run before it closes them.
 const drainTimeout = 10 * time.Second
@@ -174,14 +193,12 @@ func (f *fleet) Destruct() error {
 	nerr := f.node.Shutdown(ctx)
 	cancel()
 	perr := f.pool.Close()
-	// The last member's leaving empties the socket directory; removing a
-	// directory still in use fails and is meant to.
+	// The last member's leaving empties the socket directory, but for the
+	// upstream names; removing a directory still in use fails and is meant
+	// to.
 	if _, err := os.Stat(f.cfg.Segment); errors.Is(err, fs.ErrNotExist) {
-		dir := f.cfg.SocketDir
-		if dir == "" {
-			dir = proxy.SocketDir(f.cfg.Segment)
-		}
-		os.Remove(dir)
+		f.names.remove()
+		os.Remove(f.socketDir())
 	}
 	if nerr != nil {
 		return fmt.Errorf("closing node: %w", nerr)

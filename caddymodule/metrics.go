@@ -74,7 +74,7 @@ func newFleetDesc(name, help string, labels ...string) *prometheus.Desc {
 // from zero unless keep_segment kept the last fleet's table).
 var (
 	descProcesses   = newFleetDesc("processes", "Processes that are members of the fleet.")
-	descUpstream    = newDesc("upstream_info", "The upstream a pool key stands for, for the keys this process has sent requests to.", "key", "upstream")
+	descUpstream    = newDesc("upstream_info", "The upstream a pool key stands for.", "key", "upstream")
 	descLive        = newFleetDesc("connections", "Open upstream connections across the fleet.", "key")
 	descDialing     = newFleetDesc("connections_dialing", "Upstream connections being dialed across the fleet.", "key")
 	descIdle        = newFleetDesc("connections_idle", "Open upstream connections with no request on them.", "key")
@@ -131,7 +131,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descProcesses, float64(len(snap.Lanes)))
 	for _, ks := range snap.Keys {
 		k := ks.Key.String()
-		for _, name := range upstreamNames(ks.Key) {
+		for _, name := range f.names.of(ks.Key) {
 			gauge(descUpstream, 1, k, name)
 		}
 		gauge(descLive, float64(ks.Live), k)

@@ -324,7 +324,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, reverseproxy.NewDialError(fmt.Errorf("orbit_pool: %w", err))
 	}
 	rt := t.inner(f)
-	up, err := t.upstream(rt, req)
+	up, err := t.upstream(f, rt, req)
 	if err != nil {
 		t.app.end()
 		closeBody(req)
@@ -369,25 +369,33 @@ func (t *Transport) setScheme(req *http.Request) {
 // upstreamInfo is what the transport knows about one upstream it has sent
 // requests to: its name and pool key, and its metrics.
 type upstreamInfo struct {
-	name string
-	key  orbitpool.Key
-	wait waitObserver
+	name  string
+	key   orbitpool.Key
+	wait  waitObserver
+	named atomic.Pointer[keyNames] // the names this upstream was recorded in
 }
 
 // upstream is what the transport knows of req's upstream, named and keyed
-// as the proxy transport files its connections.
-func (t *Transport) upstream(rt *proxy.Transport, req *http.Request) (*upstreamInfo, error) {
+// as the proxy transport files its connections, with its name recorded in
+// f's names.
+func (t *Transport) upstream(f *fleet, rt *proxy.Transport, req *http.Request) (*upstreamInfo, error) {
 	name, key, err := rt.Upstream(req)
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := t.st.upstreams.Load(name); ok {
-		return v.(*upstreamInfo), nil
+	v, ok := t.st.upstreams.Load(name)
+	if !ok {
+		u := &upstreamInfo{name: name, key: key, wait: localMetrics.wait.WithLabelValues(name)}
+		v, _ = t.st.upstreams.LoadOrStore(name, u)
 	}
-	u := &upstreamInfo{name: name, key: key, wait: localMetrics.wait.WithLabelValues(name)}
-	nameKey(key, name)
-	v, _ := t.st.upstreams.LoadOrStore(name, u)
-	return v.(*upstreamInfo), nil
+	u := v.(*upstreamInfo)
+	if u.named.Load() != f.names {
+		if err := f.names.add(key, name); err != nil {
+			f.logger().Warn("recording an upstream's name for the fleet", zap.String("upstream", name), zap.Error(err))
+		}
+		u.named.Store(f.names)
+	}
+	return u, nil
 }
 
 // TLSEnabled reports whether TLS to the upstream is configured.

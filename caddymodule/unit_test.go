@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +213,55 @@ func TestTrackBody(t *testing.T) {
 	b.Close()
 	if done != 2 {
 		t.Errorf("done ran %d times over two bodies", done)
+	}
+}
+
+// TestKeyNamesShared: a name one member records is read by another that
+// never proxied to the upstream; what is not a name (an overlong or
+// unprintable line, or a partial last line) is not read.
+func TestKeyNamesShared(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "names")
+	a, err := openKeyNames(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := openKeyNames(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := orbitpool.Key{Hi: 1, Lo: 2}
+	for range 2 {
+		if err := a.add(k, "http://up:80"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.add(k, "http://up.example:80"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"http://up.example:80", "http://up:80"}
+	if got := b.of(k); !slices.Equal(got, want) {
+		t.Errorf("names of %v: %q, want %q", k, got, want)
+	}
+	if got := b.of(orbitpool.Key{Hi: 1}); len(got) != 0 {
+		t.Errorf("a key nobody named has names %q", got)
+	}
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("names directory: %v, %v", st, err)
+	}
+	f, err := os.OpenFile(a.path(k), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(strings.Repeat("x", maxName+1) + "\n" + "bad\x00name\n" + "http://partial")
+	f.Close()
+	c, _ := openKeyNames(dir)
+	if got := c.of(k); !slices.Equal(got, want) {
+		t.Errorf("names with malformed lines in the file: %q, want %q", got, want)
+	}
+	if err := a.remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("names directory after remove: %v", err)
 	}
 }
