@@ -670,7 +670,8 @@ func TestFleetWorkerKilled(t *testing.T) {
 }
 
 // TestFleetSpreadsClients: new client connections spread evenly over the
-// workers, also after one was killed and replaced.
+// workers, also after one was killed and replaced, and none is reset: those
+// that reach the dead worker's socket wait there for its replacement.
 func TestFleetSpreadsClients(t *testing.T) {
 	up := newFleetUpstream(t, 0)
 	f := startFleet(t, 3, up.hostport())
@@ -681,32 +682,44 @@ func TestFleetSpreadsClients(t *testing.T) {
 	spread := func(when string) {
 		t.Helper()
 		per := map[string]int{}
+		var failed []error
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for range conns {
 			wg.Go(func() {
 				<-start
-				c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", f.port), 5*time.Second)
-				if err != nil {
-					return
-				}
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-				if err != nil {
-					return
-				}
-				resp.Body.Close()
+				resp, err := func() (*http.Response, error) {
+					c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", f.port), 5*time.Second)
+					if err != nil {
+						return nil, err
+					}
+					defer c.Close()
+					// Long enough for a killed worker's replacement to
+					// start on a loaded machine.
+					c.SetDeadline(time.Now().Add(30 * time.Second))
+					fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+					if err == nil {
+						resp.Body.Close()
+					}
+					return resp, err
+				}()
 				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					failed = append(failed, err)
+					return
+				}
 				per[resp.Header.Get("X-Worker")]++
-				mu.Unlock()
 			})
 		}
 		close(start)
 		wg.Wait()
-		t.Logf("%s: client connections per worker %v", when, per)
+		t.Logf("%s: client connections per worker %v, %d failed", when, per, len(failed))
+		if len(failed) > 0 {
+			t.Errorf("%s: %d of %d client connections failed, first: %v", when, len(failed), conns, failed[0])
+		}
 		for _, w := range []string{"0", "1", "2"} {
 			// An even spread gives each 30; hashing leaves some slack.
 			if per[w] < conns/9 {
@@ -719,6 +732,9 @@ func TestFleetSpreadsClients(t *testing.T) {
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// Dialled at once, before the replacement is up: a third of them
+	// queue on the dead worker's socket.
+	spread("while worker 1 was dead")
 	waitFor(t, 20*time.Second, "worker 1 to be replaced", func() bool {
 		pid := f.workerPID(1)
 		if pid == 0 || pid == victim {
