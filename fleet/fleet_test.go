@@ -128,7 +128,13 @@ func TestHandoffListener(t *testing.T) {
 }
 
 func TestFleetSocketsRewrite(t *testing.T) {
-	port := strconv.Itoa(freePort(t))
+	// A port free a moment ago, for the fleet to open.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
 	cfg := `{"apps": {"http": {"servers": {"a": {"listen": ["127.0.0.1:` + port + `", "unix//tmp/x.sock", "{env.ADDR}"]}}}}}`
 	fs, err := openFleetSockets([]byte(cfg), 2, false)
 	if err != nil {
@@ -193,15 +199,4 @@ func TestFleetSocketsRefuseTakenAddress(t *testing.T) {
 		}
 		other.Close()
 	}
-}
-
-// freePort is a TCP port on loopback that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
