@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -292,12 +293,12 @@ type result struct {
 
 // loadInBackground runs runLoad with conc goroutines until the function it
 // returns is called, which returns the results.
-func loadInBackground(f *testFleet, conc int) func() []result {
+func loadInBackground(url string, conc int) func() []result {
 	stop := make(chan struct{})
 	var rs []result
 	done := make(chan struct{})
 	go func() {
-		rs = runLoad(f, "/", conc, 0, stop)
+		rs = runLoad(url, conc, 0, stop)
 		close(done)
 	}()
 	return func() []result {
@@ -307,10 +308,10 @@ func loadInBackground(f *testFleet, conc int) func() []result {
 	}
 }
 
-// runLoad sends requests from conc goroutines, each on a new connection so
-// that the kernel spreads them over the workers, until stop is closed or
-// each goroutine has sent max requests (max 0: no limit).
-func runLoad(f *testFleet, path string, conc, max int, stop <-chan struct{}) []result {
+// runLoad sends GET url from conc goroutines, each request on a new
+// connection so that the kernel spreads them over the workers, until stop is
+// closed or each goroutine has sent max requests (max 0: no limit).
+func runLoad(url string, conc, max int, stop <-chan struct{}) []result {
 	c := &http.Client{
 		Timeout:   15 * time.Second,
 		Transport: &http.Transport{DisableKeepAlives: true},
@@ -327,7 +328,7 @@ func runLoad(f *testFleet, path string, conc, max int, stop <-chan struct{}) []r
 				default:
 				}
 				r := result{at: time.Now()}
-				resp, err := c.Get(f.url(path))
+				resp, err := c.Get(url)
 				if err != nil {
 					r.err = err
 				} else {
@@ -390,7 +391,7 @@ func TestFleetSharesConnections(t *testing.T) {
 	up := newFleetUpstream(t, 20*time.Millisecond)
 	f := startFleet(t, 3, up.hostport())
 
-	rs := runLoad(f, "/", 30, 8, nil)
+	rs := runLoad(f.url("/"), 30, 8, nil)
 	if bad := failures(rs); len(bad) > 0 {
 		t.Fatalf("%d of %d requests failed, first: %+v", len(bad), len(rs), bad[0])
 	}
@@ -463,7 +464,7 @@ func TestFleetReloadUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	endLoad := loadInBackground(f, 8)
+	endLoad := loadInBackground(f.url("/"), 8)
 	time.Sleep(time.Second)
 	f.writeCaddyfile(up.hostport(), "v2")
 	reloaded := time.Now()
@@ -550,7 +551,7 @@ func TestFleetReloadNewMembershipUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	endLoad := loadInBackground(f, 12)
+	endLoad := loadInBackground(f.url("/"), 12)
 	time.Sleep(time.Second)
 	f.reconcile = "60ms"
 	f.writeCaddyfile(up.hostport(), "v2")
@@ -589,7 +590,7 @@ func TestFleetWorkerKilled(t *testing.T) {
 	up := newFleetUpstream(t, 20*time.Millisecond)
 	f := startFleet(t, 3, up.hostport())
 
-	endLoad := loadInBackground(f, 12)
+	endLoad := loadInBackground(f.url("/"), 12)
 	time.Sleep(time.Second)
 	victim := f.workerPID(1)
 	if victim == 0 {
@@ -649,7 +650,7 @@ func TestFleetWorkerKilled(t *testing.T) {
 	waitFor(t, 5*time.Second, "the upstream to see the dead worker's connections closed", func() bool { return up.open.Load() <= 4 })
 	up.maxOpen.Store(up.open.Load())
 	up.maxActive.Store(0)
-	burst := runLoad(f, "/slow", 8, 1, nil)
+	burst := runLoad(f.url("/slow"), 8, 1, nil)
 	if bad := failures(burst); len(bad) > 0 {
 		t.Fatalf("%d of 8 requests failed after recovery, first: %+v", len(bad), bad[0])
 	}
@@ -747,51 +748,87 @@ func TestFleetSpreadsClients(t *testing.T) {
 }
 
 // TestFleetStopUnderLoad: stopping the fleet, by SIGTERM to the supervisor
-// or by the supervisor dying (its workers then get SIGTERM), fails no request
-// that reached a worker. Stock Caddy answers every request it accepted before
-// it stops; a client that connects after the listener closed is refused, by
-// stock Caddy as by this fleet, so only answered requests are judged.
+// or by the supervisor dying (its workers then get SIGTERM), fails no more
+// requests than stopping stock Caddy does under the same load, in the same
+// run. A client that cannot connect once the listener closed is refused by
+// both and not counted; a request answered with an error, or a connection
+// that was accepted and then dropped unanswered, is.
 func TestFleetStopUnderLoad(t *testing.T) {
+	const clients = 16
+	up := newFleetUpstream(t, 20*time.Millisecond)
+	type outcome struct{ answered, refused, dropped, failed int }
+	// stopUnderLoad sends load to url, calls stop after a second, and
+	// sorts what the clients saw once every pid has exited.
+	stopUnderLoad := func(t *testing.T, url string, pids []int, stop func() error) (o outcome) {
+		endLoad := loadInBackground(url, clients)
+		time.Sleep(time.Second)
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "every process to exit", func() bool {
+			for _, pid := range pids {
+				if syscall.Kill(pid, 0) == nil {
+					return false
+				}
+			}
+			return true
+		})
+		var first []result
+		for _, r := range endLoad() {
+			var oe *net.OpError
+			switch {
+			case errors.As(r.err, &oe) && oe.Op == "dial":
+				o.refused++ // never connected: the listener was gone
+			case r.err != nil:
+				o.dropped++
+				first = append(first, r)
+			case r.status == 200:
+				o.answered++
+			default:
+				o.failed++
+				first = append(first, r)
+			}
+		}
+		if o.answered == 0 {
+			t.Fatal("no request was answered")
+		}
+		if len(first) > 0 {
+			t.Logf("first failure: %+v", first[0])
+		}
+		return o
+	}
+
+	stockPort := freePort(t)
+	stock := startStock(t, fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy %s\n}\n", stockPort, up.hostport()))
+	stockURL := fmt.Sprintf("http://127.0.0.1:%d/", stockPort)
+	waitFor(t, 20*time.Second, "stock caddy to serve", func() bool {
+		resp, err := http.Get(stockURL)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	base := stopUnderLoad(t, stockURL, []int{stock.Process.Pid}, func() error { return stock.Process.Signal(syscall.SIGTERM) })
+	t.Logf("stock caddy: %+v", base)
+
 	for _, how := range []struct {
 		name string
 		sig  syscall.Signal
 	}{{"sigterm", syscall.SIGTERM}, {"supervisor-killed", syscall.SIGKILL}} {
 		t.Run(how.name, func(t *testing.T) {
-			up := newFleetUpstream(t, 20*time.Millisecond)
 			f := startFleet(t, 3, up.hostport())
 			pids := []int{f.workerPID(0), f.workerPID(1), f.workerPID(2)}
-			endLoad := loadInBackground(f, 16)
-			time.Sleep(time.Second)
-			if err := f.cmd.Process.Signal(how.sig); err != nil {
-				t.Fatal(err)
+			o := stopUnderLoad(t, f.url("/"), pids, func() error { return f.cmd.Process.Signal(how.sig) })
+			t.Logf("fleet: %+v; stock caddy: %+v", o, base)
+			if o.failed > base.failed {
+				t.Errorf("%d requests answered with an error while the fleet stopped; stock caddy: %d", o.failed, base.failed)
 			}
-			waitFor(t, 20*time.Second, "every worker to exit", func() bool {
-				for _, pid := range pids {
-					if syscall.Kill(pid, 0) == nil {
-						return false
-					}
-				}
-				return true
-			})
-			rs := endLoad()
-			answered, refused := 0, 0
-			var bad []result
-			for _, r := range rs {
-				switch {
-				case r.err != nil:
-					refused++ // not answered: the listener was gone
-				case r.status == 200:
-					answered++
-				default:
-					bad = append(bad, r)
-				}
-			}
-			t.Logf("%d requests answered, %d not connected after the stop", answered, refused)
-			if answered == 0 {
-				t.Fatal("no request was answered")
-			}
-			if len(bad) > 0 {
-				t.Errorf("%d requests a worker answered with an error while stopping, first: %+v", len(bad), bad[0])
+			// A connection the kernel queued but no process accepted
+			// before its listener closed is reset, by stock Caddy as by
+			// the fleet, so a few may be dropped; at most one per client,
+			// the request each had under way at the moment of the stop.
+			if o.dropped > max(base.dropped, clients/4) {
+				t.Errorf("%d connections dropped unanswered while the fleet stopped; stock caddy: %d", o.dropped, base.dropped)
 			}
 			if log, _ := os.ReadFile(f.logPath); strings.Contains(string(log), "pool closed") {
 				t.Error("the log shows a request that met a closed pool")
@@ -800,7 +837,6 @@ func TestFleetStopUnderLoad(t *testing.T) {
 	}
 }
 
-// TestFleetRefusesAdminOff: a configuration with the admin endpoint off
 // cannot be reloaded, so the fleet refuses it with a clear message.
 func TestFleetRefusesAdminOff(t *testing.T) {
 	bin := caddyBinary(t)

@@ -340,28 +340,35 @@ func diffSite(port int, plain, tlsUp, transport string) string {
 `, port, tlsUp, transport, plain, transport)
 }
 
-// startStock runs stock Caddy with the http transport.
-func startStock(t *testing.T, site string) {
+// startStock runs stock Caddy with the http transport, stopped when the test
+// ends.
+func startStock(t *testing.T, site string) *exec.Cmd {
 	bin := caddyBinary(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(cfg, []byte("{\n\tauto_https off\n\tadmin off\n}\n"+site), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("{\n\tauto_https off\n\tadmin off\n\tgrace_period 3s\n}\n"+site), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "run", "--config", cfg, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	log := new(syncBuffer)
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		<-done
 		if t.Failed() {
 			t.Logf("stock caddy's log:\n%s", log.String())
 		}
 	})
+	return cmd
 }
 
 // TestFleetDifferential: the same exchanges, one after another with idle gaps

@@ -56,21 +56,68 @@ func listenerKey(network, host string, port uint) string {
 	return network + "/" + net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 }
 
-var inherited = sync.OnceValues(func() (map[string]*os.File, error) {
+// inheritedSockets are the sockets this worker was started with, by
+// listenerKey, until the last listener on one closes.
+type inheritedSockets struct {
+	mu    sync.Mutex
+	files map[string]*os.File
+}
+
+var inherited = sync.OnceValues(func() (*inheritedSockets, error) {
+	is := &inheritedSockets{files: make(map[string]*os.File)}
 	v := os.Getenv(fleetListenersEnv)
 	if v == "" {
-		return nil, nil
+		return is, nil
 	}
 	var fds map[string]int
 	if err := json.Unmarshal([]byte(v), &fds); err != nil {
 		return nil, fmt.Errorf("%s: %w", fleetListenersEnv, err)
 	}
-	files := make(map[string]*os.File, len(fds))
 	for key, fd := range fds {
-		files[key] = os.NewFile(uintptr(fd), key)
+		is.files[key] = os.NewFile(uintptr(fd), key)
 	}
-	return files, nil
+	return is, nil
 })
+
+// listener returns a new listener on the inherited socket key, or nil if
+// there is none (or no longer one).
+func (is *inheritedSockets) listener(key string) (*handoffListener, error) {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	f := is.files[key]
+	if f == nil {
+		return nil, nil
+	}
+	// A new descriptor for the same socket: closing it when this config
+	// stops leaves the socket, and its queue, to the others.
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, err
+	}
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("%s: inherited descriptor is not a TCP listener", key)
+	}
+	return newHandoffListener(key, tl), nil
+}
+
+// release closes this worker's descriptor of the socket key, once no config
+// listens on it: the worker is stopping (or its config no longer has the
+// address). Held on, it would keep the socket listening after every server
+// on it has gone, and connections queued there would wait for an accept
+// that never comes, then be reset; closed, as a lone server's listener is,
+// new connections are refused once the fleet has stopped. The supervisor
+// still holds the socket while the fleet runs, so a worker that stops alone
+// leaves its queue to its replacement.
+func (is *inheritedSockets) release(key string) {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	if f := is.files[key]; f != nil {
+		f.Close()
+		delete(is.files, key)
+	}
+}
 
 // listenInherited returns a listener on the inherited socket for the
 // address, or, for an address the supervisor opened no socket for (one a
@@ -83,24 +130,13 @@ func listenInherited(ctx context.Context, network, host, portRange string, portO
 		return nil, fmt.Errorf("%s/%s:%s: %w", network, host, portRange, err)
 	}
 	port := start + portOffset
-	files, err := inherited()
+	is, err := inherited()
 	if err != nil {
 		return nil, err
 	}
 	key := listenerKey(tcpNet, host, port)
-	if f := files[key]; f != nil {
-		// A new descriptor for the same socket: closing it when this
-		// config stops leaves the socket, and its queue, to the others.
-		ln, err := net.FileListener(f)
-		if err != nil {
-			return nil, err
-		}
-		tl, ok := ln.(*net.TCPListener)
-		if !ok {
-			ln.Close()
-			return nil, fmt.Errorf("%s: inherited descriptor is not a TCP listener", key)
-		}
-		return newHandoffListener(key, tl), nil
+	if l, err := is.listener(key); l != nil || err != nil {
+		return l, err
 	}
 	na := caddy.NetworkAddress{Network: tcpNet, Host: host, StartPort: port, EndPort: port}
 	return na.Listen(ctx, 0, cfg)
@@ -130,6 +166,7 @@ type socketGroup struct {
 // a client would see the connection closed with no response.
 type handoffListener struct {
 	*net.TCPListener
+	key    string
 	g      *socketGroup
 	closed bool // under g.mu
 }
@@ -137,7 +174,7 @@ type handoffListener struct {
 func newHandoffListener(key string, tl *net.TCPListener) *handoffListener {
 	v, _ := socketGroups.LoadOrStore(key, &socketGroup{changed: make(chan struct{})})
 	g := v.(*socketGroup)
-	l := &handoffListener{TCPListener: tl, g: g}
+	l := &handoffListener{TCPListener: tl, key: key, g: g}
 	g.mu.Lock()
 	for _, old := range g.lns {
 		old.TCPListener.SetDeadline(time.Now()) // interrupt its Accept
@@ -211,13 +248,22 @@ func (l *handoffListener) Close() error {
 				break
 			}
 		}
-		if len(g.lns) == 0 {
+		last := len(g.lns) == 0
+		if last {
 			for _, c := range g.handed {
 				c.Close()
 			}
 			g.handed = nil
 		}
 		g.notifyLocked()
+		g.mu.Unlock()
+		err := l.TCPListener.Close()
+		if last {
+			if is, _ := inherited(); is != nil {
+				is.release(l.key)
+			}
+		}
+		return err
 	}
 	g.mu.Unlock()
 	return l.TCPListener.Close()
@@ -326,12 +372,14 @@ func listenedOn(network, addr string) (bool, error) {
 	return false, err
 }
 
+// close closes the sockets; it may be called more than once.
 func (fs *fleetSockets) close() {
 	for _, files := range fs.files {
 		for _, f := range files {
 			f.Close()
 		}
 	}
+	fs.files = nil
 }
 
 // env is the environment variable telling a worker which descriptor holds

@@ -429,9 +429,13 @@ func (s *supervisor) acceptPingbacks() {
 	}
 }
 
-// stopAll asks every running worker to stop gracefully.
+// stopAll asks every running worker to stop gracefully, and lets go of the
+// listening sockets: once the workers' servers have closed theirs, new
+// connections are refused, as by one server that stops, instead of queueing
+// where no worker will accept them again (to be reset when the fleet exits).
 func (s *supervisor) stopAll() {
 	s.stopping = true
+	s.sockets.close()
 	for _, w := range s.workers {
 		if w.timer != nil {
 			w.timer.Stop()
