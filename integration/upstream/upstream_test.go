@@ -24,7 +24,9 @@ func start(t *testing.T, o Options) *Server {
 
 func TestCountsConnectionsAndRequests(t *testing.T) {
 	s := start(t, Options{})
-	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 3}}
+	// Idle room for all three, or net/http closes the third as it comes
+	// back idle and dials again: more than 3 accepted, none at fault here.
+	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 3, MaxIdleConnsPerHost: 3}}
 	defer c.CloseIdleConnections()
 	var wg sync.WaitGroup
 	for range 30 {
@@ -40,7 +42,7 @@ func TestCountsConnectionsAndRequests(t *testing.T) {
 	}
 	wg.Wait()
 	st := s.Stats()
-	if st.Requests != 30 || st.Accepted < 1 || st.Accepted > 3 || st.Peak > 3 || st.Refused != 0 {
+	if st.Requests != 30 || st.Accepted < 1 || st.Accepted > 3 || st.Peak > st.Accepted || st.Refused != 0 {
 		t.Fatalf("stats %+v: want 30 requests over at most 3 connections", st)
 	}
 	c.CloseIdleConnections()
