@@ -46,7 +46,8 @@ ORBIT_FLEET_WORKERS in their environment.
 A worker that exits is started again, after a delay that doubles from 100ms
 to 10s while it keeps failing. SIGHUP reloads the configuration file into
 every worker (gracefully, through its admin endpoint); SIGTERM or SIGINT stops
-every worker gracefully, killing those still running after --stop-timeout.
+the fleet listening and every worker gracefully, killing those still running
+after --stop-timeout.
 
 The run directory (default: $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/orbit-fleet,
 else a directory in the system temp directory) holds the workers' admin
