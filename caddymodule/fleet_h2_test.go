@@ -25,8 +25,8 @@ type h2cUpstream struct {
 }
 
 func newH2CUpstream(t *testing.T, maxStreams uint32, delay time.Duration) *h2cUpstream {
-	u := &h2cUpstream{}
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var u *h2cUpstream
+	u = newH2CUpstreamHandler(t, maxStreams, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := u.streams.Add(1)
 		defer u.streams.Add(-1)
 		for {
@@ -44,7 +44,13 @@ func newH2CUpstream(t *testing.T, maxStreams uint32, delay time.Duration) *h2cUp
 		w.Header().Set("Trailer", "Grpc-Status")
 		io.WriteString(w, "ok")
 		w.Header().Set("Grpc-Status", "0")
-	})
+	}))
+	return u
+}
+
+// newH2CUpstreamHandler is an h2c upstream running h, counting connections.
+func newH2CUpstreamHandler(t *testing.T, maxStreams uint32, h http.Handler) *h2cUpstream {
+	u := &h2cUpstream{}
 	u.srv = httptest.NewUnstartedServer(h2c.NewHandler(h, &http2.Server{MaxConcurrentStreams: maxStreams}))
 	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
