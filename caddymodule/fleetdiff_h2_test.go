@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -12,25 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/grpcmsg"
 	"golang.org/x/net/http2"
 )
-
-// grpcMsg frames p as a gRPC message: flag, big-endian length, payload.
-func grpcMsg(p []byte) []byte {
-	b := make([]byte, 5, 5+len(p))
-	binary.BigEndian.PutUint32(b[1:], uint32(len(p)))
-	return append(b, p...)
-}
-
-func readMsg(r io.Reader) ([]byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return nil, err
-	}
-	p := make([]byte, binary.BigEndian.Uint32(h[1:]))
-	_, err := io.ReadFull(r, p)
-	return p, err
-}
 
 // grpcHandler: /echo answers each message as it arrives (unary, client and
 // bidi streaming, large messages), /server sends five; both end with
@@ -42,17 +25,10 @@ func grpcHandler(w http.ResponseWriter, r *http.Request) {
 	fl := w.(http.Flusher)
 	switch r.URL.Path {
 	case "/echo":
-		for {
-			p, err := readMsg(r.Body)
-			if err != nil {
-				break
-			}
-			w.Write(grpcMsg(p))
-			fl.Flush()
-		}
+		grpcmsg.Echo(w, fl.Flush, r.Body, 0)
 	case "/server":
 		for i := range 5 {
-			w.Write(grpcMsg([]byte(fmt.Sprintf("msg %d", i))))
+			w.Write(grpcmsg.Frame([]byte(fmt.Sprintf("msg %d", i))))
 			fl.Flush()
 		}
 	}
@@ -93,7 +69,7 @@ func bidiCall(t *testing.T, c *http.Client, url string, msgs [][]byte) grpcOutco
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req = req.WithContext(ctx)
-	go pw.Write(grpcMsg(msgs[0]))
+	go pw.Write(grpcmsg.Frame(msgs[0]))
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatalf("%s: %v", url, err)
@@ -102,9 +78,9 @@ func bidiCall(t *testing.T, c *http.Client, url string, msgs [][]byte) grpcOutco
 	o := grpcOutcome{status: resp.StatusCode, proto: resp.ProtoMajor}
 	for i := range msgs {
 		if i > 0 {
-			go pw.Write(grpcMsg(msgs[i]))
+			go pw.Write(grpcmsg.Frame(msgs[i]))
 		}
-		p, err := readMsg(resp.Body)
+		p, err := grpcmsg.Read(resp.Body)
 		if err != nil {
 			t.Fatalf("%s: message %d: %v", url, i, err)
 		}
@@ -136,7 +112,7 @@ func serverStreamCall(t *testing.T, c *http.Client, url string) grpcOutcome {
 	defer resp.Body.Close()
 	o := grpcOutcome{status: resp.StatusCode, proto: resp.ProtoMajor}
 	for {
-		p, err := readMsg(resp.Body)
+		p, err := grpcmsg.Read(resp.Body)
 		if err != nil {
 			break
 		}

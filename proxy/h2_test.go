@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/grpcmsg"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"golang.org/x/net/http2"
 )
@@ -85,22 +85,6 @@ func (u *h2Upstream) goAway() {
 	u.hs.Shutdown(ctx)
 }
 
-func grpcFrame(p []byte) []byte {
-	b := make([]byte, 5, 5+len(p))
-	binary.BigEndian.PutUint32(b[1:], uint32(len(p)))
-	return append(b, p...)
-}
-
-func readGRPC(r io.Reader) ([]byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return nil, err
-	}
-	p := make([]byte, binary.BigEndian.Uint32(h[1:]))
-	_, err := io.ReadFull(r, p)
-	return p, err
-}
-
 // serve: /unary echoes one message; /echo echoes every message as it comes
 // (bidi), /server answers N messages, /client sums what it got, /hold
 // waits for the client to go away. Every response ends with grpc-status,
@@ -124,41 +108,33 @@ func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	fl := w.(http.Flusher)
 	status := "0"
 	switch r.URL.Path {
-	case "/unary", "/echo":
-		for {
-			p, err := readGRPC(r.Body)
-			if err != nil {
-				break
-			}
-			w.Write(grpcFrame(p))
-			fl.Flush()
-			if r.URL.Path == "/unary" {
-				break
-			}
-		}
+	case "/unary":
+		grpcmsg.Echo(w, fl.Flush, r.Body, 1)
+	case "/echo":
+		grpcmsg.Echo(w, fl.Flush, r.Body, 0)
 	case "/server":
 		for i := range 5 {
-			w.Write(grpcFrame([]byte(fmt.Sprintf("msg %d", i))))
+			w.Write(grpcmsg.Frame([]byte(fmt.Sprintf("msg %d", i))))
 			fl.Flush()
 			time.Sleep(time.Millisecond)
 		}
 	case "/client":
 		total := 0
 		for {
-			p, err := readGRPC(r.Body)
+			p, err := grpcmsg.Read(r.Body)
 			if err != nil {
 				break
 			}
 			total += len(p)
 		}
-		w.Write(grpcFrame([]byte(fmt.Sprint(total))))
+		w.Write(grpcmsg.Frame([]byte(fmt.Sprint(total))))
 	case "/hold":
 		fl.Flush()
 		<-r.Context().Done()
 		return
 	case "/slow":
 		time.Sleep(50 * time.Millisecond)
-		w.Write(grpcFrame([]byte("slow")))
+		w.Write(grpcmsg.Frame([]byte("slow")))
 	default:
 		status = "12"
 	}
@@ -186,7 +162,7 @@ func TestH2CUnaryLocalAndRemote(t *testing.T) {
 	up := newH2Upstream(t, 100)
 	owner, client := remotePair(t, h2cConf)
 	for i, m := range []*member{owner, client, owner, client} {
-		req := grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcFrame([]byte("hello"))))
+		req := grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("hello"))))
 		resp, err := m.tr.RoundTrip(req)
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
@@ -194,7 +170,7 @@ func TestH2CUnaryLocalAndRemote(t *testing.T) {
 		if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
 			t.Fatalf("request %d: %s %d, want HTTP/2.0 200", i, resp.Proto, resp.StatusCode)
 		}
-		p, err := readGRPC(resp.Body)
+		p, err := grpcmsg.Read(resp.Body)
 		if err != nil || string(p) != "hello" {
 			t.Fatalf("request %d: message %q, %v", i, p, err)
 		}
@@ -237,7 +213,7 @@ func TestH2CBidiThroughSibling(t *testing.T) {
 		resp, err := client.tr.RoundTrip(req)
 		got <- result{resp, err}
 	}()
-	if _, err := pw.Write(grpcFrame([]byte("m0"))); err != nil {
+	if _, err := pw.Write(grpcmsg.Frame([]byte("m0"))); err != nil {
 		t.Fatal(err)
 	}
 	var r result
@@ -253,11 +229,11 @@ func TestH2CBidiThroughSibling(t *testing.T) {
 	defer resp.Body.Close()
 	for i := range 20 {
 		if i > 0 {
-			if _, err := pw.Write(grpcFrame([]byte(fmt.Sprintf("m%d", i)))); err != nil {
+			if _, err := pw.Write(grpcmsg.Frame([]byte(fmt.Sprintf("m%d", i)))); err != nil {
 				t.Fatal(err)
 			}
 		}
-		p, err := readGRPC(resp.Body)
+		p, err := grpcmsg.Read(resp.Body)
 		if err != nil || string(p) != fmt.Sprintf("m%d", i) {
 			t.Fatalf("message %d: %q, %v", i, p, err)
 		}
@@ -277,7 +253,7 @@ func TestH2CBidiThroughSibling(t *testing.T) {
 
 func warmH2(t testing.TB, owner *member, url string) {
 	t.Helper()
-	resp, err := owner.tr.RoundTrip(grpcReq(t, context.Background(), url+"/unary", bytes.NewReader(grpcFrame([]byte("w")))))
+	resp, err := owner.tr.RoundTrip(grpcReq(t, context.Background(), url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("w")))))
 	if err != nil {
 		t.Fatalf("warm: %v", err)
 	}
@@ -296,7 +272,7 @@ func TestH2CStreamingShapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		p, err := readGRPC(resp.Body)
+		p, err := grpcmsg.Read(resp.Body)
 		if err != nil || string(p) != fmt.Sprintf("msg %d", i) {
 			t.Fatalf("server stream message %d: %q, %v", i, p, err)
 		}
@@ -308,23 +284,23 @@ func TestH2CStreamingShapes(t *testing.T) {
 
 	var body bytes.Buffer
 	for range 10 {
-		body.Write(grpcFrame(bytes.Repeat([]byte("x"), 1000)))
+		body.Write(grpcmsg.Frame(bytes.Repeat([]byte("x"), 1000)))
 	}
 	resp, err = client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/client", &body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err := readGRPC(resp.Body); err != nil || string(p) != "10000" {
+	if p, err := grpcmsg.Read(resp.Body); err != nil || string(p) != "10000" {
 		t.Fatalf("client stream sum %q, %v", p, err)
 	}
 	drain(resp)
 
 	big := bytes.Repeat([]byte("0123456789abcdef"), 4<<20/16) // 4 MiB, past every window
-	resp, err = client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcFrame(big))))
+	resp, err = client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame(big))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err := readGRPC(resp.Body); err != nil || !bytes.Equal(p, big) {
+	if p, err := grpcmsg.Read(resp.Body); err != nil || !bytes.Equal(p, big) {
 		t.Fatalf("large message: %d bytes back, %v", len(p), err)
 	}
 	drain(resp)
@@ -419,7 +395,7 @@ func TestH2CGoAwayDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	go up.goAway()
-	p, err := readGRPC(resp.Body)
+	p, err := grpcmsg.Read(resp.Body)
 	if err != nil || string(p) != "slow" {
 		t.Fatalf("stream in flight across GOAWAY: %q, %v", p, err)
 	}
