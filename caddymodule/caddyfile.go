@@ -127,7 +127,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    keepalive_interval      off|<interval>
 //	    keepalive_max_lifetime  <duration>
 //	    keepalive_max_requests  <count>
-//	    versions                1.1
+//	    versions                1.1|2|h2c...
 //	    tls
 //	    tls_client_auth         <automate_name> | <cert_file> <key_file>
 //	    tls_insecure_skip_verify
@@ -217,10 +217,8 @@ func (t *Transport) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(t.Versions) == 0 {
 				return d.ArgErr()
 			}
-			for _, v := range t.Versions {
-				if v != "1.1" {
-					return d.Errf("unsupported HTTP version '%s': the orbit_pool transport speaks HTTP/1.1 only", v)
-				}
+			if err := checkVersions(t.Versions); err != nil {
+				return d.Err(err.Error())
 			}
 		case "tls":
 			if d.NextArg() {

@@ -66,7 +66,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"keepalive_interval", transportBlock("keepalive_interval often"), "bad keepalive_interval value 'often'"},
 		{"keepalive_max_lifetime", transportBlock("keepalive_max_lifetime 0"), "bad keepalive_max_lifetime value '0': must be positive"},
 		{"keepalive_max_requests", transportBlock("keepalive_max_requests 0"), "bad keepalive_max_requests value '0': must be at least 1"},
-		{"versions", transportBlock("versions 1.1 2"), "unsupported HTTP version '2': the orbit_pool transport speaks HTTP/1.1 only"},
+		{"versions", transportBlock("versions 1.1 2.0"), `unsupported HTTP version "2.0" (supported: 1.1, 2, h2c)`},
+		{"http3", transportBlock("versions 3"), `unsupported HTTP version "3": the orbit_pool transport does not speak HTTP/3`},
 		{"versions missing", transportBlock("versions"), "wrong argument count"},
 		{"tls argument", transportBlock("tls yes"), "wrong argument count"},
 		{"tls_client_auth", transportBlock("tls_client_auth a b c"), "wrong argument count"},
@@ -79,7 +80,6 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"tls_server_name", transportBlock("tls_server_name"), "wrong argument count"},
 		{"tls_renegotiation", transportBlock("tls_renegotiation sometimes"), "bad tls_renegotiation value 'sometimes': want never, once or freely"},
 		{"tls_except_ports", transportBlock("tls_except_ports"), "wrong argument count"},
-		{"h2c upstream", ":8080 {\n\treverse_proxy h2c://127.0.0.1:9000 {\n\t\ttransport orbit_pool\n\t}\n}\n", "speaks HTTP/1.1 only: h2c upstreams are not supported"},
 		{"tls to http upstream", ":8080 {\n\treverse_proxy http://127.0.0.1:9000 {\n\t\ttransport orbit_pool {\n\t\t\ttls\n\t\t}\n\t}\n}\n", "upstream address scheme is HTTP but transport is configured for HTTP+TLS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,7 +138,7 @@ func TestValidateErrors(t *testing.T) {
 		{"reconcile_interval", appConfig(`{"reconcile_interval": "-1s"}`), "reconcile_interval must be positive, got -1s"},
 		{"reservation_timeout", appConfig(`{"reservation_timeout": "-1s"}`), "reservation_timeout must be positive, got -1s"},
 
-		{"versions", transportConfig(`{"protocol": "orbit_pool", "versions": ["2"]}`), `unsupported HTTP version "2": the orbit_pool transport speaks HTTP/1.1 only`},
+		{"versions", transportConfig(`{"protocol": "orbit_pool", "versions": ["1.1", "3"]}`), `unsupported HTTP version "3": the orbit_pool transport does not speak HTTP/3`},
 		{"dial_timeout", transportConfig(`{"protocol": "orbit_pool", "dial_timeout": "-1s"}`), "dial_timeout must be positive, got -1s"},
 		{"response_header_timeout", transportConfig(`{"protocol": "orbit_pool", "response_header_timeout": "-1s"}`), "response_header_timeout must not be negative, got -1s"},
 		{"expect_continue_timeout", transportConfig(`{"protocol": "orbit_pool", "expect_continue_timeout": "-1s"}`), "expect_continue_timeout must not be negative, got -1s"},

@@ -18,6 +18,18 @@
 // checks, retries, header manipulation, streaming and WebSockets are
 // reverse_proxy's and keep working unchanged.
 //
+// Protocols: HTTP/1.1 by default; `versions` takes what the stock `http`
+// transport takes but "3": "2" speaks HTTP/2 to TLS upstreams (by ALPN),
+// "h2c" speaks HTTP/2 with prior knowledge to cleartext ones, and an
+// h2c:// upstream address implies `versions h2c 2`, as with stock. An
+// HTTP/1.1 connection carries one request at a time; an HTTP/2 connection
+// is one pooled resource with as many streams as the upstream's
+// SETTINGS_MAX_CONCURRENT_STREAMS, which requests of every worker reserve
+// (a sibling's stream is relayed by the connection's owner, full-duplex,
+// trailers included, so gRPC streaming works). max_conns_per_host counts
+// connections of either kind; HTTP/1.1 and HTTP/2 connections of one
+// upstream are pooled apart.
+//
 // The fleet-wide settings live in the `orbit_pool` global option (JSON: the
 // `orbit_pool` app); without one, the defaults apply. The package also
 // provides:

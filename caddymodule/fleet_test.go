@@ -104,15 +104,22 @@ type testFleet struct {
 	// reconcile is the reconcile_interval setting; changing it on a
 	// reload gives every worker a new membership.
 	reconcile string
+	// protocols, if set, are the servers' protocols (h1 h2 h2c ...).
+	protocols string
 }
 
 // fleetCaddyfile is the fleet's configuration; version shows in the
 // X-Config response header, so a test sees a reload take effect.
 func (f *testFleet) writeCaddyfile(upstream, version string) {
 	f.t.Helper()
+	servers := ""
+	if f.protocols != "" {
+		servers = "servers {\n\t\tprotocols " + f.protocols + "\n\t}"
+	}
 	cfg := fmt.Sprintf(`{
 	auto_https off
 	grace_period 3s
+	%s
 	orbit_pool {
 		segment %s
 		max_conns_per_host 4
@@ -129,7 +136,7 @@ func (f *testFleet) writeCaddyfile(upstream, version string) {
 		transport orbit_pool
 	}
 }
-`, f.segment, cmp.Or(f.reconcile, "50ms"), f.govWorkers, f.port, version, upstream)
+`, servers, f.segment, cmp.Or(f.reconcile, "50ms"), f.govWorkers, f.port, version, upstream)
 	if err := os.WriteFile(f.caddyfile, []byte(cfg), 0o644); err != nil {
 		f.t.Fatal(err)
 	}

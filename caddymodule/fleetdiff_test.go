@@ -342,11 +342,14 @@ func diffSite(port int, plain, tlsUp, transport string) string {
 
 // startStock runs stock Caddy with the http transport, stopped when the test
 // ends.
-func startStock(t *testing.T, site string) *exec.Cmd {
+func startStock(t *testing.T, site string) *exec.Cmd { return startStockWith(t, "", site) }
+
+// startStockWith is startStock with more global options.
+func startStockWith(t *testing.T, global, site string) *exec.Cmd {
 	bin := caddyBinary(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(cfg, []byte("{\n\tauto_https off\n\tadmin off\n\tgrace_period 3s\n}\n"+site), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("{\n\tauto_https off\n\tadmin off\n\tgrace_period 3s\n"+global+"}\n"+site), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "run", "--config", cfg, "--adapter", "caddyfile")

@@ -99,9 +99,17 @@ type Transport struct {
 	// Default: the app's wait_timeout.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
-	// Versions are the HTTP versions spoken to the upstream. The transport
-	// speaks HTTP/1.1 only, so the one accepted value is "1.1". Default:
-	// ["1.1"].
+	// Versions are the HTTP versions spoken to the upstream, as the stock
+	// `http` transport names them: "1.1"; "2", HTTP/2 to TLS upstreams by
+	// ALPN (h2, falling back to http/1.1); "h2c", HTTP/2 with prior
+	// knowledge to cleartext upstreams (instead of HTTP/1.1), and HTTP/2 by
+	// ALPN to TLS ones. Any combination of the three is accepted; "3"
+	// (HTTP/3) is not supported. An HTTP/2 connection is one pool resource
+	// whose capacity is the upstream's SETTINGS_MAX_CONCURRENT_STREAMS:
+	// every worker's requests share its streams, and max_conns_per_host
+	// still counts connections. HTTP/1.1 and HTTP/2 connections to one
+	// upstream are pooled apart. Default: ["1.1"] (stock's default is
+	// ["1.1", "2"]: name "2" to get HTTP/2 to TLS upstreams).
 	Versions []string `json:"versions,omitempty"`
 
 	app       *App
@@ -236,10 +244,8 @@ type tlsIdentity struct {
 
 // Validate rejects settings the transport cannot honour.
 func (t *Transport) Validate() error {
-	for _, v := range t.Versions {
-		if v != "1.1" {
-			return fmt.Errorf("unsupported HTTP version %q: the orbit_pool transport speaks HTTP/1.1 only", v)
-		}
+	if err := checkVersions(t.Versions); err != nil {
+		return err
 	}
 	switch {
 	case t.DialTimeout < 0:
@@ -300,6 +306,8 @@ func (t *Transport) inner(f *fleet) *proxy.Transport {
 		ExpectContinueTimeout:  ect,
 		ResponseHeaderTimeout:  time.Duration(t.ResponseHeaderTimeout),
 		KeyExtra:               t.keyExtra,
+		HTTP2:                  slices.Contains(t.Versions, "2") || slices.Contains(t.Versions, "h2c"),
+		H2C:                    slices.Contains(t.Versions, "h2c"),
 	}
 	if t.TLS != nil && t.TLS.HandshakeTimeout > 0 {
 		rt.DialTimeout += time.Duration(t.TLS.HandshakeTimeout)
@@ -407,9 +415,26 @@ func (t *Transport) EnableTLS(base *reverseproxy.TLSConfig) error {
 	return nil
 }
 
-// EnableH2C refuses: the transport speaks HTTP/1.1 only.
+// EnableH2C makes the transport speak h2c to cleartext upstreams (and
+// HTTP/2 to TLS ones), as stock does for an h2c:// upstream.
 func (t *Transport) EnableH2C() error {
-	return errors.New("the orbit_pool transport speaks HTTP/1.1 only: h2c upstreams are not supported")
+	t.Versions = []string{"h2c", "2"}
+	return nil
+}
+
+// checkVersions accepts the versions stock's `http` transport accepts, but
+// HTTP/3.
+func checkVersions(vs []string) error {
+	for _, v := range vs {
+		switch v {
+		case "1.1", "2", "h2c":
+		case "3":
+			return errors.New(`unsupported HTTP version "3": the orbit_pool transport does not speak HTTP/3 (supported: 1.1, 2, h2c)`)
+		default:
+			return fmt.Errorf("unsupported HTTP version %q (supported: 1.1, 2, h2c)", v)
+		}
+	}
+	return nil
 }
 
 // OverrideHealthCheckScheme makes active health checks use HTTPS when TLS is

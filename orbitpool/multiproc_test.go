@@ -163,6 +163,8 @@ func mpRoleFunc(role string) func(*mpChildCtx) error {
 		return mpRoleBenchPong
 	case "struct-churn":
 		return mpRoleStructChurn
+	case "capacity-taker":
+		return mpRoleCapacityTaker
 	}
 	return nil
 }

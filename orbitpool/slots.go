@@ -298,6 +298,10 @@ func (p *Pool) Reserve(id ResourceID) (Lease, error) {
 				break
 			}
 			if atomic.CompareAndSwapUint64(word, w, w|1<<bit) {
+				if p.overCapacity(off, w|1<<bit) {
+					p.ungrant(off, id.Generation(), bit, t)
+					return Lease{}, ErrBusy
+				}
 				inc := Incarnation(atomic.LoadUint64(s.u64(s.laneOff(lane) + lnIncarnation)))
 				return Lease{ID: id, Owner: inc, Ticket: t, Bit: uint8(bit)}, nil
 			}
@@ -394,6 +398,10 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 			return nil, ErrBusy
 		}
 		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w+useOne) {
+			if p.overCapacity(off, w+useOne) {
+				p.dropUse(off, id.Generation(), ref.idx)
+				return nil, ErrBusy
+			}
 			if p.closed.Load() {
 				// Close may have given this lane to another process
 				// between the read of the slot and the use: Close marks

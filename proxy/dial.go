@@ -21,6 +21,9 @@ type upstream struct {
 	// TLS is the client TLS configuration for https; its certificates are the
 	// client identity. Nil means defaults.
 	TLS *tls.Config
+	// Proto is the protocol spoken: protoHTTP1, protoHTTP2 (https, by
+	// ALPN) or protoH2C (http, with prior knowledge).
+	Proto string
 }
 
 // dialer makes upstream connections.
@@ -79,7 +82,6 @@ func (d *dialer) tlsConfig(u *upstream) *tls.Config {
 	if cfg.ClientSessionCache == nil {
 		cfg.ClientSessionCache = d.sessions
 	}
-	// This transport speaks HTTP/1.1 only.
-	cfg.NextProtos = []string{"http/1.1"}
+	cfg.NextProtos = tlsNextProtos(u)
 	return cfg
 }

@@ -1,4 +1,5 @@
-// Package proxy is the HTTP/1.1 client side of an orbit fleet: several
+// Package proxy is the HTTP client side (HTTP/1.1, HTTP/2 and h2c upstreams)
+// of an orbit fleet: several
 // processes on one Linux host that share their upstream connections through
 // an [orbitpool.Pool] in shared memory. [Transport] is an [http.RoundTripper]
 // that any Go program can use; the Caddy transport wraps it.
@@ -104,6 +105,34 @@
 // timeout, lifetime or request count are closed and unregistered, which
 // invalidates every outstanding lease on them and gives the budget back. A
 // connection broken by an exchange leaves the pool at once.
+//
+// # HTTP/2 upstreams
+//
+// With [Transport.HTTP2] (https, by ALPN) or [Transport.H2C] (http, prior
+// knowledge), an upstream connection that speaks HTTP/2 is one pool
+// resource whose capacity is the upstream's SETTINGS_MAX_CONCURRENT_STREAMS
+// (at most orbitpool.MaxCapacity): a request anywhere in the fleet reserves
+// one stream unit of it, and MaxConnsPerKey still counts connections, so the
+// fleet's concurrent streams to a Key are bounded by the sum of its
+// connections' capacities. The owner runs each stream with
+// golang.org/x/net/http2's ClientConn, made on the connection it dialed (as
+// net/http does), after a PING whose ack proves the peer's SETTINGS were
+// read. A sibling's request crosses the unix leg as HTTP/1.1 (chunked, with
+// its trailers) and its response comes back chunked with trailers
+// (grpc-status included) and a head flag that restores what net/http's
+// HTTP/2 client returns (Proto HTTP/2.0, no transfer coding, the declared
+// Content-Length); request and response bodies flow at the same time, so
+// bidirectional gRPC streams work through a sibling. Cancelling a request,
+// here or in the sibling, closes its stream, and x/net/http2 resets it
+// upstream (RST_STREAM). The pool capacity follows the peer's later
+// SETTINGS: the ClientConn's state is read when a stream starts or ends and
+// at every sweep, and the pool told with [orbitpool.Pool.SetCapacity]. A
+// GOAWAY drains the connection (capacity 0: nothing new is reserved, the
+// streams in flight finish) and it leaves the pool when its last stream
+// ends; a stream refused or never started because of it is retried on a
+// fresh plan. HTTP/1.1 and HTTP/2 connections of one upstream have
+// different Keys. The unix leg's frame version is 2 since the HTTP/2 head
+// flags; a sibling of another version is refused with an error naming both.
 //
 // The package is Linux-only (SO_PEERCRED, MSG_PEEK through x/sys/unix).
 //

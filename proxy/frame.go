@@ -17,15 +17,18 @@ import (
 //	           followed by one HTTP/1.1 request
 //	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
 //	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
-//	head     = 'H' flags(1)
+//	head     = 'H' flags(1) [length(8) if flags has headLength]
 //
+// Version 2 added the HTTP/2 head flags (headProto2, headLength). A frame of
+// another version is refused with an error that names both versions: the
+// processes of one fleet must run builds that speak the same unix leg.
 // Integers are big-endian. Every field is checked strictly: unknown types or
 // flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
 // that sends one loses its stream (and only its stream).
 const (
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 1
+	frameVersion  = 2
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
@@ -125,8 +128,16 @@ const (
 	// answered without it): the caller must not send another request on
 	// it, even if, on its side, the body went out whole.
 	headStreamEnds
+	// headProto2: the upstream spoke HTTP/2; the relay framed its body as
+	// chunked (with its trailers), which the caller undoes.
+	headProto2
+	// headLength: the upstream's response declared this Content-Length,
+	// carried in the 8 bytes after the head flags because the relay framed
+	// the body as chunked (an HTTP/2 body may end with trailers whatever
+	// its length).
+	headLength
 
-	headFlagsKnown = headProto10 | headCloseDelimited | headClose | headStreamEnds
+	headFlagsKnown = headProto10 | headCloseDelimited | headClose | headStreamEnds | headProto2 | headLength
 	headMarker     = 'H'
 )
 
@@ -284,8 +295,11 @@ func checkPrefix(b []byte, typ frameType) error {
 			return errShort
 		}
 		if b[i] != want {
-			if i < 3 {
-				return fmt.Errorf("%w: bad magic or version", ErrBadFrame)
+			if i == 2 {
+				return fmt.Errorf("%w: unix-leg frame version %d, this process speaks version %d (the sibling runs another orbit build)", ErrBadFrame, b[i], frameVersion)
+			}
+			if i < 2 {
+				return fmt.Errorf("%w: bad magic", ErrBadFrame)
 			}
 			return fmt.Errorf("%w: frame type %d, want %d", ErrBadFrame, b[i], typ)
 		}
@@ -322,15 +336,33 @@ func readFrame[F any](br *bufio.Reader, headerLen int, decode func([]byte) (F, i
 
 func appendHead(b []byte, f headFlags) []byte { return append(b, headMarker, byte(f)) }
 
-func readHead(br *bufio.Reader) (headFlags, error) {
+// appendHeadLength is appendHead for a head with headLength and its length.
+func appendHeadLength(b []byte, f headFlags, n int64) []byte {
+	return binary.BigEndian.AppendUint64(append(b, headMarker, byte(f|headLength)), uint64(n))
+}
+
+// readHead reads a head marker and, with headLength, the length after it
+// (-1 without).
+func readHead(br *bufio.Reader) (headFlags, int64, error) {
 	b, err := br.Peek(2)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if b[0] != headMarker || headFlags(b[1])&^headFlagsKnown != 0 {
-		return 0, fmt.Errorf("%w: bad head marker %q", ErrBadFrame, b)
+		return 0, 0, fmt.Errorf("%w: bad head marker %q", ErrBadFrame, b)
 	}
 	f := headFlags(b[1])
-	br.Discard(2)
-	return f, nil
+	if f&headLength == 0 {
+		br.Discard(2)
+		return f, -1, nil
+	}
+	if b, err = br.Peek(10); err != nil {
+		return 0, 0, err
+	}
+	n := binary.BigEndian.Uint64(b[2:])
+	if n > 1<<62 {
+		return 0, 0, fmt.Errorf("%w: head length %d", ErrBadFrame, n)
+	}
+	br.Discard(10)
+	return f, int64(n), nil
 }

@@ -145,7 +145,7 @@ func FuzzDecodeFrame(f *testing.F) {
 		}
 		br := bufio.NewReaderSize(bytes.NewReader(b), 16)
 		for range 4 {
-			if _, err := readHead(br); err != nil {
+			if _, _, err := readHead(br); err != nil {
 				break
 			}
 		}

@@ -57,6 +57,10 @@ func keyFor(u *upstream, serverName string, extra string) orbitpool.Key {
 		}
 	}
 	field(extra)
+	if u.Proto != protoHTTP1 {
+		// HTTP/1.1 keys stay as they were; HTTP/2 pools are apart.
+		field("proto:" + u.Proto)
+	}
 	sum := h.Sum(nil)
 	return orbitpool.Key{Hi: binary.BigEndian.Uint64(sum[0:8]), Lo: binary.BigEndian.Uint64(sum[8:16])}
 }

@@ -48,7 +48,8 @@ type Node struct {
 	srv   *server
 	sweep time.Duration
 
-	slots []atomic.Pointer[owned] // by slot index in this process's lane
+	slots   []atomic.Pointer[owned]  // HTTP/1.1 connections, by slot index in this process's lane
+	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
 
 	stats nodeCounters
 
@@ -92,7 +93,9 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		gov:   opts.Governor,
 		sweep: opts.SweepInterval,
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
-		stop:  make(chan struct{}),
+
+		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
+		stop:    make(chan struct{}),
 	}
 	if n.sweep <= 0 {
 		n.sweep = time.Second
@@ -144,6 +147,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.retire(oc)
 		}
 	}
+	n.closeIdleH2()
 	if n.srv != nil {
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
@@ -184,6 +188,7 @@ func (n *Node) Close() error {
 			n.retire(oc)
 		}
 	}
+	n.closeAllH2()
 	return nil
 }
 
@@ -200,6 +205,9 @@ func (n *Node) Stats() NodeStats {
 	}
 	for i := range n.slots {
 		if n.slots[i].Load() != nil {
+			s.OpenConns++
+		}
+		if n.h2slots[i].Load() != nil {
 			s.OpenConns++
 		}
 	}
@@ -389,6 +397,9 @@ func (n *Node) accept(b []byte) (execution, error) {
 		}
 		return nil, &rejectError{code: code, err: err}
 	}
+	if hc := n.lookupH2(exec.ID()); hc != nil {
+		return n.acceptH2(hc, exec)
+	}
 	oc := n.lookup(exec.ID())
 	if oc == nil || !oc.take(n.log) {
 		if oc != nil && oc.state.Load() == stDead {
@@ -434,6 +445,7 @@ func (n *Node) sweeper() {
 			return
 		case <-t.C:
 			n.sweepOnce()
+			n.sweepH2()
 		}
 	}
 }

@@ -131,12 +131,27 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	chunked := len(resp.TransferEncoding) > 0
 	hasBody := req.Method != http.MethodHead && resp.ContentLength != 0 && resp.Body != http.NoBody &&
 		code != http.StatusSwitchingProtocols && code != http.StatusNoContent && code != http.StatusNotModified
-	if hasBody && resp.ContentLength < 0 && !chunked {
+	h2 := resp.ProtoMajor == 2
+	switch {
+	case h2:
+		// An HTTP/2 body of any length may end with trailers: chunked
+		// carries them, and the head carries the declared length.
+		hf |= headProto2
+		if hasBody && resp.ContentLength < 0 {
+			hf |= headCloseDelimited
+		}
+		chunked = hasBody
+	case hasBody && resp.ContentLength < 0 && !chunked:
 		hf |= headCloseDelimited
 		chunked = true
 	}
 	bw := r.bw
-	bw.Write(appendHead(nil, hf))
+	if h2 && resp.ContentLength >= 0 && hasBody {
+		bw.Write(appendHeadLength(nil, hf, resp.ContentLength))
+		resp.Header.Del("Content-Length")
+	} else {
+		bw.Write(appendHead(nil, hf))
+	}
 	writeStatusLine(bw, resp)
 	resp.Header.Write(bw)
 	if chunked {

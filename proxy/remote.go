@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -155,6 +156,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 type remoteLeg struct {
 	lease    []byte
 	deadline time.Time
+	length   int64 // the head's declared length (headLength), or -1
 	scratch  [reqHeaderLen + maxLeaseLen]byte
 }
 
@@ -187,7 +189,11 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 	}
 }
 
-func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) { return readHead(br) }
+func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) {
+	f, n, err := readHead(br)
+	l.length = n
+	return f, err
+}
 
 // fixResponse restores what the owner's relay had to change: the protocol
 // version the upstream spoke, its close-delimited framing and its wish to
@@ -200,4 +206,15 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 		resp.TransferEncoding = nil
 	}
 	resp.Close = f&headClose != 0
+	if f&headProto2 != 0 {
+		// As net/http's HTTP/2 client returns it: no transfer coding,
+		// and the declared length, if any, in the field and the header.
+		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/2.0", 2, 0
+		resp.TransferEncoding = nil
+		resp.Close = false
+		if f&headLength != 0 {
+			resp.ContentLength = l.length
+			resp.Header.Set("Content-Length", strconv.FormatInt(l.length, 10))
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/orbitproxy/orbit/backpressure"
 	"github.com/orbitproxy/orbit/orbitpool"
+	"golang.org/x/net/http2"
 )
 
 // Transport is an http.RoundTripper for HTTP/1.1 upstreams whose connections
@@ -71,6 +72,15 @@ type Transport struct {
 	// MaxRetries bounds how often one request is sent again after a
 	// retry-safe failure. Default 3.
 	MaxRetries int
+	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
+	// a connection on which the upstream chooses h2 is one pool resource
+	// with room for as many concurrent requests as the upstream's
+	// SETTINGS_MAX_CONCURRENT_STREAMS, used by every process of the fleet.
+	// Default false: HTTP/1.1 only.
+	HTTP2 bool
+	// H2C speaks HTTP/2 with prior knowledge (h2c) to http upstreams,
+	// pooled as HTTP2 pools it. Default false: HTTP/1.1.
+	H2C bool
 	// DisableCompression stops the transport from asking for gzip when the
 	// request names no Accept-Encoding, and from decoding gzip responses it
 	// asked for. As with net/http, compression is on by default.
@@ -80,6 +90,7 @@ type Transport struct {
 	dialer    dialer
 	settings  connSettings
 	remote    remoteOpts
+	h2t       *http2.Transport
 	upstreams sync.Map // "scheme://host" -> *upstreamEntry
 	// last is the entry most recently looked up: a transport usually talks
 	// to one upstream, and this spares each request a key string and a map
@@ -122,6 +133,7 @@ func (t *Transport) init() {
 		expectContinueTimeout: ect,
 		responseHeaderTimeout: t.ResponseHeaderTimeout,
 	}
+	t.h2t = t.newH2Transport()
 	t.remote = remoteOpts{maxHeaderBytes: mh, expectContinueTimeout: ect, responseHeaderTimeout: t.ResponseHeaderTimeout}
 }
 
@@ -153,6 +165,12 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 		addr = net.JoinHostPort(req.URL.Hostname(), port)
 	}
 	u := upstream{Scheme: scheme, Addr: addr, TLS: t.TLSClientConfig}
+	switch {
+	case scheme == "http" && t.H2C:
+		u.Proto = protoH2C
+	case scheme == "https" && t.HTTP2:
+		u.Proto = protoHTTP2
+	}
 	e := &upstreamEntry{u: u, host: host, name: scheme + "://" + addr, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
 	if t.Node != nil {
 		t.Node.setCap(e.key, t.MaxConnsPerKey)
@@ -322,6 +340,14 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 		}
 		switch plan.Kind {
 		case orbitpool.PlanReuseLocal:
+			if hc := n.lookupH2(plan.Execution.ID()); hc != nil {
+				if !n.usableH2(hc) {
+					plan.Execution.Complete()
+					continue
+				}
+				n.stats.reusedLocal.Add(1)
+				return n.useH2(hc, plan.Execution, req, release)
+			}
 			oc := n.lookup(plan.Execution.ID())
 			if oc == nil || !oc.take(n.log) {
 				if oc != nil && oc.state.Load() == stDead {
@@ -359,6 +385,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 			if err != nil {
 				plan.Permit.Close()
 				return nil, err
+			}
+			if h2Wanted(&e.u, c) {
+				return t.createH2(req, e, c, plan.Permit, release)
 			}
 			exec, err := plan.Permit.RegisterAndAccept(1)
 			if err != nil {

@@ -1,0 +1,92 @@
+package orbitpool
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// SetCapacity changes how many concurrent users a live resource this process
+// owns admits: for instance an HTTP/2 connection whose peer changed its
+// SETTINGS_MAX_CONCURRENT_STREAMS. Capacity 0 drains the resource: it stays
+// registered, and counted against its key's budget, but takes no new
+// reservation until its capacity is raised again or it is unregistered.
+//
+// Lowering never takes anything back: accepted executions and reservations
+// already granted run to their end. It bounds what is granted after it: every
+// Reserve or local use whose compare-and-swap comes after SetCapacity returns
+// is granted only if the resource's users and pending reservations, counting
+// it, stay within the new capacity. Raising wakes waiters on the key for the
+// units it adds.
+func (p *Pool) SetCapacity(id ResourceID, capacity int) error {
+	if capacity < 0 || capacity > MaxCapacity {
+		return fmt.Errorf("orbitpool: capacity %d out of range [0, %d]", capacity, MaxCapacity)
+	}
+	off, err := p.ownSlot(id)
+	if err != nil {
+		return err
+	}
+	s := p.seg
+	// laneMu orders this with Unregister and with the creation of a new
+	// life in the slot, the only other writers of the capacity word: the
+	// generation checked here is the one whose capacity is written.
+	p.laneMu.Lock()
+	w := atomic.LoadUint64(s.u64(off + slWord))
+	if wGen(w) != id.Generation() || wState(w) != StateLive {
+		p.laneMu.Unlock()
+		return fmt.Errorf("orbitpool: set capacity of %v: %w", id, ErrStale)
+	}
+	old := int(atomic.SwapUint32(s.u32(off+slCapacity), uint32(capacity)))
+	k, _, ok := p.slotKey(off)
+	p.laneMu.Unlock()
+	if !ok {
+		return fmt.Errorf("orbitpool: resource %v names key entry %d: %w", id, k, ErrCorrupt)
+	}
+	if capacity > old {
+		p.wake(k, uint64(capacity-old))
+	}
+	return nil
+}
+
+// Capacity reports the capacity of a live resource, as last set by Register
+// or SetCapacity.
+func (p *Pool) Capacity(id ResourceID) (int, error) {
+	lane, slot := id.Lane(), id.Slot()
+	if lane >= p.l.nlanes || slot >= p.l.perLane {
+		return 0, fmt.Errorf("orbitpool: capacity of %v: no such slot: %w", id, ErrStale)
+	}
+	s := p.seg
+	off := s.slotOff(lane, slot)
+	w := atomic.LoadUint64(s.u64(off + slWord))
+	c := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	w2 := atomic.LoadUint64(s.u64(off + slWord))
+	if wGen(w) != id.Generation() || wGen(w2) != wGen(w) || wState(w2) != StateLive {
+		return 0, fmt.Errorf("orbitpool: capacity of %v: %w", id, ErrStale)
+	}
+	return c, nil
+}
+
+// overCapacity is the check a grant makes after its compare-and-swap: w is
+// the slot word the grant installed, counting it. The capacity read before
+// the compare-and-swap may predate a SetCapacity that lowered it; the one
+// read now cannot, for the swap came after the store. A grant over the
+// capacity it reads now is given back by its caller. Concurrent grants may
+// each see the others' and all give back: a spurious ErrBusy, never an
+// excess.
+func (p *Pool) overCapacity(off int, w uint64) bool {
+	return wUse(w)+wPendN(w) > int(atomic.LoadUint32(p.seg.u32(off+slCapacity)))
+}
+
+// ungrant gives back a reservation that overCapacity refused: its ticket
+// first, so no Accept can take it, then its bit, and wakes the key for the
+// unit a waiter may have been refused because of it.
+func (p *Pool) ungrant(off int, gen uint64, bit int, ticket uint64) {
+	s := p.seg
+	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*bit), ticket, 0) {
+		return // the slot was freed meanwhile, or its owner aged the bit
+	}
+	if p.dropReservation(off, gen, 1<<bit) {
+		if k, _, ok := p.slotKey(off); ok {
+			p.wake(k, 1)
+		}
+	}
+}

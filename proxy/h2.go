@@ -1,0 +1,381 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+)
+
+// HTTP/2 upstream connections. One connection is one pool resource whose
+// capacity is the peer's SETTINGS_MAX_CONCURRENT_STREAMS (at most
+// orbitpool.MaxCapacity): a request anywhere in the fleet reserves one stream
+// of it. The owner runs every stream on the connection with
+// golang.org/x/net/http2's ClientConn, made on the connection it dialed, as
+// net/http does; a sibling's request arrives over the unix leg as HTTP/1.1,
+// and its response goes back the same way, chunked so that trailers pass
+// whatever the body's length, with a head flag that restores what HTTP/2
+// said. The capacity follows the peer's later SETTINGS, read from the
+// ClientConn's state when a stream starts or ends and at every sweep; a
+// GOAWAY (or the ClientConn deciding not to reuse the connection) drains the
+// resource: capacity 0, so nothing new is reserved, while the streams in
+// flight finish; the connection leaves the pool when the last one ends.
+
+// Upstream protocols, as the Key and the dialer see them.
+const (
+	protoHTTP1 = ""    // HTTP/1.1 (and, for https, ALPN http/1.1 only)
+	protoHTTP2 = "h2"  // https: ALPN offers h2, then http/1.1
+	protoH2C   = "h2c" // http: HTTP/2 with prior knowledge
+)
+
+// h2conn is an HTTP/2 connection this process owns.
+type h2conn struct {
+	id      orbitpool.ResourceID
+	key     orbitpool.Key
+	cc      *http2.ClientConn
+	scheme  string // of the requests it carries: "http" for h2c, "https"
+	created time.Time
+	s       *connSettings
+
+	// active counts streams started here and not yet ended; mu orders
+	// capacity changes, so that the pool is told of them in the order the
+	// ClientConn's state was read.
+	active   atomic.Int64
+	mu       sync.Mutex
+	capacity int  // last set in the pool; guarded by mu
+	draining bool // capacity 0 for good; guarded by mu
+}
+
+// streamCapacity is the pool capacity a peer's stream limit allows.
+func streamCapacity(max uint32) int {
+	switch {
+	case max == 0:
+		return 1 // no SETTINGS seen: one stream, as the creator uses
+	case max > orbitpool.MaxCapacity:
+		return orbitpool.MaxCapacity
+	}
+	return int(max)
+}
+
+// newH2Transport is the x/net/http2 transport whose ClientConns run this
+// Transport's HTTP/2 connections. Compression is the Transport's own
+// business, as for HTTP/1.1; connections are made and pooled by the fleet.
+func (t *Transport) newH2Transport() *http2.Transport {
+	return &http2.Transport{
+		AllowHTTP:                  true,
+		DisableCompression:         true,
+		StrictMaxConcurrentStreams: true,
+		MaxHeaderListSize:          uint32(min(t.settings.maxHeaderBytes, 1<<31-1)),
+		IdleConnTimeout:            t.settings.idleTimeout,
+	}
+}
+
+// h2Wanted reports whether a connection dialed for u speaks HTTP/2: h2c
+// always, https when ALPN chose h2.
+func h2Wanted(u *upstream, c *conn) bool {
+	switch u.Proto {
+	case protoH2C:
+		return true
+	case protoHTTP2:
+		return c.tls != nil && c.tls.NegotiatedProtocol == http2.NextProtoTLS
+	}
+	return false
+}
+
+// startH2 runs the HTTP/2 client side on a connection just dialed and waits
+// for the peer's SETTINGS (a PING's ack comes after them), so that the
+// connection is registered with the stream limit the peer announced.
+func (t *Transport) startH2(ctx context.Context, u *upstream, c *conn) (*http2.ClientConn, int, error) {
+	cc, err := t.h2t.NewClientConn(c.nc)
+	if err != nil {
+		c.close()
+		return nil, 0, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("http2: %w", err)}
+	}
+	timeout := t.DialTimeout
+	if timeout <= 0 {
+		timeout = defaultDialTimeout
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := cc.Ping(pctx); err != nil {
+		cc.Close()
+		return nil, 0, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("http2 settings from %s: %w", u.Addr, err)}
+	}
+	st := cc.State()
+	if st.Closing || st.Closed {
+		cc.Close()
+		return nil, 0, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("http2: %s refused the connection (GOAWAY)", u.Addr)}
+	}
+	return cc, streamCapacity(st.MaxConcurrentStreams), nil
+}
+
+func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.ClientConn, scheme string, capacity int, s *connSettings) (*h2conn, error) {
+	slot := id.Slot()
+	if slot < 0 || slot >= len(n.h2slots) {
+		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.h2slots))
+	}
+	hc := &h2conn{id: id, key: key, cc: cc, scheme: scheme, created: time.Now(), s: s, capacity: capacity}
+	n.h2slots[slot].Store(hc)
+	return hc, nil
+}
+
+func (n *Node) lookupH2(id orbitpool.ResourceID) *h2conn {
+	s := id.Slot()
+	if s < 0 || s >= len(n.h2slots) {
+		return nil
+	}
+	hc := n.h2slots[s].Load()
+	if hc == nil || hc.id != id {
+		return nil
+	}
+	return hc
+}
+
+// retireH2 unregisters hc and closes its connection, once.
+func (n *Node) retireH2(hc *h2conn) {
+	if !n.h2slots[hc.id.Slot()].CompareAndSwap(hc, nil) {
+		return
+	}
+	hc.cc.Close()
+	if err := n.pool.Unregister(hc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
+		n.log.Debug("unregister", zap.Stringer("id", hc.id), zap.Error(err))
+	}
+	n.stats.retired.Add(1)
+}
+
+// drainH2 stops new streams on hc for good; it leaves the pool once idle.
+func (n *Node) drainH2(hc *h2conn) {
+	hc.mu.Lock()
+	if !hc.draining {
+		hc.draining = true
+		hc.capacity = 0
+		if err := n.pool.SetCapacity(hc.id, 0); err != nil && !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
+			n.log.Debug("drain", zap.Stringer("id", hc.id), zap.Error(err))
+		}
+	}
+	hc.mu.Unlock()
+	if hc.active.Load() == 0 {
+		n.retireH2(hc)
+	}
+}
+
+// syncH2 brings the pool's view of hc in line with its ClientConn: the
+// peer's current stream limit, a GOAWAY or a closed connection, the
+// Transport's limits on the connection, and the fleet's cap on its key.
+func (n *Node) syncH2(hc *h2conn) {
+	st := hc.cc.State()
+	switch {
+	case st.Closed:
+		n.retireH2(hc)
+		return
+	case st.Closing, n.draining.Load(), n.overCap(hc.key),
+		hc.s.maxLifetime > 0 && time.Since(hc.created) >= hc.s.maxLifetime:
+		n.drainH2(hc)
+		return
+	}
+	c := streamCapacity(st.MaxConcurrentStreams)
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if hc.draining || c == hc.capacity {
+		return
+	}
+	if err := n.pool.SetCapacity(hc.id, c); err != nil {
+		if !errors.Is(err, orbitpool.ErrClosed) {
+			n.log.Debug("set capacity", zap.Stringer("id", hc.id), zap.Error(err))
+		}
+		return
+	}
+	n.log.Debug("upstream changed its stream limit", zap.Stringer("id", hc.id), zap.Int("from", hc.capacity), zap.Int("to", c))
+	hc.capacity = c
+}
+
+// usable reports whether hc may start a stream now; a connection that
+// cannot is drained.
+func (n *Node) usableH2(hc *h2conn) bool {
+	if hc.cc.CanTakeNewRequest() {
+		return true
+	}
+	n.syncH2(hc)
+	return false
+}
+
+// useH2 runs req as one stream of hc under exec, which holds the stream's
+// unit of capacity until the response body ends (or is closed, which resets
+// the stream upstream), or the exchange fails. onDone runs then too.
+func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, onDone func()) (*http.Response, error) {
+	hc.active.Add(1)
+	var once sync.Once
+	end := func() {
+		once.Do(func() {
+			hc.active.Add(-1)
+			n.syncH2(hc)
+			exec.Complete()
+			if onDone != nil {
+				onDone()
+			}
+		})
+	}
+	resp, err := hc.cc.RoundTrip(req)
+	if err != nil {
+		end()
+		return nil, h2Error(req, err)
+	}
+	if resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 && resp.Request.Method == http.MethodHead {
+		end()
+		return resp, nil
+	}
+	resp.Body = &h2Body{rc: resp.Body, end: end}
+	return resp, nil
+}
+
+// h2Error classifies a failed stream: refused by the peer, or not started
+// because the connection went away (GOAWAY naming an earlier stream, or the
+// connection unusable), reached nothing upstream, as x/net/http2's own
+// Transport judges when it retries.
+func h2Error(req *http.Request, err error) error {
+	if cerr := req.Context().Err(); cerr != nil {
+		return &Error{Op: "roundtrip", Err: fmt.Errorf("%w: %w", cerr, err)}
+	}
+	var se http2.StreamError
+	retry := errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream
+	switch err.Error() {
+	case "http2: client conn not usable", "http2: Transport received Server's graceful shutdown GOAWAY",
+		"http2: client conn could not be established":
+		retry = true
+	}
+	if retry {
+		return &Error{Op: "roundtrip", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+	}
+	return &Error{Op: "roundtrip", Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+}
+
+// h2Body ends its stream's use of the connection at EOF, on error or on
+// Close, whichever comes first.
+type h2Body struct {
+	rc  io.ReadCloser
+	end func()
+}
+
+func (b *h2Body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil {
+		b.end()
+	}
+	return n, err
+}
+
+func (b *h2Body) Close() error {
+	err := b.rc.Close()
+	b.end()
+	return err
+}
+
+// h2Exec is a sibling's accepted lease on one of this process's HTTP/2
+// connections.
+type h2Exec struct {
+	n    *Node
+	hc   *h2conn
+	exec *orbitpool.Execution
+}
+
+func (e *h2Exec) maxHeaderBytes() int64 { return e.hc.s.maxHeaderBytes }
+
+// roundTrip runs the sibling's request as a stream. The request read from
+// the unix leg names a path only; the connection supplies the scheme, and
+// the Host header the authority. A pending body read needs no stopping: the
+// stream's writer ends with the stream.
+func (e *h2Exec) roundTrip(req *http.Request, _ func()) (*http.Response, error) {
+	req.URL.Scheme = e.hc.scheme
+	req.URL.Host = req.Host
+	return e.n.useH2(e.hc, e.exec, req, nil)
+}
+
+func (e *h2Exec) abandon() { e.exec.Complete() }
+
+// acceptH2 is accept for a lease on an HTTP/2 connection.
+func (n *Node) acceptH2(hc *h2conn, exec *orbitpool.Execution) (execution, error) {
+	if !n.usableH2(hc) {
+		exec.Complete()
+		n.stats.refused.Add(1)
+		return nil, &rejectError{code: rejectGone, err: errors.New("http2 connection draining")}
+	}
+	n.stats.servedRemote.Add(1)
+	return &h2Exec{n: n, hc: hc, exec: exec}, nil
+}
+
+// sweepH2 follows each HTTP/2 connection's state between streams: a
+// SETTINGS or GOAWAY that arrived while nothing ran, an idle timeout the
+// ClientConn enforced, a lifetime or cap reached.
+func (n *Node) sweepH2() {
+	for i := range n.h2slots {
+		if hc := n.h2slots[i].Load(); hc != nil {
+			n.syncH2(hc)
+		}
+	}
+}
+
+// closeIdleH2 closes the HTTP/2 connections with no stream running, and
+// drains the others so they close when their last stream ends.
+func (n *Node) closeIdleH2() {
+	for i := range n.h2slots {
+		if hc := n.h2slots[i].Load(); hc != nil {
+			n.drainH2(hc)
+		}
+	}
+}
+
+// closeAllH2 closes every HTTP/2 connection at once.
+func (n *Node) closeAllH2() {
+	for i := range n.h2slots {
+		if hc := n.h2slots[i].Load(); hc != nil {
+			n.retireH2(hc)
+		}
+	}
+}
+
+// tlsNextProtos is what ALPN offers for u.
+func tlsNextProtos(u *upstream) []string {
+	if u.Proto == protoHTTP2 {
+		return []string{http2.NextProtoTLS, "http/1.1"}
+	}
+	return []string{"http/1.1"}
+}
+
+// createH2 starts HTTP/2 on a connection dialed under permit, registers it
+// with the peer's stream limit, one stream in use by its creator, and runs
+// req on it.
+func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permit *orbitpool.CreationPermit, release func()) (*http.Response, error) {
+	n := t.Node
+	cc, capacity, err := t.startH2(req.Context(), &e.u, c)
+	if err != nil {
+		permit.Close()
+		return nil, err
+	}
+	exec, err := permit.RegisterAndAccept(capacity)
+	if err != nil {
+		permit.Close()
+		cc.Close()
+		return nil, &Error{Op: "register", RetrySafe: true, Err: err}
+	}
+	scheme := "http"
+	if e.u.Scheme == "https" {
+		scheme = "https"
+	}
+	hc, err := n.installH2(exec.ID(), e.key, cc, scheme, capacity, &t.settings)
+	if err != nil {
+		cc.Close()
+		n.pool.Unregister(exec.ID())
+		exec.Complete()
+		return nil, &Error{Op: "register", RetrySafe: true, Err: err}
+	}
+	n.stats.created.Add(1)
+	return n.useH2(hc, exec, req, release)
+}

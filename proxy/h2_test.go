@@ -1,0 +1,408 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/internal/grpcmsg"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"golang.org/x/net/http2"
+)
+
+// h2Upstream is an h2c test upstream (HTTP/2 with prior knowledge) that
+// counts connections and concurrent streams, with gRPC-style handlers:
+// messages are a 5-byte prefix (flag, big-endian length) and a payload.
+type h2Upstream struct {
+	ln    net.Listener
+	hs    *http.Server
+	h2s   *http2.Server
+	url   string
+	conns atomic.Int64
+	cur   atomic.Int64
+	peak  atomic.Int64
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	open  []net.Conn
+}
+
+func newH2Upstream(t testing.TB, maxStreams uint32) *h2Upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &h2Upstream{ln: ln, url: "http://" + ln.Addr().String()}
+	u.h2s = &http2.Server{MaxConcurrentStreams: maxStreams}
+	u.hs = &http.Server{Handler: http.HandlerFunc(u.serve)}
+	if err := http2.ConfigureServer(u.hs, u.h2s); err != nil {
+		t.Fatal(err)
+	}
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			u.mu.Lock()
+			u.open = append(u.open, c)
+			u.mu.Unlock()
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				u.h2s.ServeConn(c, &http2.ServeConnOpts{Handler: u.hs.Handler, BaseConfig: u.hs})
+			}()
+		}
+	}()
+	t.Cleanup(u.close)
+	return u
+}
+
+func (u *h2Upstream) close() {
+	u.ln.Close()
+	u.mu.Lock()
+	for _, c := range u.open {
+		c.Close()
+	}
+	u.mu.Unlock()
+	u.wg.Wait()
+}
+
+// goAway sends GOAWAY on every connection: streams in flight finish.
+func (u *h2Upstream) goAway() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	u.hs.Shutdown(ctx)
+}
+
+// serve: /unary echoes one message; /echo echoes every message as it comes
+// (bidi), /server answers N messages, /client sums what it got, /hold
+// waits for the client to go away. Every response ends with grpc-status,
+// and echoes a request trailer as x-got-trailer.
+func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
+	n := u.cur.Add(1)
+	defer u.cur.Add(-1)
+	for {
+		p := u.peak.Load()
+		if n <= p || u.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	if r.ProtoMajor != 2 {
+		http.Error(w, "want HTTP/2", http.StatusHTTPVersionNotSupported)
+		return
+	}
+	w.Header().Set("Content-Type", "application/grpc")
+	w.Header().Set("Trailer", "Grpc-Status")
+	w.WriteHeader(http.StatusOK)
+	fl := w.(http.Flusher)
+	status := "0"
+	switch r.URL.Path {
+	case "/unary":
+		grpcmsg.Echo(w, fl.Flush, r.Body, 1)
+	case "/echo":
+		grpcmsg.Echo(w, fl.Flush, r.Body, 0)
+	case "/server":
+		for i := range 5 {
+			w.Write(grpcmsg.Frame([]byte(fmt.Sprintf("msg %d", i))))
+			fl.Flush()
+			time.Sleep(time.Millisecond)
+		}
+	case "/client":
+		total := 0
+		for {
+			p, err := grpcmsg.Read(r.Body)
+			if err != nil {
+				break
+			}
+			total += len(p)
+		}
+		w.Write(grpcmsg.Frame([]byte(fmt.Sprint(total))))
+	case "/hold":
+		fl.Flush()
+		<-r.Context().Done()
+		return
+	case "/slow":
+		time.Sleep(50 * time.Millisecond)
+		w.Write(grpcmsg.Frame([]byte("slow")))
+	default:
+		status = "12"
+	}
+	io.Copy(io.Discard, r.Body)
+	if v := r.Trailer.Get("X-Req-Trailer"); v != "" {
+		w.Header().Set(http.TrailerPrefix+"X-Got-Trailer", v)
+	}
+	w.Header().Set("Grpc-Status", status)
+}
+
+func h2cConf(tr *Transport) { tr.H2C = true }
+
+func grpcReq(t testing.TB, ctx context.Context, url string, body io.Reader) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "POST", url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	return req
+}
+
+func TestH2CUnaryLocalAndRemote(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, h2cConf)
+	for i, m := range []*member{owner, client, owner, client} {
+		req := grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("hello"))))
+		resp, err := m.tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
+			t.Fatalf("request %d: %s %d, want HTTP/2.0 200", i, resp.Proto, resp.StatusCode)
+		}
+		p, err := grpcmsg.Read(resp.Body)
+		if err != nil || string(p) != "hello" {
+			t.Fatalf("request %d: message %q, %v", i, p, err)
+		}
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Trailer.Get("Grpc-Status"); got != "0" {
+			t.Fatalf("request %d: grpc-status trailer %q, want 0 (trailer %v)", i, got, resp.Trailer)
+		}
+		if len(resp.TransferEncoding) != 0 || resp.ContentLength != -1 {
+			t.Fatalf("request %d: TransferEncoding %v ContentLength %d, want none and -1 as net/http's HTTP/2", i, resp.TransferEncoding, resp.ContentLength)
+		}
+	}
+	if got := up.conns.Load(); got != 1 {
+		t.Fatalf("upstream saw %d connections, want 1 shared by both members", got)
+	}
+	if s := client.node.Stats(); s.ReusedRemote != 2 || s.Created != 0 {
+		t.Fatalf("client stats %+v: want 2 remote uses and no connection of its own", s)
+	}
+}
+
+// TestH2CBidiThroughSibling streams messages both ways at once through the
+// owner: each message is answered before the next is sent, which only works
+// when request and response bodies flow at the same time. A request trailer
+// reaches the upstream, and grpc-status comes back.
+func TestH2CBidiThroughSibling(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, h2cConf)
+	warmH2(t, owner, up.url)
+	pr, pw := io.Pipe()
+	req := grpcReq(t, context.Background(), up.url+"/echo", pr)
+	req.Trailer = http.Header{"X-Req-Trailer": nil}
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := client.tr.RoundTrip(req)
+		got <- result{resp, err}
+	}()
+	if _, err := pw.Write(grpcmsg.Frame([]byte("m0"))); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no response head while the request streams")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	resp := r.resp
+	defer resp.Body.Close()
+	for i := range 20 {
+		if i > 0 {
+			if _, err := pw.Write(grpcmsg.Frame([]byte(fmt.Sprintf("m%d", i)))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := grpcmsg.Read(resp.Body)
+		if err != nil || string(p) != fmt.Sprintf("m%d", i) {
+			t.Fatalf("message %d: %q, %v", i, p, err)
+		}
+	}
+	req.Trailer.Set("X-Req-Trailer", "sent-last")
+	pw.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Trailer.Get("Grpc-Status") != "0" || resp.Trailer.Get("X-Got-Trailer") != "sent-last" {
+		t.Fatalf("trailers %v: want grpc-status 0 and the request trailer echoed", resp.Trailer)
+	}
+	if client.node.Stats().ReusedRemote != 1 || up.conns.Load() != 1 {
+		t.Fatalf("want the stream through the owner's one connection: %+v, %d conns", client.node.Stats(), up.conns.Load())
+	}
+}
+
+func warmH2(t testing.TB, owner *member, url string) {
+	t.Helper()
+	resp, err := owner.tr.RoundTrip(grpcReq(t, context.Background(), url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("w")))))
+	if err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	drain(resp)
+}
+
+// TestH2CStreamingShapes runs server streaming, client streaming and a large
+// message through a sibling.
+func TestH2CStreamingShapes(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, h2cConf)
+	warmH2(t, owner, up.url)
+
+	resp, err := client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/server", http.NoBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		p, err := grpcmsg.Read(resp.Body)
+		if err != nil || string(p) != fmt.Sprintf("msg %d", i) {
+			t.Fatalf("server stream message %d: %q, %v", i, p, err)
+		}
+	}
+	drain(resp)
+	if resp.Trailer.Get("Grpc-Status") != "0" {
+		t.Fatalf("server stream trailers %v", resp.Trailer)
+	}
+
+	var body bytes.Buffer
+	for range 10 {
+		body.Write(grpcmsg.Frame(bytes.Repeat([]byte("x"), 1000)))
+	}
+	resp, err = client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/client", &body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := grpcmsg.Read(resp.Body); err != nil || string(p) != "10000" {
+		t.Fatalf("client stream sum %q, %v", p, err)
+	}
+	drain(resp)
+
+	big := bytes.Repeat([]byte("0123456789abcdef"), 4<<20/16) // 4 MiB, past every window
+	resp, err = client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame(big))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := grpcmsg.Read(resp.Body); err != nil || !bytes.Equal(p, big) {
+		t.Fatalf("large message: %d bytes back, %v", len(p), err)
+	}
+	drain(resp)
+	if resp.Trailer.Get("Grpc-Status") != "0" {
+		t.Fatalf("large message trailers %v", resp.Trailer)
+	}
+	if up.conns.Load() != 1 {
+		t.Fatalf("upstream saw %d connections, want 1", up.conns.Load())
+	}
+}
+
+// TestH2CCancelResetsUpstream cancels a stream held open by the upstream,
+// from a sibling: the upstream's handler sees its request end (RST_STREAM),
+// and the stream's unit of capacity comes back.
+func TestH2CCancelResetsUpstream(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, h2cConf)
+	warmH2(t, owner, up.url)
+	for _, m := range []*member{owner, client} {
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := m.tr.RoundTrip(grpcReq(t, ctx, up.url+"/hold", http.NoBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "the upstream handler to run", func() bool { return up.cur.Load() == 1 })
+		cancel()
+		if _, err := io.Copy(io.Discard, resp.Body); err == nil {
+			t.Fatal("body of a cancelled stream ended cleanly")
+		}
+		resp.Body.Close()
+		waitFor(t, 5*time.Second, "the upstream to see the stream reset", func() bool { return up.cur.Load() == 0 })
+	}
+	waitFor(t, 5*time.Second, "the capacity to come back", func() bool {
+		c, _ := owner.pool.Candidates(mustKey(t, owner.tr, up.url), nil)
+		return len(c) == 1 && c[0].InUse == 0 && c[0].Pending == 0
+	})
+}
+
+func mustKey(t testing.TB, tr *Transport, url string) orbitpool.Key {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	_, k, err := tr.Upstream(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// TestH2CCapacityIsStreamLimit: the connection is registered with the
+// upstream's SETTINGS_MAX_CONCURRENT_STREAMS, and load that fits in it
+// from two members uses one connection and never more streams.
+func TestH2CCapacityIsStreamLimit(t *testing.T) {
+	up := newH2Upstream(t, 3)
+	owner, client := remotePair(t, h2cConf)
+	warmH2(t, owner, up.url)
+	c, _ := owner.pool.Candidates(mustKey(t, owner.tr, up.url), nil)
+	if len(c) != 1 || c[0].Capacity != 3 {
+		t.Fatalf("candidates %+v: want one with capacity 3", c)
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 12 {
+		m := []*member{owner, client}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := m.tr.RoundTrip(grpcReq(t, ctx, up.url+"/slow", http.NoBody))
+			if err != nil {
+				failed.Add(1)
+				t.Error(err)
+				return
+			}
+			drain(resp)
+		}()
+	}
+	wg.Wait()
+	if up.conns.Load() != 1 || up.peak.Load() > 3 || failed.Load() != 0 {
+		t.Fatalf("%d connections, %d concurrent streams at most, %d failures: want 1, <= 3, 0", up.conns.Load(), up.peak.Load(), failed.Load())
+	}
+}
+
+// TestH2CGoAwayDrains: after GOAWAY the stream in flight finishes, and the
+// next request goes to a new connection.
+func TestH2CGoAwayDrains(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, h2cConf)
+	warmH2(t, owner, up.url)
+	resp, err := client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/slow", http.NoBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.goAway()
+	p, err := grpcmsg.Read(resp.Body)
+	if err != nil || string(p) != "slow" {
+		t.Fatalf("stream in flight across GOAWAY: %q, %v", p, err)
+	}
+	drain(resp)
+	if resp.Trailer.Get("Grpc-Status") != "0" {
+		t.Fatalf("trailers %v", resp.Trailer)
+	}
+	key := mustKey(t, owner.tr, up.url)
+	waitFor(t, 5*time.Second, "the drained connection to leave the pool", func() bool { return owner.pool.Live(key) == 0 })
+}
