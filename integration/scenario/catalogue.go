@@ -27,6 +27,10 @@ func Catalogue(d time.Duration) []Scenario {
 		{Name: "capped", Duration: d, Upstream: upstream.Options{MaxConns: 16, Delay: 5 * time.Millisecond}, MaxConns: 16},
 		{Name: "kill", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: killOneWorker},
 		{Name: "reload", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: reloadFleet},
+		// What restarts cost a TLS upstream: reloads and a worker's death
+		// under load, each a chance to drop connections and handshake
+		// again.
+		{Name: "tls-churn", Duration: d, Upstream: upstream.Options{TLS: true, Delay: 5 * time.Millisecond}, During: churn},
 		{Name: "websocket", Duration: d, Conns: 64, Client: webSocketEcho},
 		{Name: "large", Duration: d, Conns: 16, Method: "POST", Path: "/echo", Body: bytes.Repeat([]byte("orbit"), 1<<18)},
 	}
@@ -51,8 +55,8 @@ func Lookup(all []Scenario, names ...string) ([]Scenario, error) {
 	return out, nil
 }
 
-// killOneWorker SIGKILLs worker 0 a third of the way into the load; the
-// fleet restarts it and the others must keep serving.
+// killOneWorker SIGKILLs worker 0 a second from now; the fleet restarts it
+// and the others must keep serving.
 func killOneWorker(ctx context.Context, f *Fleet, row *Row) error {
 	select {
 	case <-time.After(time.Second):
@@ -63,19 +67,35 @@ func killOneWorker(ctx context.Context, f *Fleet, row *Row) error {
 	if err != nil {
 		return fmt.Errorf("killing worker 0: %w", err)
 	}
-	row.Notes = append(row.Notes, fmt.Sprintf("worker 0 (pid %d) killed with SIGKILL after 1s", pid))
+	row.Notes = append(row.Notes, fmt.Sprintf("worker 0 (pid %d) killed with SIGKILL %.1fs into the load", pid, time.Since(row.start).Seconds()))
 	return nil
 }
 
-// reloadFleet reloads every worker's configuration a second into the load.
+// reloadFleet reloads every worker's configuration a second from now.
 func reloadFleet(ctx context.Context, f *Fleet, row *Row) error {
 	select {
 	case <-time.After(time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	row.Notes = append(row.Notes, "configuration reloaded into every worker after 1s")
+	row.Notes = append(row.Notes, fmt.Sprintf("configuration reloaded into every worker %.1fs into the load", time.Since(row.start).Seconds()))
 	return f.Reload()
+}
+
+// churn reloads the fleet, kills a worker and reloads again, a second apart
+// (as many of those as the load's duration d has room for).
+func churn(ctx context.Context, f *Fleet, row *Row) error {
+	steps := []func() error{
+		func() error { return reloadFleet(ctx, f, row) },
+		func() error { return killOneWorker(ctx, f, row) },
+		func() error { return reloadFleet(ctx, f, row) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // webSocketEcho opens conns upgraded connections through the fleet and

@@ -70,6 +70,7 @@ type Row struct {
 	// second: the stampede a cold fleet puts on its upstream.
 	FirstSecond int64
 	Notes       []string
+	start       time.Time // when the load began
 }
 
 // Reuse is 1 - new upstream connections / requests.
@@ -129,6 +130,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	timer := time.AfterFunc(time.Second, func() { firstSecond.Store(up.Stats().Accepted - base.Accepted) })
 	defer timer.Stop()
 	during := make(chan error, 1)
+	row.start = time.Now()
 	if s.During != nil {
 		go func() { during <- s.During(ctx, fleet, &row) }()
 	} else {
@@ -219,39 +221,92 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// PrintTable writes rows as one table, with orbit's throughput relative to
-// stock's for each scenario that ran on both.
+// PrintTable writes rows as one table, with what its columns mean, orbit's
+// throughput relative to stock's for each scenario that ran on both, and a
+// summary of what orbit saved.
 func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tTLS hs\treuse\t")
-	rps := map[string]map[Variant]float64{}
 	for _, r := range rows {
-		if rps[r.Scenario] == nil {
-			rps[r.Scenario] = map[Variant]float64{}
-		}
-		rps[r.Scenario][r.Variant] = r.Load.RPS()
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t\n",
 			r.Scenario, r.Variant, r.Load.RPS(), r.Load.P50.Round(10*time.Microsecond), r.Load.P99.Round(10*time.Microsecond),
 			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.Handshakes, 100*r.Reuse())
 	}
 	tw.Flush()
+	fmt.Fprint(w, `
+  req/s       requests answered per second, errors included
+  p50, p99    client latency, median and 99th percentile
+  errors      requests that failed: a transport error, or a 5xx status
+  new conns   TCP connections the upstream accepted (refused ones not counted)
+  first 1s    of those, how many in the load's first second: a cold start's stampede
+  peak conns  most connections open at the upstream at once
+  TLS hs      TLS handshakes the upstream completed
+  reuse       share of requests that did not cost the upstream a new connection
+
+`)
+	pairs := map[string]map[Variant]Row{}
+	var order []string
 	for _, r := range rows {
-		if r.Variant != Orbit {
+		if pairs[r.Scenario] == nil {
+			pairs[r.Scenario] = map[Variant]Row{}
+			order = append(order, r.Scenario)
+		}
+		pairs[r.Scenario][r.Variant] = r
+	}
+	for _, name := range order {
+		for _, r := range []Row{pairs[name][Orbit], pairs[name][Stock]} {
+			for _, n := range r.Notes {
+				fmt.Fprintf(w, "%s/%s: %s\n", r.Scenario, r.Variant, n)
+			}
+			if r.Load.ErrorCount() > 0 {
+				fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
+			}
+		}
+	}
+	printSummary(w, order, pairs)
+}
+
+// printSummary says, scenario by scenario and in total, what orbit saved
+// against the stock transport under the same load.
+func printSummary(w io.Writer, order []string, pairs map[string]map[Variant]Row) {
+	// Totals, orbit's then stock's.
+	var conns, handshakes [2]int64
+	var errs [2]int
+	var lines []string
+	for _, name := range order {
+		ro, okO := pairs[name][Orbit]
+		rs, okS := pairs[name][Stock]
+		if !okO || !okS {
 			continue
 		}
-		if s := rps[r.Scenario][Stock]; s > 0 {
-			fmt.Fprintf(w, "%s: orbit %.2fx stock's requests/s\n", r.Scenario, rps[r.Scenario][Orbit]/s)
+		line := fmt.Sprintf("  %-10s %s the requests/s; upstream connections %d vs %d; errors %d vs %d; p99 %v vs %v",
+			name, ratio(ro.Load.RPS(), rs.Load.RPS()), ro.Upstream.Accepted, rs.Upstream.Accepted,
+			ro.Load.ErrorCount(), rs.Load.ErrorCount(), ro.Load.P99.Round(100*time.Microsecond), rs.Load.P99.Round(100*time.Microsecond))
+		if ro.Upstream.Handshakes+rs.Upstream.Handshakes > 0 {
+			line += fmt.Sprintf("; TLS handshakes %d vs %d", ro.Upstream.Handshakes, rs.Upstream.Handshakes)
 		}
-		for _, n := range r.Notes {
-			fmt.Fprintf(w, "%s/%s: %s\n", r.Scenario, r.Variant, n)
-		}
-		if r.Load.ErrorCount() > 0 {
-			fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
-		}
-	}
-	for _, r := range rows {
-		if r.Variant == Stock && r.Load.ErrorCount() > 0 {
-			fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
+		lines = append(lines, line)
+		for i, r := range []Row{ro, rs} {
+			conns[i] += r.Upstream.Accepted
+			handshakes[i] += r.Upstream.Handshakes
+			errs[i] += r.Load.ErrorCount()
 		}
 	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nWhat orbit did against stock (orbit vs stock):")
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
+	fmt.Fprintf(w, "In all: orbit opened %d upstream connections where stock opened %d, did %d TLS handshakes where stock did %d, and failed %d requests where stock failed %d.\n",
+		conns[0], conns[1], handshakes[0], handshakes[1], errs[0], errs[1])
+}
+
+// ratio is a/b as "1.20x", or "-" when b is 0.
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
 }

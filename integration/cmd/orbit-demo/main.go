@@ -3,9 +3,14 @@
 // port, drives the same load through the orbit_pool transport and through
 // Caddy's stock http transport, and prints what each cost the upstream.
 //
-//	go run ./integration/cmd/orbit-demo                  # fast and slow, 5s each
+//	go run ./integration/cmd/orbit-demo                  # where sharing matters, 5s each
 //	go run ./integration/cmd/orbit-demo -all -d 30s      # every scenario, longer
-//	go run ./integration/cmd/orbit-demo -scenarios capped,kill
+//	go run ./integration/cmd/orbit-demo -scenarios fast,slow
+//
+// By default it runs the scenarios where sharing matters most: an upstream
+// that refuses connections past 16 (capped), a cold start of 256 clients
+// under a creation budget (stampede), and a TLS upstream through reloads and
+// a worker's death (tls-churn).
 //
 // Everything runs on loopback; every process it starts is stopped before it
 // exits.
@@ -29,7 +34,7 @@ func main() {
 		workers = flag.Int("workers", 4, "workers per fleet")
 		conns   = flag.Int("c", 256, "client connections")
 		dur     = flag.Duration("d", 5*time.Second, "load duration per scenario and variant")
-		names   = flag.String("scenarios", "fast,slow", "scenarios to run, comma-separated")
+		names   = flag.String("scenarios", "capped,stampede,tls-churn", "scenarios to run, comma-separated")
 		all     = flag.Bool("all", false, "run every scenario")
 	)
 	flag.Parse()
