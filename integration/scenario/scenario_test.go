@@ -225,3 +225,33 @@ func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
 		t.Errorf("stock config names orbit_pool:\n%s", stock)
 	}
 }
+
+// TestPrintTableSummary: the summary adds up each variant's connections,
+// handshakes and errors over the scenarios that ran on both, and names each.
+func TestPrintTableSummary(t *testing.T) {
+	row := func(name string, v Variant, accepted, handshakes int64, errs int) Row {
+		r := Row{Scenario: name, Variant: v}
+		r.Upstream.Accepted, r.Upstream.Handshakes = accepted, handshakes
+		r.Load.Requests, r.Load.Elapsed = 100, time.Second
+		r.Load.Errors = map[string]int{}
+		if errs > 0 {
+			r.Load.Errors["status 502"] = errs
+		}
+		return r
+	}
+	var out strings.Builder
+	PrintTable(&out, []Row{
+		row("capped", Orbit, 16, 0, 0), row("capped", Stock, 40, 0, 85),
+		row("tls-churn", Orbit, 300, 300, 0), row("tls-churn", Stock, 500, 500, 2),
+		row("orbit-only", Orbit, 7, 7, 1),
+	})
+	for _, want := range []string{
+		"capped     1.00x the requests/s; upstream connections 16 vs 40; errors 0 vs 85",
+		"TLS handshakes 300 vs 500",
+		"In all: orbit opened 316 upstream connections where stock opened 540, did 300 TLS handshakes where stock did 500, and failed 0 requests where stock failed 87.",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
