@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -57,13 +58,17 @@ func Lookup(all []Scenario, names ...string) ([]Scenario, error) {
 
 // killOneWorker SIGKILLs worker 0 a second from now; the fleet restarts it
 // and the others must keep serving.
-func killOneWorker(ctx context.Context, f *Fleet, row *Row) error {
+func killOneWorker(ctx context.Context, p Proxy, row *Row) error {
 	select {
 	case <-time.After(time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	pid, err := f.KillWorker(0)
+	pid, err := p.KillWorker(0)
+	if errors.Is(err, errNoWorker) {
+		row.Notes = append(row.Notes, "no worker killed: "+err.Error())
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("killing worker 0: %w", err)
 	}
@@ -72,23 +77,23 @@ func killOneWorker(ctx context.Context, f *Fleet, row *Row) error {
 }
 
 // reloadFleet reloads every worker's configuration a second from now.
-func reloadFleet(ctx context.Context, f *Fleet, row *Row) error {
+func reloadFleet(ctx context.Context, p Proxy, row *Row) error {
 	select {
 	case <-time.After(time.Second):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	row.Notes = append(row.Notes, fmt.Sprintf("configuration reloaded into every worker %.1fs into the load", time.Since(row.start).Seconds()))
-	return f.Reload()
+	return p.Reload()
 }
 
 // churn reloads the fleet, kills a worker and reloads again, a second apart
 // (as many of those as the load's duration d has room for).
-func churn(ctx context.Context, f *Fleet, row *Row) error {
+func churn(ctx context.Context, p Proxy, row *Row) error {
 	steps := []func() error{
-		func() error { return reloadFleet(ctx, f, row) },
-		func() error { return killOneWorker(ctx, f, row) },
-		func() error { return reloadFleet(ctx, f, row) },
+		func() error { return reloadFleet(ctx, p, row) },
+		func() error { return killOneWorker(ctx, p, row) },
+		func() error { return reloadFleet(ctx, p, row) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {

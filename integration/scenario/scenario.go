@@ -54,7 +54,7 @@ type Scenario struct {
 	MaxDialing int
 	// During runs while the load does, from its start; for killing or
 	// reloading a worker under load.
-	During func(ctx context.Context, f *Fleet, row *Row) error
+	During func(ctx context.Context, p Proxy, row *Row) error
 	// Client replaces the HTTP load, for traffic the load tool does not
 	// speak (WebSocket).
 	Client func(ctx context.Context, addr string, conns int, d time.Duration) (load.Result, error)
@@ -114,13 +114,19 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
-	seg := filepath.Join("/dev/shm", fmt.Sprintf("orbit-scenario-%d-%s", os.Getpid(), filepath.Base(dir)))
-	defer os.Remove(seg)
-	fleet, err := StartFleet(ctx, r.Caddy, Caddyfile(s, v, port, up.URL, seg, filepath.Join(dir, "sock"), workers), workers, dir)
+	var proxy Proxy
+	switch v {
+	case Orbit, Stock:
+		seg := filepath.Join("/dev/shm", fmt.Sprintf("orbit-scenario-%d-%s", os.Getpid(), filepath.Base(dir)))
+		defer os.Remove(seg)
+		proxy, err = StartFleet(ctx, r.Caddy, Caddyfile(s, v, port, up.URL, seg, filepath.Join(dir, "sock"), workers), workers, dir)
+	default:
+		proxy, err = startPeer(ctx, v, s, port, up.URL, workers, dir)
+	}
 	if err != nil {
 		return Row{}, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 	}
-	defer fleet.Stop()
+	defer proxy.Stop()
 
 	row := Row{Scenario: s.Name, Variant: v}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -132,7 +138,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	during := make(chan error, 1)
 	row.start = time.Now()
 	if s.During != nil {
-		go func() { during <- s.During(ctx, fleet, &row) }()
+		go func() { during <- s.During(ctx, proxy, &row) }()
 	} else {
 		during <- nil
 	}
@@ -253,14 +259,12 @@ func PrintTable(w io.Writer, rows []Row) {
 		}
 		pairs[r.Scenario][r.Variant] = r
 	}
-	for _, name := range order {
-		for _, r := range []Row{pairs[name][Orbit], pairs[name][Stock]} {
-			for _, n := range r.Notes {
-				fmt.Fprintf(w, "%s/%s: %s\n", r.Scenario, r.Variant, n)
-			}
-			if r.Load.ErrorCount() > 0 {
-				fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
-			}
+	for _, r := range rows {
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "%s/%s: %s\n", r.Scenario, r.Variant, n)
+		}
+		if r.Load.ErrorCount() > 0 {
+			fmt.Fprintf(w, "%s/%s errors: %s\n", r.Scenario, r.Variant, r.Load.ErrorSummary())
 		}
 	}
 	printSummary(w, order, pairs)

@@ -130,7 +130,8 @@ func TestKillUnderLoadRestoresCapacity(t *testing.T) {
 		Name:     "kill",
 		Upstream: upstream.Options{Delay: 2 * time.Millisecond},
 		Duration: 3 * time.Second,
-		During: func(ctx context.Context, f *Fleet, row *Row) error {
+		During: func(ctx context.Context, p Proxy, row *Row) error {
+			f := p.(*Fleet)
 			time.Sleep(time.Second)
 			var err error
 			if killed, err = f.KillWorker(0); err != nil {

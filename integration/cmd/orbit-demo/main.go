@@ -6,6 +6,7 @@
 //	go run ./integration/cmd/orbit-demo                  # where sharing matters, 5s each
 //	go run ./integration/cmd/orbit-demo -all -d 30s      # every scenario, longer
 //	go run ./integration/cmd/orbit-demo -scenarios fast,slow
+//	go run ./integration/cmd/orbit-demo -peers           # nginx and HAProxy too, if on PATH
 //
 // By default it runs the scenarios where sharing matters most: an upstream
 // that refuses connections past 16 (capped), a cold start of 256 clients
@@ -36,17 +37,26 @@ func main() {
 		dur     = flag.Duration("d", 5*time.Second, "load duration per scenario and variant")
 		names   = flag.String("scenarios", "capped,stampede,tls-churn", "scenarios to run, comma-separated")
 		all     = flag.Bool("all", false, "run every scenario")
+		peers   = flag.Bool("peers", false, "also run nginx and HAProxy, if on PATH, in the same table")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all); err != nil {
+	variants := []scenario.Variant{scenario.Orbit, scenario.Stock}
+	if *peers {
+		found := scenario.Peers()
+		if len(found) == 0 {
+			fmt.Fprintln(os.Stderr, "orbit-demo: -peers: neither nginx nor haproxy is on PATH")
+		}
+		variants = append(variants, found...)
+	}
+	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all, variants); err != nil {
 		fmt.Fprintln(os.Stderr, "orbit-demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool) error {
+func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool, variants []scenario.Variant) error {
 	catalogue := scenario.Catalogue(d)
 	list := catalogue
 	if !all {
@@ -72,8 +82,12 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 		if s.Conns == 0 {
 			s.Conns = conns
 		}
-		for _, v := range []scenario.Variant{scenario.Orbit, scenario.Stock} {
-			fmt.Fprintf(os.Stderr, "%s, %d workers, %s transport, %d connections for %v\n", s.Name, workers, v, s.Conns, d)
+		for _, v := range variants {
+			if s.Client != nil && v != scenario.Orbit && v != scenario.Stock {
+				fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "%s, %d workers, %s, %d connections for %v\n", s.Name, workers, v, s.Conns, d)
 			row, err := r.Run(ctx, s, v)
 			if err != nil {
 				return err
