@@ -86,11 +86,11 @@ type Node struct {
 
 // NodeStats counts what a node did since it started.
 type NodeStats struct {
-	Created       uint64 // upstream connections dialed and registered
-	ReusedLocal   uint64 // requests on a connection this process owns, reused
-	ReusedRemote  uint64 // requests sent to a sibling's connection
-	ServedRemote  uint64 // siblings' requests run on this process's connections
-	Refused       uint64 // siblings' leases refused, for any reason
+	Created      uint64 // upstream connections dialed and registered
+	ReusedLocal  uint64 // requests on a connection this process owns, reused
+	ReusedRemote uint64 // requests sent to a sibling's connection
+	ServedRemote uint64 // siblings' requests run on this process's connections
+	Refused      uint64 // siblings' leases refused, for any reason
 	// RefusedBy splits Refused by reason: "stale" (the lease named no live
 	// reservation), "gone" (the connection closed meanwhile), "closing"
 	// (this process is leaving), "deadline" (passed or too near),
@@ -100,10 +100,10 @@ type NodeStats struct {
 	// DialsNotAdmitted counts dials of new upstream connections the
 	// admission backstop refused.
 	DialsNotAdmitted uint64
-	Retired       uint64 // connections closed and unregistered
-	Retries       uint64 // requests sent again after a retry-safe failure
-	OpenConns     int    // upstream connections owned now
-	IdlePeerConns int    // idle unix streams to siblings now
+	Retired          uint64 // connections closed and unregistered
+	Retries          uint64 // requests sent again after a retry-safe failure
+	OpenConns        int    // upstream connections owned now
+	IdlePeerConns    int    // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
