@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // Exchange memory. An exchange copies a request body to its connection (see
@@ -95,4 +97,41 @@ func waitEnd(ctx context.Context, err error) error {
 func isRefusal(err error) bool {
 	return errors.Is(err, backpressure.ErrDeadlineNear) || errors.Is(err, backpressure.ErrDeadlineElapsed) ||
 		errors.Is(err, ErrNotAdmitted)
+}
+
+// avoidLanes is a policy that reuses no connection of the lanes it names:
+// owners that have just rejected this request for want of room in time. A
+// retry then dials or uses another sibling's connection, as the inner policy
+// decides over what is left; when what is left would only make it wait, the
+// inner policy decides over everything, since a busy owner may have room
+// again sooner than anything else.
+type avoidLanes struct {
+	inner orbitpool.Policy
+	lanes []int
+	keep  []orbitpool.Candidate
+	index []int // of keep's candidates in the full view
+}
+
+// Decide implements orbitpool.Policy.
+func (p *avoidLanes) Decide(v *orbitpool.View) orbitpool.Decision {
+	p.keep, p.index = p.keep[:0], p.index[:0]
+	for i, c := range v.Candidates {
+		if !slices.Contains(p.lanes, c.Lane) {
+			p.keep = append(p.keep, c)
+			p.index = append(p.index, i)
+		}
+	}
+	if len(p.keep) == len(v.Candidates) {
+		return p.inner.Decide(v)
+	}
+	w := *v
+	w.Candidates = p.keep
+	d := p.inner.Decide(&w)
+	switch {
+	case d.Action == orbitpool.ActionWait:
+		return p.inner.Decide(v)
+	case d.Action == orbitpool.ActionReuse && d.Candidate >= 0 && d.Candidate < len(p.index):
+		d.Candidate = p.index[d.Candidate]
+	}
+	return d
 }

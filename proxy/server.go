@@ -305,7 +305,7 @@ func refuseReason(code uint16, err error) int {
 	switch {
 	case errors.Is(err, ErrNotAdmitted):
 		return refuseAdmission
-	case errors.Is(err, ErrOwnerBusy):
+	case code == rejectOverload && errors.Is(err, ErrOwnerBusy):
 		return refuseBusy
 	}
 	switch code {

@@ -232,9 +232,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxRetries <= 0 {
 		maxRetries = 3
 	}
+	var busyLanes []int // owners that rejected this request for want of room
 	for attempt := 0; ; attempt++ {
 		onDone, delivered := attemptRelease(release)
-		resp, err := t.once(r, e, bufs, onDone)
+		resp, err := t.once(r, e, bufs, &busyLanes, onDone)
 		if err == nil {
 			delivered()
 			if tb != nil {
@@ -344,19 +345,24 @@ func attemptRelease(release func()) (onDone, delivered func()) {
 }
 
 // once runs one attempt: acquire a plan and carry it out, with bufs exchange
-// buffers.
+// buffers. An owner that rejects the request for want of room in time
+// (ErrOwnerBusy) is added to busyLanes, and later attempts do not reuse its
+// connections.
 //
 // Each claim point judges the request's deadline as the Limiter did (see
 // claimVerdict): before the pool is asked, and before a dial; the wait on
 // the pool ends when the deadline comes within the near-window. A dial is
 // also put to the admission backstop.
-func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, release func()) (*http.Response, error) {
+func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, busyLanes *[]int, release func()) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
 	lim := orbitpool.Limits{MaxResources: t.MaxConnsPerKey, MaxCreating: t.MaxDialingPerKey}
 	policy := t.Policy
 	if policy == nil {
 		policy = orbitpool.LocalFirst{}
+	}
+	if len(*busyLanes) > 0 {
+		policy = &avoidLanes{inner: policy, lanes: *busyLanes}
 	}
 	near := t.nearWindow()
 	for {
@@ -399,6 +405,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, release 
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
 			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, bufs, release)
+			if err != nil && errors.Is(err, ErrOwnerBusy) {
+				*busyLanes = append(*busyLanes, lane)
+			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
 				// Let the pool learn of a dead sibling now rather than at
 				// its next reconcile.
