@@ -20,16 +20,7 @@ import (
 // fleet's own global options) as f's Caddyfile and starts the fleet.
 func launchWith(f *testFleet, opts, sites string) {
 	f.t.Helper()
-	cfg := fmt.Sprintf(`{
-	auto_https off
-	grace_period 3s
-	orbit_pool {
-		segment %s
-		reconcile_interval 50ms
-		%s
-	}
-}
-%s`, f.segment, opts, sites)
+	cfg := fleetGlobals(f.segment, "reconcile_interval 50ms\n\t\t"+opts) + sites
 	if err := os.WriteFile(f.caddyfile, []byte(cfg), 0o600); err != nil {
 		f.t.Fatal(err)
 	}
