@@ -109,8 +109,10 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 }
 `, port, up2.hostport(), up.hostport())
 	}
-	launchWith(f, "workers 1\n\t\tdeadline_near_window 50ms\n\t\treservation_timeout 1s\n\t\twait_timeout 1s", site(f.port))
+	launchWith(f, "workers 1\n\t\tdeadline_near_window 50ms\n\t\treservation_timeout 1s\n\t\twait_timeout 2s", site(f.port))
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// The owner's lease wait is half the reservation timeout, 500ms; the
+	// wait timeout leaves a loaded machine room for that and a dial.
 	send := func(path string, h http.Header) (status int, worker, body string) {
 		req, _ := http.NewRequest("GET", f.url(path), nil)
 		for k, v := range h {
@@ -187,6 +189,7 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 		// Without a deadline the owner rejects after its lease wait
 		// (half the 1s reservation timeout); the sibling then dials its
 		// own connection, the fleet's second, and serves the request.
+		start := time.Now()
 		status, w, body := send("/", nil)
 		if w != sibling {
 			if status != 503 || body != "refused: wait_timeout" {
@@ -195,7 +198,7 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 			continue
 		}
 		if status != 200 {
-			t.Fatalf("the sibling answered %d %q; want the request retried elsewhere and served", status, body)
+			t.Fatalf("the sibling answered %d %q after %v; want the request retried elsewhere and served", status, body, time.Since(start))
 		}
 		sibServed++
 	}
