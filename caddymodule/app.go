@@ -39,17 +39,20 @@ const (
 	// DefaultReservationTimeout is how long a reservation on one of this
 	// process's connections may go unpresented before it is dropped.
 	DefaultReservationTimeout = time.Second
-	// DefaultForwardingWorkers is how many siblings' requests a process
-	// forwards at once unless configured: far above what connection caps
-	// produce, so that it only ever stops a runaway.
+	// DefaultForwardingWorkers is how many exchanges (its own requests' and
+	// those it forwards for siblings) a process runs at once unless
+	// configured: far above what connection caps produce, so that it only
+	// ever stops a runaway. The name is kept from when only forwarded
+	// exchanges counted.
 	DefaultForwardingWorkers = 1024
 )
 
 // App is the `orbit_pool` app: this process's membership of a fleet of Caddy
 // processes that share their upstream connections through one pool table in
 // shared memory. It owns the table, the forwarding socket on which siblings
-// send requests for the connections this process owns, the process's budget
-// of forwarding workers and relay memory, and the back-pressure permits every
+// send requests for the connections this process owns, the process's one
+// budget of exchange workers and buffer memory (its own requests' and its
+// siblings'), the admission backstop, and the back-pressure permits every
 // request through an `orbit_pool` transport takes.
 //
 // All of it is opened in Start, not Provision, and kept in a process-wide
