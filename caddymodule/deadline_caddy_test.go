@@ -72,7 +72,7 @@ func TestDeadlines(t *testing.T) {
 	port := freePort(t)
 	// One connection at most, so that a request can be made to wait.
 	startCaddy(t, "deadline_near_window 50ms\n\t\twait_timeout 5s",
-		deadlineSite(port, up.hostport(), "max_conns_per_host 1")+deadlineSite(port+1, up.hostport(), "timeout 200ms"))
+		deadlineSite(port, up.hostport(), "max_conns_per_host 1"))
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 
 	t.Run("near deadline refused at once", func(t *testing.T) {

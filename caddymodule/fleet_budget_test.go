@@ -93,7 +93,12 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 	bind 127.0.0.1
 	header X-Worker {env.ORBIT_FLEET_WORKER}
 	reverse_proxy /hold %s {
-		transport orbit_pool
+		# Each /hold dials a connection of its own and closes it: a
+		# sibling's idle one would make the sibling forward it, holding
+		# the sibling's worker too.
+		transport orbit_pool {
+			keepalive off
+		}
 		header_up X-Sender {env.ORBIT_FLEET_WORKER}
 	}
 	reverse_proxy %s {
