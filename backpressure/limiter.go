@@ -77,6 +77,36 @@ func (l *Limiter) DeadlineHint() (time.Time, bool) {
 	return l.deadline, !l.deadline.IsZero()
 }
 
+// NearWindow is how close to its deadline an acquire may still be granted.
+func (l *Limiter) NearWindow() time.Duration { return l.p.near }
+
+// Deadline is the deadline an acquire under ctx is judged by: the earlier of
+// the clone's and ctx's, if either has one.
+func (l *Limiter) Deadline(ctx context.Context) (time.Time, bool) {
+	deadline, ok := l.deadline, !l.deadline.IsZero()
+	if d, has := ctx.Deadline(); has && (!ok || d.Before(deadline)) {
+		deadline, ok = d, true
+	}
+	return deadline, ok
+}
+
+// Check is the verdict an acquire under ctx would start with, without taking
+// a permit: ctx's error if it is done (a deadline as ErrDeadlineElapsed),
+// ErrDeadlineElapsed at or past the deadline, ErrDeadlineNear within the
+// near-window before it, and nil otherwise. It lets every later claim point
+// of a request that already holds a permit (a wait for a connection, a dial,
+// a hand-over to another process) refuse on the same terms as the permit
+// itself.
+func (l *Limiter) Check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return ctxError(err)
+	}
+	if deadline, ok := l.Deadline(ctx); ok {
+		return l.p.verdict(l.p.now(), deadline)
+	}
+	return nil
+}
+
 // Active is the number of permits currently held. A test that ends with
 // Active above zero has leaked a permit.
 func (l *Limiter) Active() int { return int(l.p.state.Load() & activeMask) }
@@ -132,10 +162,7 @@ func (l *Limiter) TryAcquire(ctx context.Context) (*Permit, error) {
 // compiler inline them and keep a permit that does not escape on the stack.
 func (l *Limiter) acquire(ctx context.Context, wait bool) error {
 	p := l.p
-	deadline, hasDeadline := l.deadline, !l.deadline.IsZero()
-	if d, ok := ctx.Deadline(); ok && (!hasDeadline || d.Before(deadline)) {
-		deadline, hasDeadline = d, true
-	}
+	deadline, hasDeadline := l.Deadline(ctx)
 	if err := ctx.Err(); err != nil {
 		return ctxError(err)
 	}
@@ -165,11 +192,20 @@ func (l *Limiter) acquire(ctx context.Context, wait bool) error {
 }
 
 // verdict is the deadline check shared by every acquire.
-func (p *pool) verdict(now, deadline time.Time) error {
+func (p *pool) verdict(now, deadline time.Time) error { return Verdict(now, deadline, p.near) }
+
+// Verdict is seed 001's deadline check, for a claim point that has a deadline
+// but no Limiter of its own (a process serving another's request, say):
+// ErrDeadlineElapsed at or past deadline, ErrDeadlineNear within window
+// before it, nil otherwise. A zero deadline is no deadline.
+func Verdict(now, deadline time.Time, window time.Duration) error {
+	if deadline.IsZero() {
+		return nil
+	}
 	if !now.Before(deadline) {
 		return ErrDeadlineElapsed
 	}
-	if !now.Before(deadline.Add(-p.near)) {
+	if !now.Before(deadline.Add(-window)) {
 		return ErrDeadlineNear
 	}
 	return nil

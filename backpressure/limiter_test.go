@@ -359,6 +359,7 @@ func TestWaitersServedInArrivalOrder(t *testing.T) {
 				t.Fatalf("waiter %d served in position %d", got, want)
 			}
 		}
+		synctest.Wait() // the last waiter has released its permit
 		checkNoLeak(t, l)
 	})
 }

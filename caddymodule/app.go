@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
@@ -38,17 +39,20 @@ const (
 	// DefaultReservationTimeout is how long a reservation on one of this
 	// process's connections may go unpresented before it is dropped.
 	DefaultReservationTimeout = time.Second
-	// DefaultForwardingWorkers is how many siblings' requests a process
-	// forwards at once unless configured: far above what connection caps
-	// produce, so that it only ever stops a runaway.
+	// DefaultForwardingWorkers is how many exchanges (its own requests' and
+	// those it forwards for siblings) a process runs at once unless
+	// configured: far above what connection caps produce, so that it only
+	// ever stops a runaway. The name is kept from when only forwarded
+	// exchanges counted.
 	DefaultForwardingWorkers = 1024
 )
 
 // App is the `orbit_pool` app: this process's membership of a fleet of Caddy
 // processes that share their upstream connections through one pool table in
 // shared memory. It owns the table, the forwarding socket on which siblings
-// send requests for the connections this process owns, the process's budget
-// of forwarding workers and relay memory, and the back-pressure permits every
+// send requests for the connections this process owns, the process's one
+// budget of exchange workers and buffer memory (its own requests' and its
+// siblings'), the admission backstop, and the back-pressure permits every
 // request through an `orbit_pool` transport takes.
 //
 // All of it is opened in Start, not Provision, and kept in a process-wide
@@ -123,18 +127,37 @@ type App struct {
 	// ones finish. Default: 1024.
 	MaxInFlight *int `json:"max_in_flight,omitempty"`
 
-	// Workers is how many siblings' requests this process forwards on its
-	// connections at once. A forwarded request holds its worker for its
-	// whole exchange, mostly waiting on the upstream, so this is a backstop
-	// against pathological fan-out, not a CPU budget: sized by CPU count it
-	// would let a slow upstream's siblings queue behind two exchanges.
-	// Default: 1024, like max_in_flight.
+	// Workers is the process budget's worker count: how many exchanges
+	// this process runs at once, its own requests' and those it forwards
+	// on its connections for siblings together. An exchange holds its
+	// worker (more than one for a large body, when free) for its whole
+	// run, mostly waiting on the upstream, so this is a backstop against
+	// pathological fan-out, not a CPU budget: sized by CPU count it would
+	// let a slow upstream's requests queue behind two exchanges. A
+	// request waits for a worker within its wait_timeout and deadline; a
+	// sibling's lease waits at most half the reservation_timeout, then is
+	// rejected so the sibling tries another plan. Default: 1024, like
+	// max_in_flight.
 	Workers int `json:"workers,omitempty"`
 
-	// MemoryLimit is the relay buffer memory, in bytes, this process may
-	// use for siblings' requests. Default: from the machine (a quarter of
-	// the cgroup memory limit or GOMEMLIMIT, else 256 MiB).
+	// MemoryLimit is the process budget's memory, in bytes, for the
+	// buffers exchanges hold (32KiB each: request body copy and relay
+	// buffers, the forwarding streams' buffers). An exchange with a large
+	// or unknown-length body asks for up to 8 buffers and streams in
+	// larger writes; when the limit is reached it gets one, so every
+	// exchange progresses and the total can pass the limit by one buffer
+	// per running exchange (bounded by workers). Default: from the
+	// machine (a quarter of the smaller of the cgroup memory limit and
+	// GOMEMLIMIT, else 256MiB).
 	MemoryLimit uint64 `json:"memory_limit,omitempty"`
+
+	// AdmissionCeiling is the admission backstop: this process dials no
+	// new upstream connection while it owns and is dialing this many, and
+	// takes up no sibling's lease while it runs this many siblings'
+	// exchanges; such a request is refused with 503 (reason admission) or
+	// sent elsewhere. It never blocks and is meant to decide nothing in
+	// ordinary operation. Default: 4096.
+	AdmissionCeiling int `json:"admission_ceiling,omitempty"`
 
 	// ReconcileInterval is how often this process checks for dead siblings,
 	// reclaims what they held and ages reservations nobody presented.
@@ -221,7 +244,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.Workers = DefaultForwardingWorkers
 	}
 	if a.MemoryLimit == 0 {
-		a.MemoryLimit = governor.FromInputs(governor.DetectInputs(), 0).MemoryLimit()
+		a.MemoryLimit = governor.FromInputs(detectInputs(), 0).MemoryLimit()
+	}
+	if a.AdmissionCeiling == 0 {
+		a.AdmissionCeiling = governor.DefaultInFlightCeiling
 	}
 	if a.ReconcileInterval == 0 {
 		a.ReconcileInterval = caddy.Duration(DefaultReconcileInterval)
@@ -277,6 +303,9 @@ func (a *App) Validate() error {
 	}
 	if a.Workers < 0 {
 		return fmt.Errorf("workers must not be negative, got %d", a.Workers)
+	}
+	if a.AdmissionCeiling < 0 {
+		return fmt.Errorf("admission_ceiling must not be negative, got %d", a.AdmissionCeiling)
 	}
 	if a.ReconcileInterval < 0 {
 		return fmt.Errorf("reconcile_interval must be positive, got %s", time.Duration(a.ReconcileInterval))
@@ -418,6 +447,7 @@ func (a *App) fleetConfig() fleetConfig {
 		DeadlineNearWindow: time.Duration(a.DeadlineNearWindow),
 		Workers:            a.Workers,
 		MemoryLimit:        a.MemoryLimit,
+		AdmissionCeiling:   a.AdmissionCeiling,
 		ReconcileInterval:  time.Duration(a.ReconcileInterval),
 		ReservationTimeout: time.Duration(a.ReservationTimeout),
 		KeepSegment:        a.KeepSegment,
@@ -438,3 +468,16 @@ var (
 	_ caddy.Validator    = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )
+
+// detectInputs is what the governor sizes a default budget from: the Go
+// runtime's view (GOMAXPROCS, which since Go 1.25 follows the cgroup CPU
+// limit, and GOMEMLIMIT, which Caddy's main sets from the cgroup) and the
+// cgroup memory limit as automemlimit reads it, for a process whose main
+// did not.
+func detectInputs() governor.Inputs {
+	in := governor.DetectInputs()
+	if limit, err := memlimit.FromCgroup(); err == nil && limit > 0 {
+		in.MemoryLimit = limit
+	}
+	return in
+}

@@ -47,6 +47,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    max_in_flight        <count>
 //	    workers              <count>
 //	    memory_limit         <size>
+//	    admission_ceiling    <count>
 //	    reconcile_interval   <duration>
 //	    reservation_timeout  <duration>
 //	    keep_segment
@@ -91,6 +92,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.Workers, err = intArg(d, 1)
 		case "memory_limit":
 			a.MemoryLimit, err = sizeArg(d)
+		case "admission_ceiling":
+			a.AdmissionCeiling, err = intArg(d, 1)
 		case "reconcile_interval":
 			a.ReconcileInterval, err = durationArg(d, false)
 		case "reservation_timeout":
@@ -113,7 +116,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // UnmarshalCaddyfile sets up the transport from Caddyfile tokens. The TLS
 // and keep-alive options are named as the `http` transport names them; the
 // connection caps are fleet-wide and default to the `orbit_pool` global
-// option's.
+// option's. `timeout` bounds the whole exchange; `deadline_header` names
+// request headers carrying the client's own timeout (grpc-timeout format, or
+// seconds), and may be given more than once; the request's deadline is the
+// earliest of those, its context's and the server's write_timeout.
 //
 //	transport orbit_pool {
 //	    dial_timeout            <duration>
@@ -123,6 +129,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    max_conns_per_host      <count>
 //	    max_dialing_per_host    <count>
 //	    wait_timeout            <duration>
+//	    timeout                 <duration>
+//	    deadline_header         <header_name...>
 //	    keepalive               off|<idle_duration>
 //	    keepalive_interval      off|<interval>
 //	    keepalive_max_lifetime  <duration>
@@ -177,6 +185,19 @@ func (t *Transport) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			t.MaxDialingPerHost, err = intArg(d, 1)
 		case "wait_timeout":
 			t.WaitTimeout, err = durationArg(d, false)
+		case "timeout":
+			t.Timeout, err = durationArg(d, false)
+		case "deadline_header":
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return d.ArgErr()
+			}
+			for _, h := range names {
+				if !validHeaderName(h) {
+					return d.Errf("bad deadline_header value '%s': not a header name", h)
+				}
+			}
+			t.DeadlineHeaders = append(t.DeadlineHeaders, names...)
 		case "keepalive":
 			var v string
 			if v, err = oneArg(d); err != nil {

@@ -47,6 +47,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"workers", appBlock("workers 0"), "bad workers value '0': must be at least 1"},
 		{"memory_limit bad", appBlock("memory_limit lots"), "bad memory_limit value 'lots'"},
 		{"memory_limit zero", appBlock("memory_limit 0"), "bad memory_limit value '0': must be positive"},
+		{"admission_ceiling zero", appBlock("admission_ceiling 0"), "bad admission_ceiling value '0': must be at least 1"},
+		{"admission_ceiling bad", appBlock("admission_ceiling lots"), "bad admission_ceiling value 'lots': not an integer"},
 		{"reconcile_interval", appBlock("reconcile_interval 0"), "bad reconcile_interval value '0': must be positive"},
 		{"reservation_timeout", appBlock("reservation_timeout x"), "bad reservation_timeout value 'x'"},
 
@@ -61,6 +63,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"transport max_conns_per_host", transportBlock("max_conns_per_host 0"), "bad max_conns_per_host value '0': must be at least 1"},
 		{"transport max_dialing_per_host", transportBlock("max_dialing_per_host -2"), "bad max_dialing_per_host value '-2': must be at least 1"},
 		{"transport wait_timeout", transportBlock("wait_timeout 1s 2s"), "wrong argument count"},
+		{"timeout zero", transportBlock("timeout 0"), "bad timeout value '0': must be positive"},
+		{"timeout bad", transportBlock("timeout soon"), "bad timeout value 'soon'"},
+		{"timeout extra", transportBlock("timeout 1s 2s"), "wrong argument count"},
+		{"deadline_header missing", transportBlock("deadline_header"), "wrong argument count"},
+		{"deadline_header bad name", transportBlock("deadline_header Request:Timeout"), "bad deadline_header value 'Request:Timeout': not a header name"},
 		{"keepalive", transportBlock("keepalive sometimes"), "bad keepalive value 'sometimes': want off or a positive duration"},
 		{"keepalive missing", transportBlock("keepalive"), "wrong argument count"},
 		{"keepalive_interval", transportBlock("keepalive_interval often"), "bad keepalive_interval value 'often'"},
@@ -135,6 +142,7 @@ func TestValidateErrors(t *testing.T) {
 		{"deadline_near_window negative", appConfig(`{"deadline_near_window": "-1s"}`), "deadline_near_window must not be negative, got -1s"},
 		{"max_in_flight", appConfig(`{"max_in_flight": -1}`), "max_in_flight must not be negative, got -1"},
 		{"workers", appConfig(`{"workers": -1}`), "workers must not be negative, got -1"},
+		{"admission_ceiling", appConfig(`{"admission_ceiling": -1}`), "admission_ceiling must not be negative, got -1"},
 		{"reconcile_interval", appConfig(`{"reconcile_interval": "-1s"}`), "reconcile_interval must be positive, got -1s"},
 		{"reservation_timeout", appConfig(`{"reservation_timeout": "-1s"}`), "reservation_timeout must be positive, got -1s"},
 
@@ -146,6 +154,8 @@ func TestValidateErrors(t *testing.T) {
 		{"transport max_conns_per_host", transportConfig(`{"protocol": "orbit_pool", "max_conns_per_host": -1}`), "max_conns_per_host must not be negative, got -1"},
 		{"transport max_dialing_per_host", transportConfig(`{"protocol": "orbit_pool", "max_dialing_per_host": -1}`), "max_dialing_per_host must not be negative, got -1"},
 		{"transport wait_timeout", transportConfig(`{"protocol": "orbit_pool", "wait_timeout": "-1s"}`), "wait_timeout must be positive, got -1s"},
+		{"transport timeout", transportConfig(`{"protocol": "orbit_pool", "timeout": "-1s"}`), "timeout must not be negative, got -1s"},
+		{"deadline header", transportConfig(`{"protocol": "orbit_pool", "deadline_headers": ["Request Timeout"]}`), `deadline header "Request Timeout" is not a valid header name`},
 		{"idle_timeout", transportConfig(`{"protocol": "orbit_pool", "keep_alive": {"idle_timeout": "-1s"}}`), "keepalive idle timeout must be positive, got -1s"},
 		{"max_lifetime", transportConfig(`{"protocol": "orbit_pool", "keep_alive": {"max_lifetime": "-1s"}}`), "keepalive_max_lifetime must not be negative, got -1s"},
 		{"max_requests", transportConfig(`{"protocol": "orbit_pool", "keep_alive": {"max_requests": -1}}`), "keepalive_max_requests must not be negative, got -1"},
@@ -191,8 +201,8 @@ func TestValidateDefaults(t *testing.T) {
 	if a.Processes != 64 || a.Keys != 1024 || a.ConnsPerProcess != 1024 || a.Policy != PolicyLocalFirst {
 		t.Errorf("table %d/%d/%d, policy %q", a.Processes, a.Keys, a.ConnsPerProcess, a.Policy)
 	}
-	if *a.MaxInFlight != 1024 || a.Workers < 1 || a.MemoryLimit == 0 {
-		t.Errorf("max_in_flight %d, workers %d, memory %d", *a.MaxInFlight, a.Workers, a.MemoryLimit)
+	if *a.MaxInFlight != 1024 || a.Workers < 1 || a.MemoryLimit == 0 || a.AdmissionCeiling != 4096 {
+		t.Errorf("max_in_flight %d, workers %d, memory %d, admission_ceiling %d", *a.MaxInFlight, a.Workers, a.MemoryLimit, a.AdmissionCeiling)
 	}
 	// Nothing is opened before Start, and Stop and Cleanup without a Start
 	// (or after a failed Provision) are harmless.

@@ -45,9 +45,40 @@
 // Importing it also registers the `caddy orbit-fleet` command (package fleet),
 // which runs N workers of this binary on one port.
 //
+// # Deadlines and budgets
+//
+// Every request through the transport has a deadline when anything gives it
+// one: the earliest of its context's deadline, a header the transport names
+// (deadline_header, in grpc-timeout's format or in seconds, see
+// ParseTimeout), the transport's timeout (the whole exchange) and the
+// server's write_timeout. {http.vars.orbit_pool_deadline_source} says which
+// (context, header, timeout, write_timeout, or none); without one the
+// request waits up to wait_timeout, as it always did. With one, each claim
+// point judges it as seed 001 says: past it, 504 at once; within
+// deadline_near_window of it, 503 at once without Retry-After, and nothing
+// goes upstream; a wait (for a back-pressure permit, a worker of the budget,
+// a connection) ends at the earlier of the deadline less the window and
+// wait_timeout. The deadline travels to a sibling that forwards the request:
+// the sibling waits for a worker of its own budget only until then (at most
+// half the reservation_timeout without one) and otherwise rejects the lease,
+// giving it back at once, and the request tries another plan without that
+// sibling.
+//
+// The app's workers and memory_limit are the process's one budget (package
+// governor): every exchange, the process's own and each it forwards for a
+// sibling, holds a worker and its buffers' memory while it runs, and a large
+// upload asks for several buffers and streams with fewer when memory is
+// short, never none. The admission backstop (admission_ceiling) is asked
+// before a new upstream connection is dialed and before a sibling's lease is
+// taken up.
+//
 // Refusals reach the client as caddyhttp errors: 503 when the upstream's
-// connections, the process's in-flight cap or the request's remaining time
-// leave no room, 504 when the request's deadline passed. A transport cannot
+// connections, the process's in-flight cap, its budget, the admission
+// backstop or the request's remaining time leave no room, 504 when the
+// request's deadline passed. Each has its own reason, in the error, in
+// {http.vars.orbit_pool_refusal} and in caddy_orbit_pool_refused_total:
+// saturated, draining, wait_timeout, busy, budget, creating, policy,
+// admission, owner_busy, deadline_near, deadline_elapsed. A transport cannot
 // write response headers, so the suggested Retry-After is published in the
 // placeholder {http.vars.orbit_pool_retry_after} (whole seconds) for a
 // handle_errors route to send; Caddyfile.example shows one. As with any

@@ -17,14 +17,20 @@ import (
 	"github.com/orbitproxy/orbit/proxy"
 )
 
-// Refusal reasons beyond backpressure's, for logs and metrics: a wait for a
-// connection that timed out, labelled by what the pool lacked, and a policy
-// that declined.
+// Refusal reasons beyond backpressure's (saturated, draining,
+// deadline_near, deadline_elapsed, client_canceled), for logs, metrics and
+// {http.vars.orbit_pool_refusal}: a wait for a connection that reached
+// wait_timeout, labelled by what the pool lacked; a wait for a permit or a
+// worker that reached it; a policy that declined; the admission backstop;
+// an owner with no room in time.
 const (
-	ReasonBusy     = "busy"     // every connection of the upstream was in use
-	ReasonBudget   = "budget"   // the upstream's max_conns_per_host was reached
-	ReasonCreating = "creating" // the upstream's max_dialing_per_host was reached
-	ReasonPolicy   = "policy"   // the pool policy declined the request
+	ReasonBusy        = "busy"         // every connection of the upstream was in use until wait_timeout
+	ReasonBudget      = "budget"       // the upstream's max_conns_per_host was reached until wait_timeout
+	ReasonCreating    = "creating"     // the upstream's max_dialing_per_host was reached until wait_timeout
+	ReasonWaitTimeout = "wait_timeout" // no back-pressure permit or budget worker came free within wait_timeout
+	ReasonPolicy      = "policy"       // the pool policy declined the request
+	ReasonAdmission   = "admission"    // the admission backstop refused a new connection
+	ReasonOwnerBusy   = "owner_busy"   // the owners of the upstream's connections had no room in time, and no other plan did
 )
 
 // Placeholders the transport sets on a refused request, for handle_errors
@@ -57,8 +63,9 @@ func (e *RefusalError) Error() string {
 	return fmt.Sprintf("orbit_pool: request to %s refused (%s): %v", e.Upstream, e.Reason, e.detail)
 }
 
-// Unwrap returns the sentinel the refusal matches (backpressure's errors, or
-// proxy.ErrNoCapacity for a wait that timed out, or orbitpool.ErrRefused),
+// Unwrap returns the sentinel the refusal matches (backpressure's errors,
+// proxy.ErrNoCapacity for a wait for a connection that timed out,
+// proxy.ErrNotAdmitted, proxy.ErrOwnerBusy, or orbitpool.ErrRefused),
 // never the context error a timed-out wait ends with: reverse_proxy takes a
 // context.Canceled for a client that went away.
 func (e *RefusalError) Unwrap() error { return e.cause }
@@ -66,8 +73,8 @@ func (e *RefusalError) Unwrap() error { return e.cause }
 // classify turns a failed round trip into what reverse_proxy should see:
 // the client's cancellation as is, refusals as caddyhttp errors with their
 // status, retry-safe failures as dial errors, and a response header timeout
-// as 504.
-func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard, err error) error {
+// or the request's deadline (dl, zero for none) passing as 504.
+func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard, dl time.Time, err error) error {
 	if perr := req.Context().Err(); perr != nil {
 		if errors.Is(perr, context.Canceled) {
 			if !errors.Is(err, context.Canceled) {
@@ -75,8 +82,11 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 			}
 			return err
 		}
-		r, _ := backpressure.RefusalFor(backpressure.ErrDeadlineElapsed)
-		return t.refuse(req, up, r, backpressure.ErrDeadlineElapsed, err)
+		return t.refuseWith(req, up, backpressure.ErrDeadlineElapsed, err)
+	}
+	if errors.Is(err, proxy.ErrNotAdmitted) {
+		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonAdmission}
+		return t.refuse(req, up, r, proxy.ErrNotAdmitted, err)
 	}
 	if wg.expired() {
 		var we *orbitpool.WaitError
@@ -84,8 +94,8 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: waitReason(we.Reason)}
 			return t.refuse(req, up, r, proxy.ErrNoCapacity, fmt.Errorf("no connection free within %s", t.wait))
 		}
-		r, _ := backpressure.RefusalFor(backpressure.ErrSaturated)
-		return t.refuse(req, up, r, backpressure.ErrSaturated, fmt.Errorf("no permit free within %s", t.wait))
+		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonWaitTimeout}
+		return t.refuse(req, up, r, errWaitTimeout, fmt.Errorf("no permit or worker free within %s: %w", t.wait, err))
 	}
 	for _, sentinel := range []error{
 		backpressure.ErrQuotaExceeded,
@@ -94,13 +104,19 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 		backpressure.ErrDeadlineElapsed,
 	} {
 		if errors.Is(err, sentinel) {
-			r, _ := backpressure.RefusalFor(sentinel)
-			return t.refuse(req, up, r, sentinel, err)
+			return t.refuseWith(req, up, sentinel, err)
 		}
+	}
+	if !dl.IsZero() && !time.Now().Before(dl) && errors.Is(err, context.DeadlineExceeded) {
+		return t.refuseWith(req, up, backpressure.ErrDeadlineElapsed, err)
 	}
 	if errors.Is(err, orbitpool.ErrRefused) {
 		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonPolicy}
 		return t.refuse(req, up, r, orbitpool.ErrRefused, err)
+	}
+	if errors.Is(err, proxy.ErrOwnerBusy) {
+		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonOwnerBusy}
+		return t.refuse(req, up, r, proxy.ErrOwnerBusy, err)
 	}
 	if proxy.IsRetrySafe(err) {
 		return reverseproxy.NewDialError(err)
@@ -109,6 +125,12 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 		return caddyhttp.Error(http.StatusGatewayTimeout, err)
 	}
 	return err
+}
+
+// refuseWith refuses as backpressure.RefusalFor says for sentinel.
+func (t *Transport) refuseWith(req *http.Request, up *upstreamInfo, sentinel, detail error) error {
+	r, _ := backpressure.RefusalFor(sentinel)
+	return t.refuse(req, up, r, sentinel, detail)
 }
 
 func waitReason(r orbitpool.Reason) string {

@@ -40,6 +40,7 @@ type fleetConfig struct {
 	DeadlineNearWindow time.Duration `json:"deadline_near_window"`
 	Workers            int           `json:"workers"`
 	MemoryLimit        uint64        `json:"memory_limit"`
+	AdmissionCeiling   int           `json:"admission_ceiling"`
 	ReconcileInterval  time.Duration `json:"reconcile_interval"`
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
 	KeepSegment        bool          `json:"keep_segment"`
@@ -67,6 +68,7 @@ type fleet struct {
 	pool    *orbitpool.Pool
 	node    *proxy.Node
 	gov     *governor.Governor
+	adm     *governor.Admission
 	limiter *backpressure.Limiter
 	names   *keyNames
 	opened  time.Time
@@ -108,10 +110,16 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		return nil, err
 	}
 	f.gov = governor.New(cfg.Workers, cfg.MemoryLimit)
+	f.adm = governor.NewAdmission(cfg.AdmissionCeiling)
 	node, err := proxy.NewNode(pool, proxy.NodeOptions{
-		SocketDir: cfg.SocketDir,
-		Governor:  f.gov,
-		Logger:    log.Named("node"),
+		SocketDir:          cfg.SocketDir,
+		Governor:           f.gov,
+		Admission:          f.adm,
+		DeadlineNearWindow: cfg.DeadlineNearWindow,
+		// Well before the pool ages the reservation out: a lease the
+		// owner cannot start is rejected and given back instead.
+		MaxLeaseWait: cfg.ReservationTimeout / 2,
+		Logger:       log.Named("node"),
 	})
 	if err != nil {
 		pool.Close()

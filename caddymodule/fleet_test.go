@@ -112,23 +112,8 @@ type testFleet struct {
 // X-Config response header, so a test sees a reload take effect.
 func (f *testFleet) writeCaddyfile(upstream, version string) {
 	f.t.Helper()
-	servers := ""
-	if f.protocols != "" {
-		servers = "servers {\n\t\tprotocols " + f.protocols + "\n\t}"
-	}
-	cfg := fmt.Sprintf(`{
-	auto_https off
-	grace_period 3s
-	%s
-	orbit_pool {
-		segment %s
-		max_conns_per_host 4
-		wait_timeout 5s
-		reconcile_interval %s
-		workers %d
-	}
-}
-:%d {
+	cfg := f.globals(fmt.Sprintf("max_conns_per_host 4\n\t\twait_timeout 5s\n\t\treconcile_interval %s\n\t\tworkers %d",
+		cmp.Or(f.reconcile, "50ms"), f.govWorkers)) + fmt.Sprintf(`:%d {
 	bind 127.0.0.1
 	header X-Worker {env.ORBIT_FLEET_WORKER}
 	header X-Config %s
@@ -136,10 +121,39 @@ func (f *testFleet) writeCaddyfile(upstream, version string) {
 		transport orbit_pool
 	}
 }
-`, servers, f.segment, cmp.Or(f.reconcile, "50ms"), f.govWorkers, f.port, version, upstream)
+`, f.port, version, upstream)
 	if err := os.WriteFile(f.caddyfile, []byte(cfg), 0o644); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// fleetGlobals is the global options block of a test fleet on segment, with
+// opts in its orbit_pool option.
+func fleetGlobals(segment, opts string) string {
+	return fleetGlobalsWith(segment, "", opts)
+}
+
+// fleetGlobalsWith is fleetGlobals with more global options.
+func fleetGlobalsWith(segment, global, opts string) string {
+	return fmt.Sprintf(`{
+	auto_https off
+	grace_period 3s
+%s	orbit_pool {
+		segment %s
+		%s
+	}
+}
+`, global, segment, opts)
+}
+
+// globals is the fleet's global options block, with the orbit_pool options
+// opts.
+func (f *testFleet) globals(opts string) string {
+	global := ""
+	if f.protocols != "" {
+		global = "\tservers {\n\t\tprotocols " + f.protocols + "\n\t}\n"
+	}
+	return fleetGlobalsWith(f.segment, global, opts)
 }
 
 // startFleet runs `caddy orbit-fleet` with n workers in front of upstream

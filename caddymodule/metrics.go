@@ -20,14 +20,21 @@ type waitObserver interface{ Observe(float64) }
 // process-wide, so that they survive config reloads, and registered in each
 // config's registry.
 var localMetrics = struct {
-	refused *prometheus.CounterVec
-	wait    *prometheus.HistogramVec
+	refused   *prometheus.CounterVec
+	wait      *prometheus.HistogramVec
+	deadlines *prometheus.CounterVec
 }{
+	deadlines: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace,
+		Subsystem: metricsSubsystem,
+		Name:      "deadlines_total",
+		Help:      "Requests through orbit_pool transports by where their deadline came from: context, header, timeout, write_timeout, or none.",
+	}, []string{"source"}),
 	refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Subsystem: metricsSubsystem,
 		Name:      "refused_total",
-		Help:      "Requests this process refused instead of sending them upstream, by upstream and reason.",
+		Help:      "Requests this process refused instead of sending them upstream, by upstream and reason (saturated, draining, deadline_near, deadline_elapsed, client_canceled, busy, budget, creating, wait_timeout, policy, admission, owner_busy).",
 	}, []string{"upstream", "reason"}),
 	wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
@@ -46,7 +53,7 @@ func registerMetrics(ctx caddy.Context, a *App) {
 	if reg == nil {
 		return
 	}
-	for _, c := range []prometheus.Collector{localMetrics.refused, localMetrics.wait, &tableCollector{app: a}} {
+	for _, c := range []prometheus.Collector{localMetrics.refused, localMetrics.wait, localMetrics.deadlines, &tableCollector{app: a}} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -90,12 +97,20 @@ var (
 	descTimeouts    = newFleetDesc("wait_timeouts_total", "Requests that waited for a connection and gave up.", "key")
 	descWaitSeconds = newFleetDesc("wait_seconds_total", "Total time requests spent waiting for a connection.", "key")
 
-	descOwned        = newDesc("owned_connections", "Upstream connections this process owns.")
-	descServedRemote = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
-	descLeaseRefused = newDesc("leases_refused_total", "Siblings' reservations this process refused (stale, or the connection closed).")
-	descRetired      = newDesc("connections_retired_total", "Upstream connections this process closed.")
-	descRetries      = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
-	descLeakedGuards = newDesc("leaked_guards_total", "Connection uses and dial permits of this process that were garbage-collected without being released, and returned then: a bug, logged when it happens.")
+	descOwned          = newDesc("owned_connections", "Upstream connections this process owns.")
+	descServedRemote   = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
+	descLeaseRefused   = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time), admission (the admission backstop), other.", "reason")
+	descRetired        = newDesc("connections_retired_total", "Upstream connections this process closed.")
+	descRetries        = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
+	descBudgetWorkers  = newDesc("budget_workers", "The process budget's workers (the app's workers): the most exchanges, own and siblings', that run at once.")
+	descBudgetInUse    = newDesc("budget_workers_in_use", "Workers of the process budget held by running exchanges, own and siblings'; an exchange with a large body may hold more than one.")
+	descBudgetMemory   = newDesc("budget_memory_limit_bytes", "The process budget's memory limit (the app's memory_limit) for exchange buffers.")
+	descBudgetReserved = newDesc("budget_memory_reserved_bytes", "Exchange buffer memory charged to the process budget now; it can exceed the limit by one buffer per exchange, the price of never refusing an exchange its first buffer.")
+	descPermits        = newDesc("permits", "The back-pressure cap (the app's max_in_flight).")
+	descPermitsInUse   = newDesc("permits_in_use", "Back-pressure permits held by requests of this process now.")
+	descAdmission      = newDesc("admission_ceiling", "The admission backstop's ceiling (the app's admission_ceiling): connections owned and being dialed, or siblings' exchanges running, at which new ones are refused.")
+	descDialsRefused   = newDesc("dials_not_admitted_total", "New upstream connections the admission backstop refused to dial.")
+	descLeakedGuards   = newDesc("leaked_guards_total", "Connection uses and dial permits of this process that were garbage-collected without being released, and returned then: a bug, logged when it happens.")
 )
 
 // tableCollector reads the fleet's table when scraped.
@@ -106,7 +121,9 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descLeaseRefused,
-		descRetired, descRetries, descLeakedGuards,
+		descRetired, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
+		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
+		descDialsRefused,
 	} {
 		ch <- d
 	}
@@ -153,7 +170,17 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	st := f.node.Stats()
 	gauge(descOwned, float64(st.OpenConns))
 	counter(descServedRemote, float64(st.ServedRemote))
-	counter(descLeaseRefused, float64(st.Refused))
+	for _, reason := range []string{"stale", "gone", "closing", "deadline", "busy", "admission", "other"} {
+		counter(descLeaseRefused, float64(st.RefusedBy[reason]), reason)
+	}
+	counter(descDialsRefused, float64(st.DialsNotAdmitted))
+	gauge(descBudgetWorkers, float64(f.gov.Workers()))
+	gauge(descBudgetInUse, float64(f.gov.Outstanding()))
+	gauge(descBudgetMemory, float64(f.gov.MemoryLimit()))
+	gauge(descBudgetReserved, float64(f.gov.ReservedBytes()))
+	gauge(descPermits, float64(f.limiter.MaxConcurrent()))
+	gauge(descPermitsInUse, float64(f.limiter.Active()))
+	gauge(descAdmission, float64(f.adm.Ceiling()))
 	counter(descRetired, float64(st.Retired))
 	counter(descRetries, float64(st.Retries))
 	counter(descLeakedGuards, float64(f.pool.LeakedGuards()))

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -98,6 +99,32 @@ type Transport struct {
 	// and an upstream connection together before it is refused with 503.
 	// Default: the app's wait_timeout.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
+
+	// Timeout bounds a request's whole exchange through this transport,
+	// from when the transport receives it to the end of the response body:
+	// it is one of the sources of the request's deadline (see
+	// DeadlineHeaders). Default: none.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// DeadlineHeaders name request headers that carry how long the client
+	// will wait for its answer, in gRPC's grpc-timeout format ("30m" is 30
+	// milliseconds, "5S" five seconds) or as a number of seconds
+	// ("Request-Timeout: 0.5"); see ParseTimeout. A value that parses
+	// gives the request a deadline that long after the transport received
+	// it; one that does not is ignored. Default: none.
+	//
+	// A request's deadline is the earliest of its context's deadline, these
+	// headers', Timeout and the server's write_timeout; without any it has
+	// none, and behaves as without this setting. With one, every claim
+	// point judges it as the app's back-pressure permits do: past it the
+	// request is refused with 504 at once; within deadline_near_window of
+	// it, with 503 and no Retry-After, and nothing is sent upstream; a wait
+	// (for a permit, a worker of the budget, a connection) ends at that
+	// window or at wait_timeout, whichever is first. The deadline bounds
+	// the whole exchange, travels with the request to a sibling that
+	// forwards it, and shows in {http.vars.orbit_pool_deadline_source}
+	// (context, header, timeout, write_timeout or none).
+	DeadlineHeaders []string `json:"deadline_headers,omitempty"`
 
 	// Versions are the HTTP versions spoken to the upstream, as the stock
 	// `http` transport names them: "1.1"; "2", HTTP/2 to TLS upstreams by
@@ -262,6 +289,8 @@ func (t *Transport) Validate() error {
 		return fmt.Errorf("max_dialing_per_host must not be negative, got %d", t.MaxDialingPerHost)
 	case t.WaitTimeout < 0:
 		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(t.WaitTimeout))
+	case t.Timeout < 0:
+		return fmt.Errorf("timeout must not be negative, got %s", time.Duration(t.Timeout))
 	case t.KeepAlive.IdleConnTimeout < 0:
 		return fmt.Errorf("keepalive idle timeout must be positive, got %s", time.Duration(t.KeepAlive.IdleConnTimeout))
 	case t.KeepAlive.MaxLifetime < 0:
@@ -269,7 +298,26 @@ func (t *Transport) Validate() error {
 	case t.KeepAlive.MaxRequests < 0:
 		return fmt.Errorf("keepalive_max_requests must not be negative, got %d", t.KeepAlive.MaxRequests)
 	}
+	for _, h := range t.DeadlineHeaders {
+		if !validHeaderName(h) {
+			return fmt.Errorf("deadline header %q is not a valid header name", h)
+		}
+	}
 	return nil
+}
+
+// validHeaderName reports whether s is an HTTP header field name (a token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // inner returns the proxy transport bound to the fleet f, building it on
@@ -340,7 +388,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 
 	start := time.Now()
-	wg := newWaitGuard(req.Context(), t.wait, func() {
+	dl, src := t.deadline(req, start)
+	caddyhttp.SetVar(req.Context(), VarDeadlineSource, src)
+	localMetrics.deadlines.WithLabelValues(src).Inc()
+	dctx, dcancel := withDeadline(req.Context(), dl)
+	end := func() {
+		dcancel()
+		t.app.end()
+	}
+	wg := newWaitGuard(dctx, t.wait, func() {
 		up.wait.Observe(time.Since(start).Seconds())
 	})
 	out := req.WithContext(wg.ctx)
@@ -352,12 +408,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		wg.stop()
 		wg.cancel()
-		t.app.end()
-		return nil, t.classify(req, up, wg, err)
+		end()
+		return nil, t.classify(req, up, wg, dl, err)
 	}
 	wg.disarm()
 	resp.Request = req
-	resp.Body = trackBody(resp.Body, t.app.end)
+	resp.Body = trackBody(resp.Body, end)
 	return resp, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -69,16 +70,8 @@ var client = &http.Client{Timeout: 10 * time.Second}
 
 func get(t *testing.T, url string) (*http.Response, string) {
 	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: reading body: %v", url, err)
-	}
-	return resp, string(b)
+	resp, body, _ := timedGet(t, url, nil)
+	return resp, body
 }
 
 // fleetTable reads the admin route of the in-process Caddy.
@@ -371,10 +364,13 @@ func TestProxyTLSUpstream(t *testing.T) {
 	}
 }
 
-func TestProxyRefusals(t *testing.T) {
-	block := make(chan struct{})
-	entered := make(chan struct{}, 4)
-	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// newBlockingUpstream is an upstream that answers "ok", except that /block
+// signals entered and waits for block (10s at most), and /slowhead waits a
+// second.
+func newBlockingUpstream(t *testing.T) (up *upstream, block, entered chan struct{}) {
+	block = make(chan struct{})
+	entered = make(chan struct{}, 4)
+	up = newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/block":
 			entered <- struct{}{}
@@ -387,23 +383,55 @@ func TestProxyRefusals(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	}), false)
+	return up, block, entered
+}
+
+// sampleValue is the value of series (name and labels, exactly as exposed)
+// in a Prometheus text exposition, or 0 when absent.
+func sampleValue(metrics, series string) float64 {
+	for _, line := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// holdConnection sends a request for /block to base and returns once the
+// upstream holds it (it signals entered); release lets it finish and checks
+// that it succeeded.
+func holdConnection(t *testing.T, base string, block, entered chan struct{}) (release func()) {
+	t.Helper()
+	done := make(chan int, 1)
+	go func() {
+		resp, err := client.Get(base + "/block")
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	<-entered
+	return func() {
+		t.Helper()
+		block <- struct{}{}
+		if code := <-done; code != 200 {
+			t.Errorf("the request holding the connection: %d", code)
+		}
+	}
+}
+
+func TestProxyRefusals(t *testing.T) {
+	up, block, entered := newBlockingUpstream(t)
 
 	t.Run("wait timeout", func(t *testing.T) {
 		port := freePort(t)
 		startCaddy(t, "max_conns_per_host 1\n\t\twait_timeout 300ms", site(port, up.hostport(), "", ""))
 		base := fmt.Sprintf("http://127.0.0.1:%d", port)
 
-		first := make(chan int, 1)
-		go func() {
-			resp, err := client.Get(base + "/block")
-			if err != nil {
-				first <- 0
-				return
-			}
-			resp.Body.Close()
-			first <- resp.StatusCode
-		}()
-		<-entered
+		release := holdConnection(t, base, block, entered)
 		// The one connection the cap allows is busy: the next request
 		// waits 300ms for it, then is refused with 503 and Retry-After.
 		start := time.Now()
@@ -415,10 +443,7 @@ func TestProxyRefusals(t *testing.T) {
 		if waited < 250*time.Millisecond || waited > 3*time.Second {
 			t.Errorf("refused after %s, want about the 300ms wait timeout", waited)
 		}
-		close(block)
-		if code := <-first; code != 200 {
-			t.Fatalf("the request holding the connection: %d", code)
-		}
+		release()
 		// Capacity is back: the connection is reused.
 		resp, body = get(t, base+"/other")
 		if resp.StatusCode != 200 || body != "ok" {
@@ -434,14 +459,19 @@ func TestProxyRefusals(t *testing.T) {
 	t.Run("drained", func(t *testing.T) {
 		port := freePort(t)
 		startCaddy(t, "max_in_flight 0", site(port, up.hostport(), "", ""))
+		// The counters are process-wide and outlive a config (and an
+		// upstream's port may come round again under -count): count the
+		// change.
+		series := fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="draining",upstream="http://%s"}`, up.hostport())
+		_, metrics := get(t, "http://localhost:2999/metrics")
+		before := sampleValue(metrics, series)
 		resp, body := get(t, fmt.Sprintf("http://127.0.0.1:%d/", port))
 		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || body != "refused: draining" {
 			t.Fatalf("drained: %d Retry-After %q %q", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 		}
-		_, metrics := get(t, "http://localhost:2999/metrics")
-		want := fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="draining",upstream="http://%s"} 1`, up.hostport())
-		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %q", want)
+		_, metrics = get(t, "http://localhost:2999/metrics")
+		if got := sampleValue(metrics, series) - before; got != 1 {
+			t.Errorf("%s grew by %v, want 1", series, got)
 		}
 	})
 

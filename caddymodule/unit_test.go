@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -60,6 +61,7 @@ func TestClassify(t *testing.T) {
 		retryAfter string
 		dial       bool
 		is         error
+		dl         time.Time // the transport's deadline for the request
 	}{
 		{name: "client went away", ctx: canceled, guard: live(),
 			err: &proxy.Error{Op: "acquire", RetrySafe: true, Err: context.Canceled}, is: context.Canceled},
@@ -69,7 +71,23 @@ func TestClassify(t *testing.T) {
 			err:    &proxy.Error{Op: "acquire", RetrySafe: true, Err: &orbitpool.WaitError{Reason: orbitpool.ReasonBudget, Err: context.Canceled}},
 			status: 503, reason: "budget", retryAfter: "1", is: proxy.ErrNoCapacity},
 		{name: "permit wait timed out", ctx: context.Background(), guard: expired(),
-			err: &proxy.Error{Op: "admit", RetrySafe: true, Err: context.Canceled}, status: 503, reason: "saturated", retryAfter: "1", is: backpressure.ErrSaturated},
+			err: &proxy.Error{Op: "admit", RetrySafe: true, Err: context.Canceled}, status: 503, reason: "wait_timeout", retryAfter: "1", is: errWaitTimeout},
+		{name: "budget wait timed out", ctx: context.Background(), guard: expired(),
+			err: &proxy.Error{Op: "budget", RetrySafe: true, Err: context.Canceled}, status: 503, reason: "wait_timeout", retryAfter: "1", is: errWaitTimeout},
+		{name: "saturated", ctx: context.Background(), guard: live(),
+			err: &proxy.Error{Op: "admit", RetrySafe: true, Err: backpressure.ErrSaturated}, status: 503, reason: "saturated", retryAfter: "1", is: backpressure.ErrSaturated},
+		{name: "pool wait ended near the deadline", ctx: context.Background(), guard: live(),
+			err:    &proxy.Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", backpressure.ErrDeadlineNear, &orbitpool.WaitError{Reason: orbitpool.ReasonBusy, Err: context.DeadlineExceeded})},
+			status: 503, reason: "deadline_near", is: backpressure.ErrDeadlineNear},
+		{name: "transport deadline passed in the exchange", ctx: context.Background(), guard: live(), dl: time.Now().Add(-time.Millisecond),
+			err: &proxy.Error{Op: "read", Err: context.DeadlineExceeded}, status: 504, reason: "deadline_elapsed", is: backpressure.ErrDeadlineElapsed},
+		{name: "deadline exceeded before the transport deadline is not a refusal", ctx: context.Background(), guard: live(), dl: time.Now().Add(time.Hour),
+			err: &proxy.Error{Op: "read", Err: context.DeadlineExceeded}, is: context.DeadlineExceeded},
+		{name: "dial not admitted", ctx: context.Background(), guard: live(),
+			err: &proxy.Error{Op: "dial", RetrySafe: true, Err: proxy.ErrNotAdmitted}, status: 503, reason: "admission", retryAfter: "1", is: proxy.ErrNotAdmitted},
+		{name: "owners busy", ctx: context.Background(), guard: live(),
+			err:    &proxy.Error{Op: "lease", RetrySafe: true, Err: fmt.Errorf("%w: %w: no worker", proxy.ErrLeaseRefused, proxy.ErrOwnerBusy)},
+			status: 503, reason: "owner_busy", retryAfter: "1", is: proxy.ErrOwnerBusy},
 		{name: "drained", ctx: context.Background(), guard: live(),
 			err: &proxy.Error{Op: "admit", RetrySafe: true, Err: backpressure.ErrQuotaExceeded}, status: 503, reason: "draining", retryAfter: "1", is: backpressure.ErrQuotaExceeded},
 		{name: "deadline near", ctx: context.Background(), guard: live(),
@@ -87,7 +105,7 @@ func TestClassify(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := request(tc.ctx)
-			got := tr.classify(req, up, tc.guard, tc.err)
+			got := tr.classify(req, up, tc.guard, tc.dl, tc.err)
 			if tc.is != nil && !errors.Is(got, tc.is) {
 				t.Errorf("%v does not match %v", got, tc.is)
 			}

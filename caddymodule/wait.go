@@ -20,9 +20,11 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // The request goes to the proxy with a context that is cancelled when the
 // wait timeout fires, unless the guard was disarmed first. It is disarmed
 // once the request head is written (so the request has its connection), and
-// at the latest when the round trip returns. The context carries no deadline
-// of its own: a deadline would travel with the request to a sibling that
-// forwards it, and bound the whole exchange there.
+// at the latest when the round trip returns. The guard adds no deadline of
+// its own: a deadline travels with the request to a sibling that forwards it
+// and bounds the whole exchange there, which the wait timeout must not. The
+// request's own deadline, when it has one (see Transport.deadline), is on
+// the parent context and does exactly that.
 type waitGuard struct {
 	ctx    context.Context
 	cancel func()

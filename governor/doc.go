@@ -15,6 +15,12 @@
 // ([WithLease]); an acquire made under it never waits, so nesting cannot
 // deadlock.
 //
+// In orbit's proxy the Governor is the process's budget for exchange work:
+// every exchange, the process's own and each it forwards for a sibling,
+// holds a worker and its buffers' memory while it runs, and a large body
+// asks for several buffers with [Governor.AcquireManyContext] and streams
+// with fewer when memory is short.
+//
 // [Admission] is a different, deliberately blunt tool: a never-blocking
 // ceiling on how many things a caller runs at once. It exists so that a
 // runaway fan-out cannot exhaust file handles or goroutines; it is set far

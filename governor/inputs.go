@@ -2,7 +2,6 @@ package governor
 
 import (
 	"math"
-	"os"
 	"runtime"
 	"runtime/debug"
 )
@@ -33,15 +32,23 @@ type Inputs struct {
 	NumCPU int
 
 	// GOMAXPROCS is runtime.GOMAXPROCS(0): what the operator or the runtime
-	// (which since Go 1.25 follows the cgroup CPU limit) chose.
+	// chose. Since Go 1.25 the runtime's default follows the cgroup CPU
+	// bandwidth limit (rounded up, and at least 2), so it already carries
+	// the CPU quota.
 	GOMAXPROCS int
 
 	// CPUQuota is the cgroup CPU bandwidth limit in CPUs (quota / period),
-	// the tightest along the cgroup's ancestry; 0 when there is none.
+	// for a caller that knows it and wants it to count even where
+	// GOMAXPROCS was set by hand; 0 when unknown. DetectInputs leaves it
+	// unknown: GOMAXPROCS covers it.
 	CPUQuota float64
 
-	// MemoryLimit is the cgroup memory limit in bytes, the tightest along
-	// the cgroup's ancestry; 0 when there is none.
+	// MemoryLimit is the cgroup memory limit in bytes; 0 when unknown.
+	// DetectInputs leaves it unknown (this package reads nothing but the
+	// runtime); a caller fills it in from a cgroup reader such as
+	// github.com/KimMachineGun/automemlimit/memlimit.FromCgroup, as the
+	// Caddy module does. In a Caddy binary GoMemoryLimit carries it too:
+	// Caddy's main sets GOMEMLIMIT from the cgroup with that package.
 	MemoryLimit uint64
 
 	// GoMemoryLimit is the runtime's soft memory limit (GOMEMLIMIT), as
@@ -49,20 +56,17 @@ type Inputs struct {
 	GoMemoryLimit int64
 }
 
-// DetectInputs reads the process's CPU and memory limits: the Go runtime's
-// view, and the cgroup (v2, or v1 where a controller is still mounted there)
-// the process belongs to. Anything it cannot read is left unknown; it never
-// fails, because a governor with default limits is better than none.
+// DetectInputs reads the Go runtime's view of the process's limits: its CPU
+// count and affinity, GOMAXPROCS (which since Go 1.25 follows the cgroup CPU
+// limit) and GOMEMLIMIT. It parses no cgroup files itself: the runtime
+// already applies the CPU limit, and a caller that wants the cgroup memory
+// limit fills in MemoryLimit (see Inputs). It never fails.
 func DetectInputs() Inputs {
-	in := Inputs{
+	return Inputs{
 		NumCPU:        runtime.NumCPU(),
 		GOMAXPROCS:    runtime.GOMAXPROCS(0),
 		GoMemoryLimit: debug.SetMemoryLimit(-1),
 	}
-	if runtime.GOOS == "linux" {
-		in.CPUQuota, in.MemoryLimit = cgroupLimits(os.DirFS("/"))
-	}
-	return in
 }
 
 // FromInputs builds a Governor sized to the machine described by inputs.

@@ -111,6 +111,9 @@ func (l *limitReader) Read(p []byte) (int, error) {
 type countWriter struct {
 	w io.Writer
 	n atomic.Int64
+	// bufs is how many exchange buffers the exchange under way was granted;
+	// set by whoever holds the conn before the exchange starts.
+	bufs int
 }
 
 func (c *countWriter) Write(p []byte) (int, error) {
@@ -121,12 +124,11 @@ func (c *countWriter) Write(p []byte) (int, error) {
 
 // ReadFrom lets a request body go out in large writes: the bufio.Writer in
 // front hands a body to it once its own 4 KiB are flushed, and would
-// otherwise send the body 4 KiB per system call. The large buffer is borrowed
-// for the copy only, so an idle connection stays small.
+// otherwise send the body 4 KiB per system call. The buffer, as many
+// exchange buffers as the exchange's budget granted, is borrowed for the
+// copy only, so an idle connection stays small.
 func (c *countWriter) ReadFrom(r io.Reader) (int64, error) {
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
+	bp := getCopyBuf(c.bufs)
+	defer putCopyBuf(bp)
 	return io.CopyBuffer(struct{ io.Writer }{c}, r, *bp)
 }
-
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

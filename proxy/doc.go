@@ -64,9 +64,30 @@
 // exchange and is logged with its stack; the process keeps serving, as
 // net/http's server does when a handler panics.
 //
-// A [governor.Governor], when given, bounds the owner's forwarding work and
-// relay buffers; a [backpressure.Limiter] admits requests with their
-// deadline before they may wait on the pool.
+// # Deadlines and budgets
+//
+// A [backpressure.Limiter] admits requests with their context's deadline
+// before they may wait on the pool, and its near-window applies at every
+// later claim point of the request: the wait for a worker of the Node's
+// [governor.Governor] and the wait on the pool end when the deadline comes
+// within it (ErrDeadlineNear), and a dial is not started past it. The
+// deadline travels in the frame to the owner, which judges it the same way
+// (NodeOptions.DeadlineNearWindow), waits for a worker of its own budget no
+// longer than that or NodeOptions.MaxLeaseWait, and otherwise rejects the
+// lease, retry-safe, taking it up and giving it back at once so that the
+// pool does not have to age it out. The caller then tries another plan
+// without that owner (ErrOwnerBusy if none is left).
+//
+// The Node's governor is the process's one budget: every exchange, through a
+// Transport or forwarded for a sibling, holds one worker for as long as it
+// runs and exchange buffers of 32 KiB charged to its memory limit: the
+// request body copy buffer and, on the owner, the relay buffer and the
+// stream's buffers. A request body of 1 MiB or more, or of unknown length,
+// asks for 8 buffers and goes out in writes that large; when memory is short
+// it gets fewer, never fewer than one. A [governor.Admission] is asked before
+// a dial (in flight: the connections the process owns and is dialing) and
+// before a lease is taken up (in flight: the siblings' exchanges running);
+// a refusal is ErrNotAdmitted, or a rejected lease.
 //
 // # Codec
 //

@@ -30,6 +30,16 @@ var (
 	ErrBadFrame = errors.New("proxy: malformed frame")
 	// ErrNoCapacity means no connection could be had before the deadline.
 	ErrNoCapacity = errors.New("proxy: no upstream connection available before deadline")
+	// ErrNotAdmitted means the admission backstop ([governor.Admission])
+	// refused to start more work in this process, or in the owner process
+	// for a lease: too many connections or forwarded exchanges at once.
+	// Nothing reached the upstream.
+	ErrNotAdmitted = errors.New("proxy: admission refused: too much work in flight")
+	// ErrOwnerBusy means the owner process had no worker of its budget free
+	// before the request's deadline (or its lease's hold time) came near,
+	// and rejected the lease rather than let it age out. Nothing reached the
+	// upstream.
+	ErrOwnerBusy = errors.New("proxy: owner had no room before the deadline")
 	// ErrClosed means the transport or server was closed.
 	ErrClosed = errors.New("proxy: closed")
 )

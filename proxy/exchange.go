@@ -46,6 +46,9 @@ type exchangeOpts struct {
 	stopBody func()
 	// log receives the stacks of panics recovered in the exchange.
 	log *zap.Logger
+	// bufs is how many exchange buffers the exchange's budget granted: the
+	// size of its request body copy buffer. 0 counts as 1.
+	bufs int
 }
 
 // leg is what the unix leg adds around the HTTP/1.1 messages.
@@ -122,6 +125,7 @@ const defaultMaxHeaderBytes = 10 << 20
 func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, error) {
 	x := &exchange{c: c, req: req, o: o, written0: c.cw.n.Load(), reused: c.requests > 0}
 	c.requests++
+	c.cw.bufs = o.bufs
 	x.pending.Store(2)
 	x.keepAlive.Store(true)
 	ctx := req.Context()

@@ -284,7 +284,7 @@ func TestLeaseRefusedIsTypedAndRetrySafe(t *testing.T) {
 	b, _ := bogus.MarshalBinary()
 	req, _ := http.NewRequest("GET", u.url("/cl"), nil)
 	client.tr.initOnce.Do(client.tr.init)
-	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, nil)
+	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, 1, nil)
 	if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
 		t.Fatalf("error %v, want retry-safe ErrLeaseRefused", err)
 	}
@@ -421,7 +421,7 @@ func TestStaleStreamToGoneOwnerIsRetrySafe(t *testing.T) {
 	lease := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99}
 	b, _ := lease.MarshalBinary()
 	req, _ := http.NewRequest("POST", u.url("/sink"), strings.NewReader("not replayable by method"))
-	_, err = client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, nil)
+	_, err = client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, 1, nil)
 	if err == nil {
 		t.Fatal("request through a closed owner succeeded")
 	}

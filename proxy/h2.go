@@ -304,7 +304,6 @@ func (e *h2Exec) abandon() { e.exec.Complete() }
 func (n *Node) acceptH2(hc *h2conn, exec *orbitpool.Execution) (execution, error) {
 	if !n.usableH2(hc) {
 		exec.Complete()
-		n.stats.refused.Add(1)
 		return nil, &rejectError{code: rejectGone, err: errors.New("http2 connection draining")}
 	}
 	n.stats.servedRemote.Add(1)

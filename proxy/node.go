@@ -21,10 +21,30 @@ type NodeOptions struct {
 	// SocketDir(pool.Spec().Path). A pool in process memory has no siblings
 	// and gets no socket.
 	SocketDir string
-	// Governor, if set, bounds the forwarding work this process does for
-	// its siblings: each remote exchange holds one worker and its relay
-	// buffer for as long as it runs. Nil means no bound beyond the pool's.
+	// Governor, if set, is the process's one budget for exchange work:
+	// every exchange, this process's own (through a Transport) and each it
+	// forwards for a sibling, holds a worker and its buffers' memory for as
+	// long as it runs (see Transport). Nil means no bound beyond the
+	// pool's.
 	Governor *governor.Governor
+	// Admission is the backstop consulted before this process dials a new
+	// upstream connection (with the connections it owns and is dialing as
+	// in flight) and before it takes up a sibling's lease (with the
+	// siblings' exchanges it runs as in flight). Default:
+	// governor.DefaultAdmission().
+	Admission *governor.Admission
+	// DeadlineNearWindow is how close to its deadline a sibling's request
+	// may still be taken up: closer, the lease is rejected, retry-safe,
+	// as the caller's own Limiter would refuse it. The owner's wait for a
+	// worker of its Governor ends that long before the deadline too.
+	// Default 0: only a deadline already passed is rejected.
+	DeadlineNearWindow time.Duration
+	// MaxLeaseWait bounds how long a sibling's lease waits for a worker of
+	// the Governor when its deadline does not end the wait sooner; then the
+	// lease is rejected, retry-safe, and its capacity given back at once,
+	// rather than aged out by the pool. Keep it below the pool's
+	// reservation timeout. Default 500ms.
+	MaxLeaseWait time.Duration
 	// SweepInterval is how often idle connections are checked for an
 	// upstream that closed them, and for their idle timeout and lifetime.
 	// Default 1s.
@@ -44,6 +64,7 @@ type Node struct {
 	pool  *orbitpool.Pool
 	log   *zap.Logger
 	gov   *governor.Governor
+	adm   *governor.Admission
 	peers *peers
 	srv   *server
 	sweep time.Duration
@@ -52,6 +73,9 @@ type Node struct {
 	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
 
 	stats nodeCounters
+	// open and dialing count the upstream connections this process owns
+	// and is dialing: what a dial's admission sees as in flight.
+	open, dialing atomic.Int64
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -63,19 +87,28 @@ type Node struct {
 
 // NodeStats counts what a node did since it started.
 type NodeStats struct {
-	Created       uint64 // upstream connections dialed and registered
-	ReusedLocal   uint64 // requests on a connection this process owns, reused
-	ReusedRemote  uint64 // requests sent to a sibling's connection
-	ServedRemote  uint64 // siblings' requests run on this process's connections
-	Refused       uint64 // siblings' leases refused
-	Retired       uint64 // connections closed and unregistered
-	Retries       uint64 // requests sent again after a retry-safe failure
-	OpenConns     int    // upstream connections owned now
-	IdlePeerConns int    // idle unix streams to siblings now
+	Created      uint64 // upstream connections dialed and registered
+	ReusedLocal  uint64 // requests on a connection this process owns, reused
+	ReusedRemote uint64 // requests sent to a sibling's connection
+	ServedRemote uint64 // siblings' requests run on this process's connections
+	Refused      uint64 // siblings' leases refused, for any reason
+	// RefusedBy splits Refused by reason: "stale" (the lease named no live
+	// reservation), "gone" (the connection closed meanwhile), "closing"
+	// (this process is leaving), "deadline" (passed or too near),
+	// "busy" (no worker of the budget in time), "admission" (the
+	// admission backstop), "other".
+	RefusedBy map[string]uint64
+	// DialsNotAdmitted counts dials of new upstream connections the
+	// admission backstop refused.
+	DialsNotAdmitted uint64
+	Retired          uint64 // connections closed and unregistered
+	Retries          uint64 // requests sent again after a retry-safe failure
+	OpenConns        int    // upstream connections owned now
+	IdlePeerConns    int    // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, refused, retired, retries atomic.Uint64
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted atomic.Uint64
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -91,6 +124,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		pool:  pool,
 		log:   log,
 		gov:   opts.Governor,
+		adm:   opts.Admission,
 		sweep: opts.SweepInterval,
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
 
@@ -99,6 +133,9 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 	}
 	if n.sweep <= 0 {
 		n.sweep = time.Second
+	}
+	if n.adm == nil {
+		n.adm = governor.DefaultAdmission()
 	}
 	if spec.Path != "" {
 		dir := opts.SocketDir
@@ -113,8 +150,11 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		n.peers.log = log
 		n.srv = newServer(ln, n, log)
 		n.srv.maxIdlePerPeer = max(n.srv.maxIdlePerPeer, 2*n.peers.maxIdle)
-		if n.gov != nil {
-			n.srv.admit = n.admit
+		n.srv.gov = n.gov
+		n.srv.adm = n.adm
+		n.srv.near = max(opts.DeadlineNearWindow, 0)
+		if opts.MaxLeaseWait > 0 {
+			n.srv.maxLeaseWait = opts.MaxLeaseWait
 		}
 		n.wg.Add(1)
 		go func() {
@@ -199,9 +239,19 @@ func (n *Node) Stats() NodeStats {
 		ReusedLocal:  n.stats.reusedLocal.Load(),
 		ReusedRemote: n.stats.reusedRemote.Load(),
 		ServedRemote: n.stats.servedRemote.Load(),
-		Refused:      n.stats.refused.Load(),
 		Retired:      n.stats.retired.Load(),
 		Retries:      n.stats.retries.Load(),
+
+		DialsNotAdmitted: n.stats.dialsNotAdmitted.Load(),
+	}
+	if n.srv != nil {
+		s.RefusedBy = make(map[string]uint64)
+		for i := range n.srv.refused {
+			if v := n.srv.refused[i].Load(); v != 0 {
+				s.RefusedBy[refuseReasons[i]] = v
+				s.Refused += v
+			}
+		}
 	}
 	for i := range n.slots {
 		if n.slots[i].Load() != nil {
@@ -221,12 +271,14 @@ func (n *Node) Stats() NodeStats {
 	return s
 }
 
-func (n *Node) admit(ctx context.Context) (func(), error) {
-	ls, err := n.gov.AcquireManyContext(ctx, 1, relayBufSize+2*readBufSize+2*writeBufSize)
-	if err != nil {
-		return nil, err
+// admitDial asks the admission backstop whether this process may dial one
+// more upstream connection.
+func (n *Node) admitDial() bool {
+	if n.adm.Admit(int(n.open.Load() + n.dialing.Load())) {
+		return true
 	}
-	return ls.Release, nil
+	n.stats.dialsNotAdmitted.Add(1)
+	return false
 }
 
 // owned is an upstream connection this process owns and has registered.
@@ -318,6 +370,7 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())
 	n.slots[slot].Store(oc)
+	n.open.Add(1)
 	return oc, nil
 }
 
@@ -327,6 +380,7 @@ func (n *Node) retire(oc *owned) {
 	if !n.slots[oc.id.Slot()].CompareAndSwap(oc, nil) {
 		return
 	}
+	n.open.Add(-1)
 	oc.state.Store(stDead)
 	if err := n.pool.Unregister(oc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
@@ -357,11 +411,13 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	exec.Complete()
 }
 
-// use runs req on oc under exec. onDone runs when the exchange is over;
-// stopBody, if set, interrupts a pending read of the request body.
-func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDone, stopBody func()) (*http.Response, error) {
+// use runs req on oc under exec, with bufs exchange buffers. onDone runs when
+// the exchange is over; stopBody, if set, interrupts a pending read of the
+// request body.
+func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs int, onDone, stopBody func()) (*http.Response, error) {
 	s := oc.s
 	opts := &exchangeOpts{
+		bufs:                  bufs,
 		maxHeaderBytes:        s.maxHeaderBytes,
 		expectContinueTimeout: s.expectContinueTimeout,
 		responseHeaderTimeout: s.responseHeaderTimeout,
@@ -382,12 +438,10 @@ func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, onDo
 func (n *Node) accept(b []byte) (execution, error) {
 	var l orbitpool.Lease
 	if err := l.UnmarshalBinary(b); err != nil {
-		n.stats.refused.Add(1)
 		return nil, &rejectError{code: rejectStale, err: err}
 	}
 	exec, err := n.pool.Accept(l)
 	if err != nil {
-		n.stats.refused.Add(1)
 		code := rejectUnknown
 		switch {
 		case errors.Is(err, orbitpool.ErrStale):
@@ -407,22 +461,37 @@ func (n *Node) accept(b []byte) (execution, error) {
 			n.retire(oc)
 		}
 		exec.Complete()
-		n.stats.refused.Add(1)
 		return nil, &rejectError{code: rejectGone, err: errors.New("connection closed")}
 	}
 	n.stats.servedRemote.Add(1)
 	return &ownerExec{n: n, oc: oc, exec: exec}, nil
 }
 
+// drop implements leaseDropper: the lease is taken up and given back at
+// once, without touching its connection, so that a lease this process will
+// not serve returns its capacity now rather than when the pool ages it out.
+func (n *Node) drop(b []byte) {
+	var l orbitpool.Lease
+	if l.UnmarshalBinary(b) != nil {
+		return
+	}
+	if exec, err := n.pool.Accept(l); err == nil {
+		exec.Complete()
+	}
+}
+
 type ownerExec struct {
 	n    *Node
 	oc   *owned
 	exec *orbitpool.Execution
+	bufs int
 }
 
 func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
-	return e.n.use(e.oc, e.exec, req, nil, stopBody)
+	return e.n.use(e.oc, e.exec, req, e.bufs, nil, stopBody)
 }
+
+func (e *ownerExec) setBufs(k int) { e.bufs = k }
 
 func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 

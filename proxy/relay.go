@@ -16,11 +16,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// relayBufSize is the copy buffer of one in-flight remote stream.
-const relayBufSize = 16 << 10
-
-var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
-
 // buffered is implemented by response bodies that know whether a Read would
 // be served without waiting on the network.
 type buffered interface{ buffered() int }
@@ -37,6 +32,9 @@ type relay struct {
 	// response, as its head said (headStreamEnds).
 	keepStream bool
 	err        error
+	// bufs is how many exchange buffers the exchange was granted: the
+	// size of the body copy buffer.
+	bufs int
 
 	// mu orders the accept frame, which the exchange's writer may send
 	// (acceptBody), with the responses the serving goroutine writes after
@@ -204,8 +202,8 @@ func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 // as they are produced, while a body that is already buffered goes out in
 // full writes.
 func (r *relay) copyBody(resp *http.Response, chunked bool) error {
-	bp := relayBufs.Get().(*[]byte)
-	defer relayBufs.Put(bp)
+	bp := getCopyBuf(r.bufs)
+	defer putCopyBuf(bp)
 	buf := *bp
 	bw := r.bw
 	src, _ := resp.Body.(buffered)

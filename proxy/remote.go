@@ -120,7 +120,7 @@ type remoteOpts struct {
 // response, whose Body streams from the owner. A refused lease or an owner
 // that reports failure before answering comes back as an *Error wrapping
 // ErrLeaseRefused or ErrOwnerFailed.
-func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOpts, onDone func()) (*http.Response, error) {
+func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOpts, bufs int, onDone func()) (*http.Response, error) {
 	ctx := req.Context()
 	if o.expectContinueTimeout == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
 		// With no wait for the upstream's 100, a local exchange starts
@@ -137,6 +137,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 	dl, _ := ctx.Deadline()
 	lg := &remoteLeg{lease: lease, deadline: dl}
 	opts := &exchangeOpts{
+		bufs:                  bufs,
 		maxHeaderBytes:        o.maxHeaderBytes,
 		expectContinueTimeout: o.expectContinueTimeout,
 		responseHeaderTimeout: o.responseHeaderTimeout,
@@ -178,7 +179,11 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 	case frameAccept:
 		return nil
 	case frameReject:
-		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)}
+		err := fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)
+		if f.code == rejectOverload {
+			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, ErrOwnerBusy, f.msg)
+		}
+		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:
 		err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
 		if s := errCodeSentinels[f.code]; s != nil {

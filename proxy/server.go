@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -15,6 +16,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/governor"
 )
 
 // acceptor turns a remote lease into the right to use one of this process's
@@ -36,6 +40,14 @@ type execution interface {
 	abandon()
 }
 
+// leaseDropper is implemented by an acceptor that can give a lease's
+// capacity back without serving it (Node.drop).
+type leaseDropper interface{ drop(lease []byte) }
+
+// bufSetter is implemented by an execution that uses as many exchange
+// buffers as its budget granted.
+type bufSetter interface{ setBufs(k int) }
+
 // rejectError is what an acceptor returns to refuse a lease with a reason.
 type rejectError struct {
 	code uint16
@@ -49,10 +61,20 @@ func (e *rejectError) Unwrap() error { return e.err }
 // processes and runs their requests on its own upstream connections,
 // streaming the responses back.
 type server struct {
-	ln    *net.UnixListener
-	acc   acceptor
-	log   *zap.Logger
-	admit func(ctx context.Context) (release func(), err error)
+	ln  *net.UnixListener
+	acc acceptor
+	log *zap.Logger
+
+	// gov, if set, is the process's budget: a sibling's exchange holds a
+	// worker of it, waited for no longer than maxLeaseWait and no later
+	// than the frame's deadline less near. adm, if set, is the admission
+	// backstop, asked with the siblings' exchanges running here.
+	gov          *governor.Governor
+	adm          *governor.Admission
+	near         time.Duration
+	maxLeaseWait time.Duration
+	// refused counts rejected leases by refuseReasons index.
+	refused [len(refuseReasons)]atomic.Uint64
 
 	watcher watcher
 
@@ -84,7 +106,8 @@ func newServer(ln *net.UnixListener, acc acceptor, log *zap.Logger) *server {
 		log = zap.NewNop()
 	}
 	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]struct{}),
-		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns}
+		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns,
+		maxLeaseWait: defaultMaxLeaseWait}
 }
 
 // serve accepts peers until the listener closes.
@@ -229,6 +252,7 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 // older caller is sending its body too, and skipping that would mean reading
 // a body nobody wants, so its stream ends.
 func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
+	s.refused[refuseReason(code, err)].Add(1)
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameReject, code: code, msg: err.Error()}))
 	if bw.Flush() != nil || f.flags&flagBodyOnAccept == 0 {
 		return false
@@ -264,13 +288,92 @@ func rejectCode(err error) uint16 {
 	return rejectUnknown
 }
 
+// refuseReasons label the owner's lease refusals in NodeStats.RefusedBy.
+var refuseReasons = [...]string{"other", "stale", "deadline", "gone", "closing", "busy", "admission"}
+
+const (
+	refuseOther = iota
+	refuseStale
+	refuseDeadline
+	refuseGone
+	refuseClosing
+	refuseBusy
+	refuseAdmission
+)
+
+func refuseReason(code uint16, err error) int {
+	switch {
+	case errors.Is(err, ErrNotAdmitted):
+		return refuseAdmission
+	case code == rejectOverload && errors.Is(err, ErrOwnerBusy):
+		return refuseBusy
+	}
+	switch code {
+	case rejectStale:
+		return refuseStale
+	case rejectDeadline:
+		return refuseDeadline
+	case rejectGone:
+		return refuseGone
+	case rejectClosing:
+		return refuseClosing
+	}
+	return refuseOther
+}
+
+// defaultMaxLeaseWait is NodeOptions.MaxLeaseWait's default: half the pool's
+// default reservation timeout, so that a lease the owner cannot serve is
+// rejected well before the pool would age it out.
+const defaultMaxLeaseWait = 500 * time.Millisecond
+
+// refuseLease rejects a lease this process will not serve and gives its
+// capacity back at once, so that the reservation does not wait for the pool
+// to age it out.
+func (s *server) refuseLease(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
+	if d, ok := s.acc.(leaseDropper); ok {
+		d.drop(f.leaseBytes())
+	}
+	return s.reject(nc, lr, br, bw, f, code, err)
+}
+
+// budget takes the worker a sibling's exchange runs on: it waits no longer
+// than maxLeaseWait, and ends near the frame's deadline (dl, zero for none)
+// as the caller's own wait would, so that a lease the owner cannot start in
+// time is rejected, retry-safe, rather than served late or aged out.
+func (s *server) budget(ctx context.Context, dl time.Time) (*governor.LeaseSet, uint16, error) {
+	if s.gov == nil {
+		return nil, 0, nil
+	}
+	start := time.Now()
+	bound, code := start.Add(s.maxLeaseWait), uint16(rejectOverload)
+	if !dl.IsZero() && dl.Add(-s.near).Before(bound) {
+		bound, code = dl.Add(-s.near), rejectDeadline
+	}
+	wctx, cancel := context.WithDeadline(ctx, bound)
+	defer cancel()
+	ls, err := s.gov.AcquireManyContext(wctx, 1, ownerStreamBytes)
+	if err != nil {
+		return nil, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, time.Since(start).Round(time.Millisecond))
+	}
+	return ls, 0, nil
+}
+
+// ownerStreamBytes is what a sibling's exchange holds on the owner besides
+// its buffers' growth: one exchange buffer and the peer stream's own bufio
+// buffers.
+const ownerStreamBytes = exchangeBuf + 2*readBufSize + 2*writeBufSize
+
 // serveOne runs one exchange and reports whether the stream can carry
 // another.
 func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) bool {
-	var deadline time.Time
-	if dl, ok := f.deadlineTime(); ok {
-		if !time.Now().Before(dl) {
-			return s.reject(nc, lr, br, bw, f, rejectDeadline, errors.New("deadline passed before the owner saw the request"))
+	var deadline, dl time.Time
+	if d, ok := f.deadlineTime(); ok {
+		dl = d
+		switch err := backpressure.Verdict(time.Now(), dl, s.near); {
+		case errors.Is(err, backpressure.ErrDeadlineElapsed):
+			return s.refuseLease(nc, lr, br, bw, f, rejectDeadline, errors.New("deadline passed before the owner saw the request"))
+		case err != nil:
+			return s.refuseLease(nc, lr, br, bw, f, rejectDeadline, fmt.Errorf("deadline within %s when the owner saw the request", s.near))
 		}
 		// The caller enforces its own deadline; the owner's is a backstop
 		// a little later, so that the caller sees its deadline pass rather
@@ -279,21 +382,22 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	// Counted before the check, so that Shutdown, which marks the server
 	// draining and then waits for the count, never misses one.
-	s.active.Add(1)
+	inFlight := s.active.Add(1) - 1
 	defer s.active.Add(-1)
 	if s.draining.Load() {
-		return s.reject(nc, lr, br, bw, f, rejectClosing, errOwnerLeaving)
+		return s.refuseLease(nc, lr, br, bw, f, rejectClosing, errOwnerLeaving)
+	}
+	if s.adm != nil && !s.adm.Admit(int(inFlight)) {
+		return s.refuseLease(nc, lr, br, bw, f, rejectOverload, ErrNotAdmitted)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	if s.admit != nil {
-		release, err := s.admit(ctx)
-		if err != nil {
-			return s.reject(nc, lr, br, bw, f, rejectOverload, err)
-		}
-		defer release()
+	ls, code, err := s.budget(ctx, dl)
+	if err != nil {
+		return s.refuseLease(nc, lr, br, bw, f, code, err)
 	}
+	defer ls.Release()
 	exec, err := s.acc.accept(f.leaseBytes())
 	if err != nil {
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
@@ -313,8 +417,22 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		}
 		return false
 	}
+	// A large request body asks for more buffers, on top of the worker it
+	// holds: without waiting, so fewer when memory is short (see
+	// governor.WithLease).
+	bufs := 1
+	if want := bufsFor(req.Body != http.NoBody, req.ContentLength); ls != nil && want > 1 {
+		more, err := s.gov.AcquireManyContext(governor.WithLease(ctx, ls), want, exchangeBuf)
+		if err == nil {
+			defer more.Release()
+			bufs = more.Workers()
+		}
+	}
+	if bs, ok := exec.(bufSetter); ok {
+		bs.setBufs(bufs)
+	}
 	w := &watch{cr: cr, cancel: cancel, start: time.Now(), deadline: deadline}
-	rl := &relay{bw: bw, log: s.log, stopWatch: func() { s.watcher.remove(w) }}
+	rl := &relay{bw: bw, log: s.log, bufs: bufs, stopWatch: func() { s.watcher.remove(w) }}
 	// What the peer wrote is exactly what it wants sent: Request.Write adds
 	// a default User-Agent only when the header is absent, and an absent
 	// header here means the peer chose to send none.

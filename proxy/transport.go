@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/governor"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"golang.org/x/net/http2"
 )
@@ -63,7 +65,9 @@ type Transport struct {
 	ResponseHeaderTimeout time.Duration
 	// Limiter, if set, admits each request with its context's deadline
 	// before it may wait on the pool, and holds the permit until the
-	// exchange is over.
+	// exchange is over. Its near-window applies at every later claim point
+	// of the request too: the wait for a worker of the Node's governor, the
+	// wait on the pool (which ends that long before the deadline), a dial.
 	Limiter *backpressure.Limiter
 	// KeyExtra is mixed into every Key: anything else about this
 	// Transport's connections that forbids sharing them with another
@@ -226,20 +230,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx := req.Context()
-
-	var release func()
-	if t.Limiter != nil {
-		p, err := t.Limiter.Acquire(ctx)
-		if err != nil {
-			closeBody()
-			return nil, &Error{Op: "admit", RetrySafe: true, Err: err}
-		}
-		var once atomic.Bool
-		release = func() {
-			if once.CompareAndSwap(false, true) {
-				p.Release()
-			}
-		}
+	release, bufs, err := t.budget(ctx, req)
+	if err != nil {
+		closeBody()
+		return nil, err
 	}
 
 	r := req
@@ -256,9 +250,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxRetries <= 0 {
 		maxRetries = 3
 	}
+	var busyLanes []int // owners that rejected this request for want of room
 	for attempt := 0; ; attempt++ {
 		onDone, delivered := attemptRelease(release)
-		resp, err := t.once(r, e, onDone)
+		resp, err := t.once(r, e, bufs, &busyLanes, onDone)
 		if err == nil {
 			delivered()
 			if tb != nil {
@@ -272,7 +267,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, nil
 		}
-		if attempt < maxRetries && ctx.Err() == nil {
+		if attempt < maxRetries && ctx.Err() == nil && !isRefusal(err) {
 			if next, ok := rewind(req, r, tb, err); ok {
 				t.Node.stats.retries.Add(1)
 				if nb, ok := next.Body.(*trackBody); ok && next != r {
@@ -292,10 +287,56 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			tb.closeNow()
 		}
 		if cerr := ctx.Err(); cerr != nil && !isContextErr(err) {
-			err = cerr
+			// Keep what the attempt saw (a wait's reason, say) behind
+			// the context's error.
+			err = fmt.Errorf("%w: %w", cerr, err)
 		}
 		return nil, err
 	}
+}
+
+// budget takes what a request holds for its whole exchange: a permit of the
+// Limiter and a worker of the Node's governor with the exchange buffers it
+// wants (several for a large body, fewer when memory is short, never none).
+// Both waits end near the request's deadline. release gives both back, once.
+func (t *Transport) budget(ctx context.Context, req *http.Request) (release func(), bufs int, err error) {
+	var p *backpressure.Permit
+	if t.Limiter != nil {
+		if p, err = t.Limiter.Acquire(ctx); err != nil {
+			return nil, 0, &Error{Op: "admit", RetrySafe: true, Err: err}
+		}
+	}
+	bufs = 1
+	var ls *governor.LeaseSet
+	if g := t.Node.gov; g != nil {
+		hasBody := req.Body != nil && req.Body != http.NoBody
+		wctx, cancel := waitContext(ctx, t.nearWindow())
+		ls, err = g.AcquireManyContext(wctx, bufsFor(hasBody, req.ContentLength), exchangeBuf)
+		cancel()
+		if err != nil {
+			p.Release()
+			return nil, 0, &Error{Op: "budget", RetrySafe: true, Err: waitEnd(ctx, err)}
+		}
+		bufs = ls.Workers()
+	}
+	if p == nil && ls == nil {
+		return nil, bufs, nil
+	}
+	var once atomic.Bool
+	return func() {
+		if once.CompareAndSwap(false, true) {
+			p.Release()
+			ls.Release()
+		}
+	}, bufs, nil
+}
+
+// nearWindow is how close to its deadline a request may still start work.
+func (t *Transport) nearWindow() time.Duration {
+	if t.Limiter != nil {
+		return t.Limiter.NearWindow()
+	}
+	return 0
 }
 
 // attemptRelease ties the admission permit to the attempt that delivers a
@@ -321,8 +362,16 @@ func attemptRelease(release func()) (onDone, delivered func()) {
 	return onDone, delivered
 }
 
-// once runs one attempt: acquire a plan and carry it out.
-func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*http.Response, error) {
+// once runs one attempt: acquire a plan and carry it out, with bufs exchange
+// buffers. An owner that rejects the request for want of room in time
+// (ErrOwnerBusy) is added to busyLanes, and later attempts do not reuse its
+// connections.
+//
+// Each claim point judges the request's deadline as the Limiter did (see
+// claimVerdict): before the pool is asked, and before a dial; the wait on
+// the pool ends when the deadline comes within the near-window. A dial is
+// also put to the admission backstop.
+func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, busyLanes *[]int, release func()) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
 	lim := orbitpool.Limits{MaxResources: t.MaxConnsPerKey, MaxCreating: t.MaxDialingPerKey}
@@ -330,9 +379,19 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 	if policy == nil {
 		policy = orbitpool.LocalFirst{}
 	}
+	if len(*busyLanes) > 0 {
+		policy = &avoidLanes{inner: policy, lanes: *busyLanes}
+	}
+	near := t.nearWindow()
 	for {
-		plan, err := n.pool.Acquire(ctx, e.key, policy, lim)
+		if err := claimVerdict(ctx, near); err != nil {
+			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
+		}
+		wctx, cancel := waitContext(ctx, near)
+		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
+		cancel()
 		if err != nil {
+			err = waitEnd(ctx, err)
 			if isContextErr(err) {
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
 			}
@@ -358,7 +417,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
-			return n.use(oc, plan.Execution, req, release, nil)
+			return n.use(oc, plan.Execution, req, bufs, release, nil)
 
 		case orbitpool.PlanReuseRemote:
 			if n.peers == nil {
@@ -371,7 +430,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 			}
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
-			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, release)
+			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, bufs, release)
+			if err != nil && errors.Is(err, ErrOwnerBusy) {
+				*busyLanes = append(*busyLanes, lane)
+			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
 				// Let the pool learn of a dead sibling now rather than at
 				// its next reconcile.
@@ -381,7 +443,17 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 			return resp, err
 
 		case orbitpool.PlanCreate:
+			if err := claimVerdict(ctx, near); err != nil {
+				plan.Permit.Close()
+				return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
+			}
+			if !n.admitDial() {
+				plan.Permit.Close()
+				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
+			}
+			n.dialing.Add(1)
 			c, err := t.dialer.dial(ctx, &e.u)
+			n.dialing.Add(-1)
 			if err != nil {
 				plan.Permit.Close()
 				return nil, err
@@ -403,7 +475,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, release func()) (*
 				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 			}
 			n.stats.created.Add(1)
-			return n.use(oc, exec, req, release, nil)
+			return n.use(oc, exec, req, bufs, release, nil)
 
 		default:
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}

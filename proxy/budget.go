@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// Exchange memory. An exchange copies a request body to its connection (see
+// countWriter.ReadFrom) and an owner relays a response body to its sibling
+// (relay.copyBody) through buffers of exchangeBuf bytes each; the number of
+// buffers is what it was granted by the process's governor, which charges
+// exchangeBuf per buffer to its memory budget. A large body asks for
+// maxExchangeBufs and streams in larger writes; when memory is short it gets
+// fewer, never fewer than one, and streams in smaller ones.
+const (
+	// exchangeBuf is one exchange buffer.
+	exchangeBuf = 32 << 10
+	// maxExchangeBufs is the most buffers one exchange asks for.
+	maxExchangeBufs = 8
+	// largeBody is the request body length from which an exchange asks for
+	// more than one buffer; a body of unknown length counts as large.
+	largeBody = 1 << 20
+)
+
+// copyBufs[k-1] holds buffers of k exchange buffers.
+var copyBufs [maxExchangeBufs]sync.Pool
+
+func getCopyBuf(k int) *[]byte {
+	k = min(max(k, 1), maxExchangeBufs)
+	if bp, ok := copyBufs[k-1].Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, k*exchangeBuf)
+	return &b
+}
+
+func putCopyBuf(bp *[]byte) {
+	k := len(*bp) / exchangeBuf
+	if k >= 1 && k <= maxExchangeBufs && len(*bp) == k*exchangeBuf {
+		copyBufs[k-1].Put(bp)
+	}
+}
+
+// bufsFor is how many exchange buffers an exchange whose request body has
+// length n (-1: unknown) asks for.
+func bufsFor(hasBody bool, n int64) int {
+	if hasBody && (n < 0 || n >= largeBody) {
+		return maxExchangeBufs
+	}
+	return 1
+}
+
+// claimVerdict is seed 001's check at a claim point: ctx done (its deadline
+// as backpressure.ErrDeadlineElapsed), at or past the deadline, or within
+// window of it, nothing new may start.
+func claimVerdict(ctx context.Context, window time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return backpressure.ErrDeadlineElapsed
+		}
+		return err
+	}
+	dl, _ := ctx.Deadline()
+	return backpressure.Verdict(time.Now(), dl, window)
+}
+
+// waitContext bounds a wait at a claim point: it ends when ctx does, or when
+// ctx's deadline comes within window, whichever is first. waitEnd tells the
+// two apart.
+func waitContext(ctx context.Context, window time.Duration) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && window > 0 {
+		return context.WithDeadline(ctx, dl.Add(-window))
+	}
+	return ctx, func() {}
+}
+
+// waitEnd is the error of a wait under waitContext(ctx) that ended with err:
+// ctx's own end is reported as it is; the wait's earlier end as
+// backpressure.ErrDeadlineNear.
+func waitEnd(ctx context.Context, err error) error {
+	if ctx.Err() != nil || !isContextErr(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", backpressure.ErrDeadlineNear, err)
+}
+
+// isRefusal reports whether err is a decision not to start the request
+// (its deadline, or the admission backstop), which sending it again at once
+// would only repeat.
+func isRefusal(err error) bool {
+	return errors.Is(err, backpressure.ErrDeadlineNear) || errors.Is(err, backpressure.ErrDeadlineElapsed) ||
+		errors.Is(err, ErrNotAdmitted)
+}
+
+// avoidLanes is a policy that reuses no connection of the lanes it names:
+// owners that have just rejected this request for want of room in time. A
+// retry then dials or uses another sibling's connection, as the inner policy
+// decides over what is left; when what is left would only make it wait, the
+// inner policy decides over everything, since a busy owner may have room
+// again sooner than anything else.
+type avoidLanes struct {
+	inner orbitpool.Policy
+	lanes []int
+	keep  []orbitpool.Candidate
+	index []int // of keep's candidates in the full view
+}
+
+// Decide implements orbitpool.Policy.
+func (p *avoidLanes) Decide(v *orbitpool.View) orbitpool.Decision {
+	p.keep, p.index = p.keep[:0], p.index[:0]
+	for i, c := range v.Candidates {
+		if !slices.Contains(p.lanes, c.Lane) {
+			p.keep = append(p.keep, c)
+			p.index = append(p.index, i)
+		}
+	}
+	if len(p.keep) == len(v.Candidates) {
+		return p.inner.Decide(v)
+	}
+	w := *v
+	w.Candidates = p.keep
+	d := p.inner.Decide(&w)
+	switch {
+	case d.Action == orbitpool.ActionWait:
+		return p.inner.Decide(v)
+	case d.Action == orbitpool.ActionReuse && d.Candidate >= 0 && d.Candidate < len(p.index):
+		d.Candidate = p.index[d.Candidate]
+	}
+	return d
+}
