@@ -50,6 +50,7 @@ type Node struct {
 
 	slots   []atomic.Pointer[owned]  // HTTP/1.1 connections, by slot index in this process's lane
 	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
+	h2wake  chan *h2conn             // to the follower (h2follow.go)
 
 	stats nodeCounters
 
@@ -76,6 +77,7 @@ type NodeStats struct {
 
 type nodeCounters struct {
 	created, reusedLocal, reusedRemote, servedRemote, refused, retired, retries atomic.Uint64
+	followed                                                                    atomic.Uint64 // HTTP/2 state changes seen by the follower
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -95,6 +97,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
 
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
+		h2wake:  make(chan *h2conn, h2WakeQueue),
 		stop:    make(chan struct{}),
 	}
 	if n.sweep <= 0 {
@@ -122,8 +125,9 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 			n.srv.serve()
 		}()
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.sweeper()
+	go n.h2follower()
 	return n, nil
 }
 
