@@ -3,10 +3,13 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -60,12 +63,25 @@ type frameConn struct {
 }
 
 func newFrameUpstream(t testing.TB, limit uint32, hold time.Duration) *frameUpstream {
+	return newFrameUpstreamTLS(t, limit, hold, nil)
+}
+
+// newFrameUpstreamTLS is newFrameUpstream over TLS with cfg (ALPN h2), or
+// h2c for a nil cfg.
+func newFrameUpstreamTLS(t testing.TB, limit uint32, hold time.Duration, cfg *tls.Config) *frameUpstream {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &frameUpstream{t: t, ln: ln, url: "http://" + ln.Addr().String(), hold: hold, limit: limit,
+	url := "http://" + ln.Addr().String()
+	if cfg != nil {
+		cfg = cfg.Clone()
+		cfg.NextProtos = []string{http2.NextProtoTLS}
+		ln = tls.NewListener(ln, cfg)
+		url = "https://" + ln.Addr().String()
+	}
+	u := &frameUpstream{t: t, ln: ln, url: url, hold: hold, limit: limit,
 		release: make(chan struct{}), done: make(chan struct{})}
 	u.wg.Add(1)
 	go func() {
@@ -359,12 +375,35 @@ func TestH2CPeerLowersStreamLimitUnderLoad(t *testing.T) {
 // while no stream starts or ends and the sweep is a minute away, so a
 // sibling's request is not granted a stream the connection cannot open: it
 // dials a second connection and completes while the first one's streams are
-// still held.
+// still held. Over h2c and over TLS (ALPN h2), where the watch sits under
+// crypto/tls.
 func TestH2CFollowsSettingsWhileStreamsHold(t *testing.T) {
-	up := newFrameUpstream(t, 4, time.Millisecond)
+	t.Run("h2c", func(t *testing.T) { testFollowsSettingsWhileStreamsHold(t, false) })
+	t.Run("h2", func(t *testing.T) { testFollowsSettingsWhileStreamsHold(t, true) })
+}
+
+func testFollowsSettingsWhileStreamsHold(t *testing.T, useTLS bool) {
+	var up *frameUpstream
+	conf := func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 2 }
+	if useTLS {
+		// httptest's certificate, for 127.0.0.1.
+		ts := httptest.NewUnstartedServer(nil)
+		ts.StartTLS()
+		cfg := ts.TLS
+		roots := x509.NewCertPool()
+		roots.AddCert(ts.Certificate())
+		ts.Close()
+		up = newFrameUpstreamTLS(t, 4, time.Millisecond, cfg)
+		conf = func(tr *Transport) {
+			tr.HTTP2 = true
+			tr.MaxConnsPerKey = 2
+			tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		}
+	} else {
+		up = newFrameUpstream(t, 4, time.Millisecond)
+	}
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
-	conf := func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 2 }
 	opts := NodeOptions{SweepInterval: time.Minute}
 	owner := newMemberOpts(t, spec, opts, conf)
 	client := newMemberOpts(t, spec, opts, conf)
