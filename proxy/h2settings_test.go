@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,6 +43,8 @@ type frameUpstream struct {
 	served    int // responses ended
 	acked     int // SETTINGS changes (after the first) acknowledged, all connections
 	violation []string
+	resets    int  // RST_STREAM frames from clients
+	resetsOK  bool // set before use: resets are expected
 	wg        sync.WaitGroup
 	done      chan struct{}
 }
@@ -224,7 +227,10 @@ func (fc *frameConn) serve() {
 			}
 		case *http2.RSTStreamFrame:
 			u.mu.Lock()
-			u.fail("stream %d reset by the client: %v", f.StreamID, f.ErrCode)
+			u.resets++
+			if !u.resetsOK {
+				u.fail("stream %d reset by the client: %v", f.StreamID, f.ErrCode)
+			}
 			u.mu.Unlock()
 		}
 	}
@@ -236,6 +242,10 @@ func (fc *frameConn) respond(id uint32, path string) {
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
+		if path == "/flood" {
+			u.flood(fc, id)
+			return
+		}
 		fc.wmu.Lock()
 		fc.hbuf.Reset()
 		fc.henc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
@@ -261,6 +271,33 @@ func (fc *frameConn) respond(id uint32, path string) {
 		fc.fr.WriteData(id, true, []byte("ok"))
 		fc.wmu.Unlock()
 	}()
+}
+
+// flood answers stream id with interim responses (103, a 1 KiB field
+// each) until 16 MiB went out or the client reset the stream or left, and
+// never a final one. The stream stops counting as open either way.
+func (u *frameUpstream) flood(fc *frameConn, id uint32) {
+	defer func() {
+		u.mu.Lock()
+		fc.open--
+		u.mu.Unlock()
+	}()
+	for range 16 << 10 {
+		fc.wmu.Lock()
+		fc.hbuf.Reset()
+		fc.henc.WriteField(hpack.HeaderField{Name: ":status", Value: "103"})
+		fc.henc.WriteField(hpack.HeaderField{Name: "link", Value: strings.Repeat("x", 1024)})
+		err := fc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: fc.hbuf.Bytes(), EndHeaders: true})
+		fc.wmu.Unlock()
+		if err != nil {
+			return
+		}
+		select {
+		case <-u.done:
+			return
+		default:
+		}
+	}
 }
 
 func h2ID(t testing.TB, m *member, url string) orbitpool.ResourceID {
@@ -471,4 +508,42 @@ func testFollowsSettingsWhileStreamsHold(t *testing.T, useTLS bool) {
 		t.Error(v)
 	}
 	t.Logf("capacity followed the ACK within %v, no stream ending", lag)
+}
+
+// TestH2InterimFloodBounded: an upstream that answers with interim
+// responses without end is cut off by the header limit, as net/http's
+// HTTP/2 client does, locally and through a sibling; the stream is reset
+// and the connection keeps serving.
+func TestH2InterimFloodBounded(t *testing.T) {
+	up := newFrameUpstream(t, 100, time.Millisecond)
+	up.resetsOK = true
+	owner, client := remotePair(t, func(tr *Transport) {
+		tr.H2C = true
+		tr.MaxResponseHeaderBytes = 256 << 10
+	})
+	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*member{owner, client} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		err := getOK(m, ctx, up.url+"/flood")
+		expired := ctx.Err() != nil
+		cancel()
+		if err == nil || expired {
+			t.Fatalf("local %v: a flood of interim responses gave %v after %v; want an error before the deadline", m == owner, err, time.Since(start))
+		}
+		t.Logf("local %v: %v after %v", m == owner, err, time.Since(start))
+		if err := getOK(m, context.Background(), up.url+"/"); err != nil {
+			t.Fatalf("local %v: request after the flood: %v", m == owner, err)
+		}
+	}
+	waitFor(t, 5*time.Second, "both floods to be reset", func() bool {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		return up.resets >= 2
+	})
+	if conns, _, _, v := up.stats(); conns != 1 || len(v) != 0 {
+		t.Fatalf("%d connections, violations %v: want the one connection kept", conns, v)
+	}
 }
