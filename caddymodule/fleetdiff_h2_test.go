@@ -132,6 +132,11 @@ func serverStreamOutcome(c *http.Client, url string) (grpcOutcome, error) {
 	if err != nil {
 		return grpcOutcome{}, err
 	}
+	return readOutcome(resp), nil
+}
+
+// readOutcome reads every message of resp and its grpc-status.
+func readOutcome(resp *http.Response) grpcOutcome {
 	defer resp.Body.Close()
 	o := grpcOutcome{status: resp.StatusCode, proto: resp.ProtoMajor}
 	for {
@@ -142,7 +147,7 @@ func serverStreamOutcome(c *http.Client, url string) (grpcOutcome, error) {
 		o.msgs = append(o.msgs, string(p))
 	}
 	o.grpc = resp.Trailer.Get("Grpc-Status")
-	return o, nil
+	return o
 }
 
 // clientStreamCall streams msgs in one request body, written as the
@@ -168,17 +173,7 @@ func clientStreamCall(t *testing.T, c *http.Client, url string, msgs [][]byte) g
 	if err != nil {
 		t.Fatalf("%s: %v", url, err)
 	}
-	defer resp.Body.Close()
-	o := grpcOutcome{status: resp.StatusCode, proto: resp.ProtoMajor}
-	for {
-		p, err := grpcmsg.Read(resp.Body)
-		if err != nil {
-			break
-		}
-		o.msgs = append(o.msgs, string(p))
-	}
-	o.grpc = resp.Trailer.Get("Grpc-Status")
-	return o
+	return readOutcome(resp)
 }
 
 // remoteUses is the fleet's count of requests on a sibling's connection to
