@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,9 +18,10 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// grpcHandler: /echo answers each message as it arrives (unary, client and
-// bidi streaming, large messages), /server sends five; both end with
-// grpc-status and echo the request trailer X-Req-Trailer.
+// grpcHandler: /echo answers each message as it arrives (unary, bidi
+// streaming, large messages), /client answers once with the count and total
+// size of the messages it got (client streaming), /server sends five; all
+// end with grpc-status and echo the request trailer X-Req-Trailer.
 func grpcHandler(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/grpc")
 	w.Header().Set("Trailer", "Grpc-Status, X-Got-Trailer")
@@ -26,6 +30,16 @@ func grpcHandler(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/echo":
 		grpcmsg.Echo(w, fl.Flush, r.Body, 0)
+	case "/client":
+		n, total := 0, 0
+		for {
+			p, err := grpcmsg.Read(r.Body)
+			if err != nil {
+				break
+			}
+			n, total = n+1, total+len(p)
+		}
+		w.Write(grpcmsg.Frame([]byte(fmt.Sprintf("%d messages, %d bytes", n, total))))
 	case "/server":
 		for i := range 5 {
 			w.Write(grpcmsg.Frame([]byte(fmt.Sprintf("msg %d", i))))
@@ -103,12 +117,26 @@ func sha256Sum(p []byte) []byte {
 
 func serverStreamCall(t *testing.T, c *http.Client, url string) grpcOutcome {
 	t.Helper()
+	o, err := serverStreamOutcome(c, url)
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return o
+}
+
+// serverStreamOutcome is serverStreamCall for any goroutine.
+func serverStreamOutcome(c *http.Client, url string) (grpcOutcome, error) {
 	req, _ := http.NewRequest("POST", url, http.NoBody)
 	req.Header.Set("Content-Type", "application/grpc")
 	resp, err := c.Do(req)
 	if err != nil {
-		t.Fatalf("%s: %v", url, err)
+		return grpcOutcome{}, err
 	}
+	return readOutcome(resp), nil
+}
+
+// readOutcome reads every message of resp and its grpc-status.
+func readOutcome(resp *http.Response) grpcOutcome {
 	defer resp.Body.Close()
 	o := grpcOutcome{status: resp.StatusCode, proto: resp.ProtoMajor}
 	for {
@@ -122,27 +150,71 @@ func serverStreamCall(t *testing.T, c *http.Client, url string) grpcOutcome {
 	return o
 }
 
+// clientStreamCall streams msgs in one request body, written as the
+// request goes, and reads the one answer.
+func clientStreamCall(t *testing.T, c *http.Client, url string, msgs [][]byte) grpcOutcome {
+	t.Helper()
+	pr, pw := io.Pipe()
+	go func() {
+		for _, m := range msgs {
+			if _, err := pw.Write(grpcmsg.Frame(m)); err != nil {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", url, pr)
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := c.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return readOutcome(resp)
+}
+
+// remoteUses is the fleet's count of requests on a sibling's connection to
+// the upstream at hostport (the admin table, summed over the fleet).
+func (f *testFleet) remoteUses(hostport string) uint64 {
+	f.t.Helper()
+	ft, err := f.table(0)
+	if err != nil {
+		f.t.Fatalf("admin table: %v", err)
+	}
+	var n uint64
+	for _, fl := range ft.Fleets {
+		for _, u := range fl.Upstreams {
+			for _, name := range u.Upstreams {
+				if strings.Contains(name, hostport) {
+					n += u.ReusedRemote
+				}
+			}
+		}
+	}
+	return n
+}
+
 // TestFleetH2CDifferential sends gRPC-style calls (unary, server streaming,
 // client streaming, bidi, a large message, trailers both ways) over h2c
 // through a fleet of two workers with orbit_pool and through stock Caddy,
-// both in front of one h2c upstream, and requires the same outcome.
+// both in front of one h2c upstream, and requires the same outcome. Each
+// kind of call goes through a sibling's connection at least once, as the
+// admin table counts it.
 func TestFleetH2CDifferential(t *testing.T) {
 	up := newH2CUpstreamHandler(t, 100, http.HandlerFunc(grpcHandler))
 	f := newTestFleet(t, 2)
 	f.protocols = "h1 h2c"
 	f.writeCaddyfile("h2c://"+up.hostport(), "v1")
 	f.launch()
-	stockPort := freePort(t)
-	startStockWith(t, "\tservers {\n\t\tprotocols h1 h2c\n\t}\n", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy h2c://%s\n}\n", stockPort, up.hostport()))
-	stock := fmt.Sprintf("http://127.0.0.1:%d", stockPort)
-	waitFor(t, 30*time.Second, "stock caddy to listen", func() bool {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", stockPort))
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	stock := startStockH2C(t, up.hostport())
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<20/16)
+	var many [][]byte
+	for i := range 20 {
+		many = append(many, bytes.Repeat([]byte{byte('a' + i)}, 100*i))
+	}
 	calls := []struct {
 		name string
 		run  func(c *http.Client, base string) grpcOutcome
@@ -163,13 +235,23 @@ func TestFleetH2CDifferential(t *testing.T) {
 		{"server-stream", func(c *http.Client, base string) grpcOutcome {
 			return serverStreamCall(t, c, base+"/server")
 		}},
+		{"client-stream", func(c *http.Client, base string) grpcOutcome {
+			return clientStreamCall(t, c, base+"/client", many)
+		}},
 	}
-	// Several clients, each a new connection, so that the workers' calls
-	// go through the one connection whichever worker owns it.
-	for round := range 3 {
+	// Each call on a new client connection, so that the kernel spreads them
+	// over the workers and some go through the one connection from the
+	// worker that does not own it. Three rounds at least, and more (at
+	// most 16) until every kind of call went through a sibling.
+	viaSibling := map[string]int{}
+	for round := 0; round < 16; round++ {
 		for _, call := range calls {
 			want := call.run(h2cClient(), stock)
+			before := f.remoteUses(up.hostport())
 			got := call.run(h2cClient(), f.url(""))
+			if f.remoteUses(up.hostport()) > before {
+				viaSibling[call.name]++
+			}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("round %d %s: orbit %+v, stock %+v", round, call.name, got, want)
 			}
@@ -177,5 +259,247 @@ func TestFleetH2CDifferential(t *testing.T) {
 				t.Errorf("round %d %s: stock itself answered %+v", round, call.name, want)
 			}
 		}
+		if round >= 2 && len(viaSibling) == len(calls) {
+			break
+		}
 	}
+	if len(viaSibling) != len(calls) {
+		t.Errorf("calls through a sibling by kind: %v; want every kind at least once", viaSibling)
+	}
+	t.Logf("calls through a sibling by kind: %v", viaSibling)
+}
+
+func startStockH2C(t *testing.T, hostport string) string {
+	t.Helper()
+	port := freePort(t)
+	startStockWith(t, "\tservers {\n\t\tprotocols h1 h2c\n\t}\n", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy h2c://%s\n}\n", port, hostport))
+	waitFor(t, 30*time.Second, "stock caddy to listen", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
+}
+
+// goAwayUpstream is an h2c upstream that can send GOAWAY on its
+// connections without closing its listener: each connection is served by
+// the current generation of http.Server, and goAway shuts the current one
+// down (GOAWAY, streams in flight finish) and starts the next. /hold
+// answers headers and waits for the client to go (RST_STREAM), reporting
+// the call's X-Call-Id on resets; /slow answers after 400ms; /echo echoes.
+type goAwayUpstream struct {
+	ln     net.Listener
+	conns  atomic.Int64
+	active atomic.Int64
+	resets chan string
+	mu     sync.Mutex
+	cur    *http.Server
+	open   []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newGoAwayUpstream(t *testing.T) *goAwayUpstream {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &goAwayUpstream{ln: ln, resets: make(chan string, 64)}
+	u.cur = u.newServer(t)
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			u.mu.Lock()
+			hs := u.cur
+			u.open = append(u.open, c)
+			u.mu.Unlock()
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				h2s := &http2.Server{MaxConcurrentStreams: 100}
+				if err := http2.ConfigureServer(hs, h2s); err != nil {
+					return
+				}
+				h2s.ServeConn(c, &http2.ServeConnOpts{Handler: hs.Handler, BaseConfig: hs})
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		u.mu.Lock()
+		for _, c := range u.open {
+			c.Close()
+		}
+		u.mu.Unlock()
+		u.wg.Wait()
+	})
+	return u
+}
+
+func (u *goAwayUpstream) newServer(t *testing.T) *http.Server {
+	return &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.active.Add(1)
+		defer u.active.Add(-1)
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		switch r.URL.Path {
+		case "/hold":
+			select {
+			case <-r.Context().Done():
+				u.resets <- r.Header.Get("X-Call-Id")
+			case <-time.After(10 * time.Second):
+			}
+			return
+		case "/slow":
+			time.Sleep(400 * time.Millisecond)
+			w.Write(grpcmsg.Frame([]byte("slow")))
+		case "/echo":
+			grpcmsg.Echo(w, w.(http.Flusher).Flush, r.Body, 0)
+		}
+		w.Header().Set("Grpc-Status", "0")
+	})}
+}
+
+// goAway sends GOAWAY on every connection of the current generation.
+func (u *goAwayUpstream) goAway(t *testing.T) {
+	u.mu.Lock()
+	old := u.cur
+	u.cur = u.newServer(t)
+	u.mu.Unlock()
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		old.Shutdown(ctx)
+	}()
+}
+
+func (u *goAwayUpstream) hostport() string { return u.ln.Addr().String() }
+
+// holdAndCancel starts /hold with id, cancels it once its headers arrived,
+// and reports whether the upstream saw the stream reset within 5s.
+func holdAndCancel(t *testing.T, u *goAwayUpstream, base, id string) bool {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/hold", http.NoBody)
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("X-Call-Id", id)
+	resp, err := h2cClient().Do(req)
+	if err != nil {
+		t.Fatalf("%s /hold: %v", base, err)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case got := <-u.resets:
+			if got == id {
+				return true
+			}
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// TestFleetH2CCancelAndGoAway compares stock Caddy and a two-worker fleet,
+// each in front of an h2c upstream of its own:
+//   - a client that cancels a call mid-stream: the upstream sees the stream
+//     reset (its handler's request ends) and keeps its one connection, also
+//     when the call went through a sibling;
+//   - GOAWAY while twelve calls are in flight: every call finishes with its
+//     message and grpc-status, and the next call goes to a new connection.
+func TestFleetH2CCancelAndGoAway(t *testing.T) {
+	upStock, upFleet := newGoAwayUpstream(t), newGoAwayUpstream(t)
+	f := newTestFleet(t, 2)
+	f.protocols = "h1 h2c"
+	f.writeCaddyfile("h2c://"+upFleet.hostport(), "v1")
+	f.launch()
+	stock := startStockH2C(t, upStock.hostport())
+	for _, base := range []string{stock, f.url("")} {
+		if o := bidiCall(t, h2cClient(), base+"/echo", [][]byte{[]byte("warm")}); o.grpc != "0" {
+			t.Fatalf("%s warm: %+v", base, o)
+		}
+	}
+	if upStock.conns.Load() != 1 || upFleet.conns.Load() != 1 {
+		t.Fatalf("connections after one call: stock %d, fleet %d; want 1", upStock.conns.Load(), upFleet.conns.Load())
+	}
+
+	// Cancellation: calls until two went through a sibling (at least 4,
+	// at most 30).
+	viaSibling, calls := 0, 0
+	for ; calls < 30 && (calls < 4 || viaSibling < 2); calls++ {
+		id := fmt.Sprint("c", calls)
+		if !holdAndCancel(t, upStock, stock, id) {
+			t.Fatalf("stock: call %s cancelled, the upstream saw no reset", id)
+		}
+		before := f.remoteUses(upFleet.hostport())
+		if !holdAndCancel(t, upFleet, f.url(""), id) {
+			t.Fatalf("fleet: call %s cancelled (through a sibling: %v), the upstream saw no reset", id, f.remoteUses(upFleet.hostport()) > before)
+		}
+		if f.remoteUses(upFleet.hostport()) > before {
+			viaSibling++
+		}
+	}
+	if viaSibling < 2 {
+		t.Errorf("%d of %d cancelled calls went through a sibling, want 2", viaSibling, calls)
+	}
+	if upStock.conns.Load() != 1 || upFleet.conns.Load() != 1 {
+		t.Errorf("connections after the cancelled calls: stock %d, fleet %d; want 1: a reset, not a closed connection", upStock.conns.Load(), upFleet.conns.Load())
+	}
+
+	// GOAWAY mid-stream.
+	outcome := map[string]map[string]int{}
+	for _, tc := range []struct {
+		name string
+		base string
+		up   *goAwayUpstream
+	}{{"stock", stock, upStock}, {"fleet", f.url(""), upFleet}} {
+		before := f.remoteUses(upFleet.hostport())
+		conns := tc.up.conns.Load()
+		const n = 12
+		res := make(chan string, n)
+		for range n {
+			go func() {
+				o, err := serverStreamOutcome(h2cClient(), tc.base+"/slow")
+				if err != nil {
+					res <- err.Error()
+					return
+				}
+				res <- fmt.Sprint(o)
+			}()
+		}
+		waitFor(t, 10*time.Second, tc.name+"'s calls to reach the upstream", func() bool { return tc.up.active.Load() == n })
+		tc.up.goAway(t)
+		outcome[tc.name] = map[string]int{}
+		for range n {
+			outcome[tc.name][<-res]++
+		}
+		if o := bidiCall(t, h2cClient(), tc.base+"/echo", [][]byte{[]byte("after")}); o.grpc != "0" || len(o.msgs) != 1 {
+			t.Errorf("%s: call after GOAWAY: %+v", tc.name, o)
+		}
+		if got := tc.up.conns.Load(); got != conns+1 {
+			t.Errorf("%s: %d connections after GOAWAY, want %d: the drained one and a new one", tc.name, got, conns+1)
+		}
+		if tc.name == "fleet" && f.remoteUses(upFleet.hostport()) == before {
+			t.Errorf("none of the %d calls across GOAWAY went through a sibling", n)
+		}
+	}
+	want := map[string]int{fmt.Sprint(grpcOutcome{status: 200, proto: 2, msgs: []string{"slow"}, grpc: "0"}): 12}
+	if fmt.Sprint(outcome["stock"]) != fmt.Sprint(want) || fmt.Sprint(outcome["fleet"]) != fmt.Sprint(want) {
+		t.Errorf("calls across GOAWAY: stock %v, fleet %v; want %v", outcome["stock"], outcome["fleet"], want)
+	}
+	t.Logf("cancellation: %d calls, %d through a sibling", calls, viaSibling)
 }

@@ -5,6 +5,19 @@ import (
 	"sync/atomic"
 )
 
+// testHookGrant, set only by tests, runs in Reserve and in a local use
+// between their read of the capacity and the compare-and-swap that grants:
+// the window that the re-check in overCapacity closes. Tests put a
+// SetCapacity (of this process or another) in it to make the interleaving
+// certain rather than rare.
+var testHookGrant atomic.Pointer[func(ResourceID)]
+
+func grantHook(id ResourceID) {
+	if h := testHookGrant.Load(); h != nil {
+		(*h)(id)
+	}
+}
+
 // SetCapacity changes how many concurrent users a live resource this process
 // owns admits: for instance an HTTP/2 connection whose peer changed its
 // SETTINGS_MAX_CONCURRENT_STREAMS. Capacity 0 drains the resource: it stays

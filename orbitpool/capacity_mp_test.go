@@ -3,6 +3,7 @@ package orbitpool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -226,4 +227,92 @@ func TestMultiProcessSetCapacity(t *testing.T) {
 		t.Errorf("after the run: %+v, want nothing in use, pending or waiting", ks)
 	}
 	t.Logf("%d grants over %d capacity changes (%d right after a drain ended)", accepted.Load(), changes, raisedTo.Load())
+}
+
+// mpRoleCapacityWindow reserves the parent's resource once, stopping in the
+// window between its read of the capacity and its compare-and-swap until the
+// parent says it changed the capacity, and reports what it got.
+func mpRoleCapacityWindow(c *mpChildCtx) error {
+	p, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	cands, err := p.Candidates(c.args.Key, nil)
+	if err != nil || len(cands) != 1 {
+		return fmt.Errorf("candidates %+v, %v: want the parent's one", cands, err)
+	}
+	var once sync.Once
+	var herr error
+	h := func(ResourceID) {
+		once.Do(func() {
+			c.send(mpMsg{Type: "window"})
+			_, herr = c.expect("lowered")
+		})
+	}
+	testHookGrant.Store(&h)
+	l, err := p.Reserve(cands[0].ID)
+	testHookGrant.Store(nil)
+	if herr != nil {
+		return herr
+	}
+	switch {
+	case errors.Is(err, ErrBusy):
+		c.send(mpMsg{Type: "busy"})
+	case err != nil:
+		return err
+	default:
+		c.send(mpMsg{Type: "lease", Lease: mpLeaseBytes(l)})
+	}
+	c.untilParentLeaves()
+	return nil
+}
+
+// TestMultiProcessSetCapacityInGrantWindow: a child's Reserve reads the
+// capacity (4, two in use), and the parent lowers it to 2 before the child's
+// compare-and-swap. The reservation is refused; without the re-check after
+// the swap it would be granted, a third unit under capacity 2.
+func TestMultiProcessSetCapacityInGrantWindow(t *testing.T) {
+	p, spec := mpOpenParent(t, Options{ReconcileInterval: 50 * time.Millisecond, ReservationTimeout: 5 * time.Second})
+	id, err := p.Register(mpKeyCapacity, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		l, err := p.Reserve(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := p.Accept(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Complete()
+	}
+	k := mpStart(t, "capacity-window", mpArgs{Spec: spec, Reconcile: 50 * time.Millisecond, ResTimeout: 5 * time.Second, Key: mpKeyCapacity})
+	k.expect("window", 30*time.Second)
+	if err := p.SetCapacity(id, 2); err != nil {
+		t.Fatal(err)
+	}
+	k.send(mpMsg{Type: "lowered"})
+	m := k.recv(30 * time.Second)
+	switch m.Type {
+	case "busy":
+	case "lease":
+		var l Lease
+		if err := l.UnmarshalBinary(m.Lease); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := p.Accept(l); err == nil {
+			defer e.Complete()
+		}
+		t.Errorf("the child was granted a unit after the capacity was lowered to 2 with 2 in use")
+	default:
+		t.Fatalf("child sent %q (%s), want busy", m.Type, m.Err)
+	}
+	c, _ := p.Candidates(mpKeyCapacity, nil)
+	if len(c) != 1 || c[0].InUse+c[0].Pending != 2 {
+		t.Errorf("after the child's reserve: %+v, want 2 in use and nothing pending", c)
+	}
+	k.finish(10 * time.Second)
 }

@@ -240,3 +240,69 @@ func TestSetCapacityBoundsGrantsUnderChurn(t *testing.T) {
 	}
 	t.Logf("%d grants over %d capacity changes", granted.Load(), changes)
 }
+
+// hookGrantOnce puts f in the window between a grant's read of the capacity
+// and its compare-and-swap, for the first grant only.
+func hookGrantOnce(t *testing.T, f func(ResourceID)) {
+	t.Helper()
+	var once sync.Once
+	h := func(id ResourceID) { once.Do(func() { f(id) }) }
+	testHookGrant.Store(&h)
+	t.Cleanup(func() { testHookGrant.Store(nil) })
+}
+
+// TestSetCapacityInGrantWindow lowers a resource's capacity exactly between
+// a grant's read of the capacity and its compare-and-swap, for a Reserve by
+// another lane and for a local use: the grant saw room under the old
+// capacity, and only the re-check after the swap can refuse it.
+func TestSetCapacityInGrantWindow(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		name := "reserve"
+		if local {
+			name = "local"
+		}
+		t.Run(name, func(t *testing.T) {
+			ps := openShared(t, small, 2)
+			owner, other := ps[0], ps[1]
+			k := Key{7, 4}
+			id, err := owner.Register(k, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				l, err := other.Reserve(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := owner.Accept(l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hooked := false
+			hookGrantOnce(t, func(got ResourceID) {
+				hooked = got == id
+				if err := owner.SetCapacity(id, 2); err != nil {
+					t.Error(err)
+				}
+			})
+			if local {
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				defer cancel()
+				plan, err := owner.Acquire(ctx, k, LocalOnly{}, Limits{MaxResources: 1})
+				var we *WaitError
+				if !errors.As(err, &we) {
+					t.Errorf("local use with 2 in use and the capacity lowered to 2 in its window: plan %v, err %v; want a wait that times out", plan.Kind, err)
+				}
+			} else if l, err := other.Reserve(id); !errors.Is(err, ErrBusy) {
+				t.Errorf("Reserve with 2 in use and the capacity lowered to 2 in its window: lease %+v, err %v; want ErrBusy", l, err)
+			}
+			if !hooked {
+				t.Fatal("the grant never ran the hook")
+			}
+			c, _ := owner.Candidates(k, nil)
+			if len(c) != 1 || c[0].InUse+c[0].Pending != 2 || c[0].Capacity != 2 {
+				t.Errorf("after the grant: %+v, want capacity 2 with 2 in use and nothing pending", c)
+			}
+		})
+	}
+}

@@ -165,6 +165,8 @@ func mpRoleFunc(role string) func(*mpChildCtx) error {
 		return mpRoleStructChurn
 	case "capacity-taker":
 		return mpRoleCapacityTaker
+	case "capacity-window":
+		return mpRoleCapacityWindow
 	}
 	return nil
 }

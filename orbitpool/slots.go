@@ -269,6 +269,7 @@ func (p *Pool) Reserve(id ResourceID) (Lease, error) {
 	off := s.slotOff(lane, slot)
 	word := s.u64(off + slWord)
 	capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	grantHook(id)
 	// Stamp a free ticket first, so that a pending bit always carries the
 	// ticket of the reservation that set it: the owner can then age each
 	// reservation by its own identity. Only the holder of a stamped ticket
@@ -389,6 +390,7 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 	s := p.seg
 	off := s.slotOff(p.lane, id.Slot())
 	capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	grantHook(id)
 	for {
 		w := atomic.LoadUint64(s.u64(off + slWord))
 		if wGen(w) != id.Generation() || wState(w) != StateLive {

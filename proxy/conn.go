@@ -26,6 +26,8 @@ type conn struct {
 	bw  *bufio.Writer
 	tls *tls.ConnectionState
 
+	watch *h2Watch // reads of an HTTP/2 connection, or nil
+
 	created  time.Time
 	idleAt   time.Time // when it last went idle; touched only by whoever holds the conn
 	requests int       // exchanges started; touched only by whoever holds the conn

@@ -50,16 +50,28 @@ func (d *dialer) dial(ctx context.Context, u *upstream) (*conn, error) {
 	if err != nil {
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
 	}
+	// An HTTP/2 connection's reads are watched (see h2Watch); TLS reads
+	// through the watch, so that x/net/http2 still sees the *tls.Conn.
+	var w *h2Watch
+	under := raw
+	if u.Proto == protoH2C || u.Proto == protoHTTP2 {
+		w = &h2Watch{Conn: raw}
+		under = w
+	}
 	if u.Scheme != "https" {
-		return newConn(raw, raw), nil
+		c := newConn(under, raw)
+		c.watch = w
+		return c, nil
 	}
 	cfg := d.tlsConfig(u)
-	tc := tls.Client(raw, cfg)
+	tc := tls.Client(under, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("tls handshake: %w", err)}
 	}
-	return newConn(tc, raw), nil
+	c := newConn(tc, raw)
+	c.watch = w
+	return c, nil
 }
 
 func (d *dialer) tlsConfig(u *upstream) *tls.Config {

@@ -146,14 +146,32 @@
 // bidirectional gRPC streams work through a sibling. Cancelling a request,
 // here or in the sibling, closes its stream, and x/net/http2 resets it
 // upstream (RST_STREAM). The pool capacity follows the peer's later
-// SETTINGS: the ClientConn's state is read when a stream starts or ends and
-// at every sweep, and the pool told with [orbitpool.Pool.SetCapacity]. A
+// SETTINGS: the ClientConn's state is read when a stream starts or ends, at
+// every sweep, and whenever the connection's read loop goes back to the
+// socket (so before it reads anything after the SETTINGS frame), and the
+// pool told with [orbitpool.Pool.SetCapacity]. Grants taken in between may
+// exceed a lowered limit; they wait in the ClientConn for a stream to end
+// (StrictMaxConcurrentStreams) and never put more streams on the
+// connection than the peer allows. A
 // GOAWAY drains the connection (capacity 0: nothing new is reserved, the
 // streams in flight finish) and it leaves the pool when its last stream
 // ends; a stream refused or never started because of it is retried on a
 // fresh plan. HTTP/1.1 and HTTP/2 connections of one upstream have
 // different Keys. The unix leg's frame version is 2 since the HTTP/2 head
 // flags; a sibling of another version is refused with an error naming both.
+// A request that declares both a Content-Length and trailers crosses the
+// unix leg chunked, with its length in the request frame, so that an HTTP/2
+// upstream gets both, as from a local exchange. Interim responses are
+// bounded as on HTTP/1.1: by the header limit, unless the caller sees them
+// through httptrace's Got1xxResponse and bounds them itself.
+//
+// Known differences from a local HTTP/2 exchange, for a sibling's: the unix
+// stream of an exchange whose response head went out before its request
+// body ended (any bidirectional stream) is closed afterwards rather than
+// reused, because the owner tells the stream's fate in the head; and a
+// stream the upstream resets mid-body reaches the sibling as an unexpected
+// EOF of the body, not as http2.StreamError (Caddy aborts the client's
+// response either way).
 //
 // The package is Linux-only (SO_PEERCRED, MSG_PEEK through x/sys/unix).
 //

@@ -14,12 +14,14 @@ import (
 // reader can reject garbage after a few bytes, before it parses any HTTP:
 //
 //	request  = magic(2) version(1) type(1) flags(2) leaseLen(2) deadline(8) lease(leaseLen)
+//	           [length(8) if flags has flagLength]
 //	           followed by one HTTP/1.1 request
 //	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
 //	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
 //	head     = 'H' flags(1) [length(8) if flags has headLength]
 //
-// Version 2 added the HTTP/2 head flags (headProto2, headLength). A frame of
+// Version 2 added the HTTP/2 head flags (headProto2, headLength) and the
+// request's flagLength. A frame of
 // another version is refused with an error that names both versions: the
 // processes of one fleet must run builds that speak the same unix leg.
 // Integers are big-endian. Every field is checked strictly: unknown types or
@@ -67,8 +69,12 @@ const (
 	// owner skips the request head, and both keep the stream. Without the
 	// flag (an older caller) the owner closes the stream instead.
 	flagBodyOnAccept uint16 = 1 << iota
+	// flagLength: the request declared the Content-Length in the frame
+	// and trailers; it is sent chunked on the unix leg, which alone can
+	// carry its trailers, and the owner restores the length.
+	flagLength
 
-	reqFlagsKnown = flagBodyOnAccept
+	reqFlagsKnown = flagBodyOnAccept | flagLength
 )
 
 // Reject reasons.
@@ -145,6 +151,7 @@ const (
 type requestFrame struct {
 	flags    uint16
 	deadline int64 // unix nanoseconds; 0 means none
+	length   int64 // with flagLength
 	leaseLen uint8
 	lease    [maxLeaseLen]byte
 }
@@ -158,8 +165,18 @@ func (f *requestFrame) deadlineTime() (time.Time, bool) {
 	return time.Unix(0, f.deadline), true
 }
 
-// appendRequestFrame encodes a request frame.
+// appendRequestFrame encodes a request frame without flagLength.
 func appendRequestFrame(b []byte, lease []byte, deadline time.Time, flags uint16) ([]byte, error) {
+	return appendRequestFrameLength(b, lease, deadline, flags&^flagLength, -1)
+}
+
+// appendRequestFrameLength encodes a request frame, with flagLength and
+// length when length >= 0.
+func appendRequestFrameLength(b []byte, lease []byte, deadline time.Time, flags uint16, length int64) ([]byte, error) {
+	flags &^= flagLength
+	if length >= 0 {
+		flags |= flagLength
+	}
 	if len(lease) == 0 || len(lease) > maxLeaseLen {
 		return b, fmt.Errorf("%w: lease of %d bytes", ErrBadFrame, len(lease))
 	}
@@ -171,7 +188,11 @@ func appendRequestFrame(b []byte, lease []byte, deadline time.Time, flags uint16
 	b = binary.BigEndian.AppendUint16(b, flags)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(lease)))
 	b = binary.BigEndian.AppendUint64(b, uint64(dl))
-	return append(b, lease...), nil
+	b = append(b, lease...)
+	if length >= 0 {
+		b = binary.BigEndian.AppendUint64(b, uint64(length))
+	}
+	return b, nil
 }
 
 // decodeRequestFrame decodes one request frame from the start of b and
@@ -198,11 +219,22 @@ func decodeRequestFrame(b []byte) (f requestFrame, n int, err error) {
 	}
 	f.deadline = int64(dl)
 	n = reqHeaderLen + ll
+	if f.flags&flagLength != 0 {
+		n += 8
+	}
 	if len(b) < n {
 		return f, n, errShort
 	}
 	f.leaseLen = uint8(ll)
-	copy(f.lease[:], b[reqHeaderLen:n])
+	copy(f.lease[:], b[reqHeaderLen:reqHeaderLen+ll])
+	f.length = -1
+	if f.flags&flagLength != 0 {
+		l := binary.BigEndian.Uint64(b[reqHeaderLen+ll:])
+		if l > 1<<62 {
+			return f, 0, fmt.Errorf("%w: request length %d", ErrBadFrame, l)
+		}
+		f.length = int64(l)
+	}
 	return f, n, nil
 }
 

@@ -126,7 +126,7 @@ func FuzzDecodeFrame(f *testing.F) {
 			if rf.deadline != 0 {
 				dl = time.Unix(0, rf.deadline)
 			}
-			enc, err := appendRequestFrame(nil, rf.leaseBytes(), dl, rf.flags)
+			enc, err := appendRequestFrameLength(nil, rf.leaseBytes(), dl, rf.flags, rf.length)
 			if err != nil || !bytes.Equal(enc, b[:n]) {
 				t.Fatalf("request re-encodes to %x, want %x (%v)", enc, b[:n], err)
 			}

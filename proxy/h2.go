@@ -24,7 +24,8 @@ import (
 // and its response goes back the same way, chunked so that trailers pass
 // whatever the body's length, with a head flag that restores what HTTP/2
 // said. The capacity follows the peer's later SETTINGS, read from the
-// ClientConn's state when a stream starts or ends and at every sweep; a
+// ClientConn's state when a stream starts or ends, whenever the connection's
+// read loop reads the socket (h2follow.go) and at every sweep; a
 // GOAWAY (or the ClientConn deciding not to reuse the connection) drains the
 // resource: capacity 0, so nothing new is reserved, while the streams in
 // flight finish; the connection leaves the pool when the last one ends.
@@ -52,6 +53,8 @@ type h2conn struct {
 	mu       sync.Mutex
 	capacity int  // last set in the pool; guarded by mu
 	draining bool // capacity 0 for good; guarded by mu
+
+	noted atomic.Bool // queued for the node's follower (h2follow.go)
 }
 
 // streamCapacity is the pool capacity a peer's stream limit allows.
@@ -375,6 +378,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 		exec.Complete()
 		return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 	}
+	c.watch.follow(n, hc)
 	n.stats.created.Add(1)
 	return n.useH2(hc, exec, req, release)
 }

@@ -132,6 +132,9 @@ func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
 		fl.Flush()
 		<-r.Context().Done()
 		return
+	case "/len":
+		io.Copy(io.Discard, r.Body)
+		w.Write(grpcmsg.Frame([]byte(fmt.Sprint(r.ContentLength))))
 	case "/slow":
 		time.Sleep(50 * time.Millisecond)
 		w.Write(grpcmsg.Frame([]byte("slow")))

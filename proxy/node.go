@@ -71,6 +71,7 @@ type Node struct {
 
 	slots   []atomic.Pointer[owned]  // HTTP/1.1 connections, by slot index in this process's lane
 	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
+	h2wake  chan *h2conn             // to the follower (h2follow.go)
 
 	stats nodeCounters
 	// open and dialing count the upstream connections this process owns
@@ -109,6 +110,7 @@ type NodeStats struct {
 
 type nodeCounters struct {
 	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted atomic.Uint64
+	followed                                                                             atomic.Uint64 // HTTP/2 state changes seen by the follower
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -129,6 +131,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
 
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
+		h2wake:  make(chan *h2conn, h2WakeQueue),
 		stop:    make(chan struct{}),
 	}
 	if n.sweep <= 0 {
@@ -162,8 +165,9 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 			n.srv.serve()
 		}()
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.sweeper()
+	go n.h2follower()
 	return n, nil
 }
 

@@ -135,7 +135,17 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		return nil, err
 	}
 	dl, _ := ctx.Deadline()
-	lg := &remoteLeg{lease: lease, deadline: dl}
+	lg := &remoteLeg{lease: lease, deadline: dl, reqLength: -1}
+	orig := req
+	if len(req.Trailer) > 0 && req.ContentLength > 0 {
+		// HTTP/1.1 carries trailers only in a chunked body: send it so,
+		// and the length in the frame. The copy shares the Trailer map,
+		// whose values the caller may set until the body ends.
+		r2 := *req
+		r2.ContentLength = -1
+		lg.reqLength = req.ContentLength
+		req = &r2
+	}
 	opts := &exchangeOpts{
 		bufs:                  bufs,
 		maxHeaderBytes:        o.maxHeaderBytes,
@@ -150,7 +160,11 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 			}
 		},
 	}
-	return c.roundTrip(req, opts)
+	resp, err := c.roundTrip(req, opts)
+	if resp != nil {
+		resp.Request = orig
+	}
+	return resp, err
 }
 
 // remoteLeg frames an exchange on a unix stream to an owner.
@@ -158,11 +172,14 @@ type remoteLeg struct {
 	lease    []byte
 	deadline time.Time
 	length   int64 // the head's declared length (headLength), or -1
-	scratch  [reqHeaderLen + maxLeaseLen]byte
+	// reqLength is the request's Content-Length when it is sent chunked
+	// for its trailers (flagLength), or -1.
+	reqLength int64
+	scratch   [reqHeaderLen + maxLeaseLen + 8]byte
 }
 
 func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
-	b, err := appendRequestFrame(l.scratch[:0], l.lease, l.deadline, flagBodyOnAccept)
+	b, err := appendRequestFrameLength(l.scratch[:0], l.lease, l.deadline, flagBodyOnAccept, l.reqLength)
 	if err != nil {
 		return &Error{Op: "lease", RetrySafe: true, Err: err}
 	}

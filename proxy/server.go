@@ -440,6 +440,12 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.Header["User-Agent"] = []string{""}
 	}
 	req.RequestURI = ""
+	if f.flags&flagLength != 0 && req.Body != http.NoBody {
+		// Chunked only to carry the trailers: the request the caller
+		// made declared this length, and goes upstream with it.
+		req.ContentLength = f.length
+		req.TransferEncoding = nil
+	}
 	reqDone := &bodyDone{ReadCloser: req.Body, onFirstRead: rl.acceptBody}
 	if req.Body != http.NoBody {
 		req.Body = reqDone

@@ -34,6 +34,10 @@ func Catalogue(d time.Duration) []Scenario {
 		{Name: "tls-churn", Duration: d, Upstream: upstream.Options{TLS: true, Delay: 5 * time.Millisecond}, During: churn},
 		{Name: "websocket", Duration: d, Conns: 64, Client: webSocketEcho},
 		{Name: "large", Duration: d, Conns: 16, Method: "POST", Path: "/echo", Body: bytes.Repeat([]byte("orbit"), 1<<18)},
+		// gRPC-style unary calls over h2c, clients to the fleet and the
+		// fleet to an upstream that allows 100 streams per connection:
+		// 64 client connections with 4 calls each in flight.
+		{Name: "grpc", Duration: d, Conns: 64, Upstream: upstream.Options{H2C: true, MaxStreams: 100, Delay: 2 * time.Millisecond}, MaxDialing: 1, Client: grpcUnary},
 	}
 }
 

@@ -189,6 +189,11 @@ func (s Scenario) withDefaults() Scenario {
 func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir string, workers int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "{\n\tauto_https off\n")
+	if s.Upstream.H2C {
+		// Clients speak h2c to the fleet, and the fleet to the upstream.
+		b.WriteString("\tservers {\n\t\tprotocols h1 h2c\n\t}\n")
+		upstreamURL = "h2c://" + strings.TrimPrefix(upstreamURL, "http://")
+	}
 	if v == Orbit {
 		fmt.Fprintf(&b, "\torbit_pool {\n\t\tsegment %s\n\t\tsocket_dir %s\n\t\twait_timeout 10s\n", segment, sockDir)
 		if s.MaxConns > 0 {
@@ -232,11 +237,11 @@ func freePort() (int, error) {
 // summary of what orbit saved.
 func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tTLS hs\treuse\t")
+	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tpeak streams\tTLS hs\treuse\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t\n",
 			r.Scenario, r.Variant, r.Load.RPS(), r.Load.P50.Round(10*time.Microsecond), r.Load.P99.Round(10*time.Microsecond),
-			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.Handshakes, 100*r.Reuse())
+			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.PeakStreams, r.Upstream.Handshakes, 100*r.Reuse())
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
@@ -246,6 +251,7 @@ func PrintTable(w io.Writer, rows []Row) {
   new conns   TCP connections the upstream accepted (refused ones not counted)
   first 1s    of those, how many in the load's first second: a cold start's stampede
   peak conns  most connections open at the upstream at once
+  peak streams  most requests in progress at the upstream at once over HTTP/2
   TLS hs      TLS handshakes the upstream completed
   reuse       share of requests that did not cost the upstream a new connection
 

@@ -208,6 +208,12 @@ func TestLargeBodiesBothWays(t *testing.T) {
 }
 
 func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
+	h2 := Caddyfile(Scenario{Upstream: upstream.Options{H2C: true}}, Stock, 8080, "http://127.0.0.1:9000", "/dev/shm/x", "/tmp/s", 4)
+	for _, want := range []string{"protocols h1 h2c", "reverse_proxy h2c://127.0.0.1:9000"} {
+		if !strings.Contains(h2, want) {
+			t.Errorf("h2c config lacks %q:\n%s", want, h2)
+		}
+	}
 	s := Scenario{MaxConns: 16, MaxDialing: 4, Upstream: upstream.Options{TLS: true}}
 	orbit := Caddyfile(s, Orbit, 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4)
 	stock := Caddyfile(s, Stock, 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4)
@@ -254,5 +260,32 @@ func TestPrintTableSummary(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestGRPCOverH2CSharesStreams: gRPC-style unary calls over h2c through
+// three workers, 64 client connections with 4 calls each in flight, to an
+// upstream that allows 100 streams per connection. Every call succeeds; the
+// upstream never has more calls in progress than its connections allow;
+// and the fleet, dialing one connection at a time, opens at most one per
+// worker beyond what 256 streams need (3), where a stock worker opens its
+// own.
+func TestGRPCOverH2CSharesStreams(t *testing.T) {
+	s, err := Lookup(Catalogue(shortLoad), "grpc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := runOrbit(t, s[0])
+	noErrors(t, row)
+	u := row.Upstream
+	t.Logf("grpc: %d connections, %d streams at peak", u.Accepted, u.PeakStreams)
+	if u.PeakStreams > 100*u.Accepted {
+		t.Errorf("%d streams at once over %d connections of 100 streams", u.PeakStreams, u.Accepted)
+	}
+	if u.Accepted > 3+3 {
+		t.Errorf("%d upstream connections for %d streams at most at 100 a connection", u.Accepted, u.PeakStreams)
+	}
+	if u.PeakStreams <= 100 {
+		t.Errorf("peak %d streams: the load did not need a second connection, so the test shows nothing", u.PeakStreams)
 	}
 }

@@ -11,6 +11,11 @@
 //	/stream?n=N&gap=D N chunks, flushed D apart
 //	/status?code=C    an empty response with status C
 //	/ws               a WebSocket-style upgrade that echoes bytes
+//	/grpc             gRPC-style unary echo: each 5-byte-prefixed message
+//	                  back as it arrives, then the grpc-status trailer
+//
+// With Options.H2C it speaks HTTP/2 with prior knowledge (and HTTP/1.1) and
+// counts concurrent streams too.
 package upstream
 
 import (
@@ -29,6 +34,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/orbitproxy/orbit/internal/grpcmsg"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
 )
 
 // Options configures a Server.
@@ -40,19 +49,25 @@ type Options struct {
 	// MaxConns, if positive, makes the server close at once any connection
 	// accepted while MaxConns are open, counting it as refused.
 	MaxConns int
-	// Delay is added before answering "/".
+	// Delay is added before answering "/" and "/grpc".
 	Delay time.Duration
+	// H2C serves HTTP/2 with prior knowledge as well as HTTP/1.1, with
+	// MaxStreams concurrent streams per connection (default 100).
+	H2C        bool
+	MaxStreams uint32
 }
 
 // Stats is what the server counted since it started.
 type Stats struct {
-	Accepted   int64 // TCP connections accepted and kept
-	Refused    int64 // TCP connections closed at once for MaxConns
-	Open       int64 // open now
-	Peak       int64 // most open at once
-	Handshakes int64 // TLS handshakes completed
-	Resumed    int64 // of which resumed a session
-	Requests   int64 // HTTP requests served
+	Accepted    int64 // TCP connections accepted and kept
+	Refused     int64 // TCP connections closed at once for MaxConns
+	Open        int64 // open now
+	Peak        int64 // most open at once
+	Handshakes  int64 // TLS handshakes completed
+	Resumed     int64 // of which resumed a session
+	Requests    int64 // HTTP requests served
+	Streams     int64 // requests in progress now
+	PeakStreams int64 // most requests in progress at once (HTTP/2 streams, for H2C)
 }
 
 // Server is a running upstream.
@@ -66,10 +81,13 @@ type Server struct {
 
 	delay atomic.Int64
 	max   int64
-	stats struct{ accepted, refused, open, peak, handshakes, resumed, requests atomic.Int64 }
-	ln    net.Listener
-	srv   *http.Server
-	done  chan struct{}
+	stats struct {
+		accepted, refused, open, peak, handshakes, resumed, requests atomic.Int64
+		streams, peakStreams                                         atomic.Int64
+	}
+	ln   net.Listener
+	srv  *http.Server
+	done chan struct{}
 }
 
 // Start runs a server until Close.
@@ -86,6 +104,13 @@ func Start(o Options) (*Server, error) {
 	s.ln = &countingListener{Listener: ln, s: s}
 	s.srv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	scheme := "http"
+	if o.H2C {
+		ms := o.MaxStreams
+		if ms == 0 {
+			ms = 100
+		}
+		s.srv.Handler = h2c.NewHandler(s.srv.Handler, &http2.Server{MaxConcurrentStreams: ms})
+	}
 	if o.TLS {
 		cert, pool, err := selfSigned()
 		if err != nil {
@@ -121,13 +146,15 @@ func (s *Server) SetDelay(d time.Duration) { s.delay.Store(int64(d)) }
 // Stats reads the counters.
 func (s *Server) Stats() Stats {
 	return Stats{
-		Accepted:   s.stats.accepted.Load(),
-		Refused:    s.stats.refused.Load(),
-		Open:       s.stats.open.Load(),
-		Peak:       s.stats.peak.Load(),
-		Handshakes: s.stats.handshakes.Load(),
-		Resumed:    s.stats.resumed.Load(),
-		Requests:   s.stats.requests.Load(),
+		Accepted:    s.stats.accepted.Load(),
+		Refused:     s.stats.refused.Load(),
+		Open:        s.stats.open.Load(),
+		Peak:        s.stats.peak.Load(),
+		Handshakes:  s.stats.handshakes.Load(),
+		Resumed:     s.stats.resumed.Load(),
+		Requests:    s.stats.requests.Load(),
+		Streams:     s.stats.streams.Load(),
+		PeakStreams: s.stats.peakStreams.Load(),
 	}
 }
 
@@ -143,6 +170,10 @@ func (s *Server) routes() http.Handler {
 	count := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			s.stats.requests.Add(1)
+			n := s.stats.streams.Add(1)
+			defer s.stats.streams.Add(-1)
+			for p := s.stats.peakStreams.Load(); n > p && !s.stats.peakStreams.CompareAndSwap(p, n); p = s.stats.peakStreams.Load() {
+			}
 			h(w, r)
 		}
 	}
@@ -189,6 +220,17 @@ func (s *Server) routes() http.Handler {
 		w.WriteHeader(code)
 	}))
 	mux.HandleFunc("/ws", count(wsEcho))
+	mux.HandleFunc("/grpc", count(func(w http.ResponseWriter, r *http.Request) {
+		if d := time.Duration(s.delay.Load()); d > 0 {
+			time.Sleep(d)
+		}
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		grpcmsg.Echo(w, func() { rc.Flush() }, r.Body, 0)
+		w.Header().Set("Grpc-Status", "0")
+	}))
 	return mux
 }
 

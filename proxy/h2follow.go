@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"net"
+	"sync/atomic"
+)
+
+// Following a peer's SETTINGS as they arrive. x/net/http2 applies a SETTINGS
+// frame (and a GOAWAY) in its connection's read loop, and offers no hook for
+// it. What a read loop does offer is its reads: it asks the socket for bytes
+// only once it has processed every frame it holds (its bufio.Reader, and
+// crypto/tls under it, read the socket only when empty). So every read of the
+// socket first wakes the node's follower for the connection, which reads the
+// ClientConn's state and tells the pool of a changed stream limit (or drains
+// on GOAWAY). The pool's capacity thus follows a SETTINGS frame before the
+// read loop waits for anything after it, plus one wake-up of the follower;
+// it does not wait for a stream to start or end or for the sweep, so a
+// connection whose long-lived streams never end is followed too.
+//
+// Grants taken between x/net applying the lower limit and the follower's
+// SetCapacity can exceed it. Such a stream does not fail and does not reach
+// the connection early: with StrictMaxConcurrentStreams the ClientConn holds
+// it until a stream ends, so the connection never carries more streams than
+// the peer allows once it has applied (and acknowledged) the SETTINGS.
+//
+// The read loop never blocks on the follower: it sets a flag and, if that
+// flag was clear, offers the connection to a buffered channel without
+// waiting. A full channel leaves the change to the next read, stream end or
+// sweep.
+
+// h2Watch is the socket under an HTTP/2 connection's read loop (under TLS
+// for h2, so that x/net/http2 keeps its *tls.Conn). Until the connection is
+// installed it only reads.
+type h2Watch struct {
+	net.Conn
+	n  atomic.Pointer[Node]
+	hc atomic.Pointer[h2conn]
+}
+
+func (w *h2Watch) Read(p []byte) (int, error) {
+	if hc := w.hc.Load(); hc != nil {
+		w.n.Load().noteH2(hc)
+	}
+	return w.Conn.Read(p)
+}
+
+// follow makes every read from now on wake n's follower for hc, and wakes it
+// once: SETTINGS may have arrived between the state startH2 read and now.
+func (w *h2Watch) follow(n *Node, hc *h2conn) {
+	if w == nil {
+		return
+	}
+	w.n.Store(n)
+	w.hc.Store(hc)
+	n.noteH2(hc)
+}
+
+// h2WakeQueue bounds the connections waiting for the follower.
+const h2WakeQueue = 256
+
+// noteH2 asks the follower to look at hc, unless it is asked already.
+func (n *Node) noteH2(hc *h2conn) {
+	if !hc.noted.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case n.h2wake <- hc:
+	default:
+		hc.noted.Store(false)
+	}
+}
+
+// h2follower looks at each connection it is woken for: the flag is cleared
+// before the state is read, so a read after that wakes it again and no
+// change is missed.
+func (n *Node) h2follower() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case hc := <-n.h2wake:
+			hc.noted.Store(false)
+			n.followH2(hc)
+		}
+	}
+}
+
+// followH2 is syncH2 for the follower: the cheap comparison first, since it
+// runs for every read of the socket.
+func (n *Node) followH2(hc *h2conn) {
+	if n.lookupH2(hc.id) != hc {
+		return
+	}
+	st := hc.cc.State()
+	if !st.Closed && !st.Closing {
+		hc.mu.Lock()
+		same := hc.draining || streamCapacity(st.MaxConcurrentStreams) == hc.capacity
+		hc.mu.Unlock()
+		if same {
+			return
+		}
+	}
+	n.stats.followed.Add(1)
+	n.syncH2(hc)
+}
