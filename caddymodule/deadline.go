@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -83,7 +84,7 @@ func addDuration(t time.Time, d time.Duration) time.Time {
 // a timeout and reports false; the request then has no deadline from that
 // header. Surrounding spaces and tabs are ignored.
 func ParseTimeout(v string) (time.Duration, bool) {
-	v = trimOWS(v)
+	v = strings.Trim(v, " \t") // optional whitespace around a field value
 	if v == "" || len(v) > 24 {
 		return 0, false
 	}
@@ -91,16 +92,6 @@ func ParseTimeout(v string) (time.Duration, bool) {
 		return d, true
 	}
 	return parseSeconds(v)
-}
-
-func trimOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // digits parses s, all ASCII digits, at most 18 of them; ok is false for
