@@ -299,8 +299,6 @@ func TestFleetUploadMemoryBound(t *testing.T) {
 
 	c := &http.Client{Timeout: 5 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
 	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, *uploadCount)
 	var peakReserved atomic.Int64
 	stop := make(chan struct{})
 	go func() {
@@ -322,44 +320,54 @@ func TestFleetUploadMemoryBound(t *testing.T) {
 			}
 		}
 	}()
-	for i := range *uploadCount {
-		wg.Go(func() {
-			req, _ := http.NewRequest("POST", f.url(fmt.Sprintf("/up?id=%d", i)), &patternBody{left: size})
-			req.ContentLength = size
-			resp, err := c.Do(req)
-			if err != nil {
-				errs <- fmt.Errorf("upload %d: %w", i, err)
-				return
+	// A batch's uploads may, on a loaded machine, all find connections of
+	// their own worker; another batch then gives the sibling path its turn.
+	var served float64
+	rounds := 0
+	for rounds < 3 && served == 0 {
+		rounds++
+		got.Clear()
+		errs := make(chan error, *uploadCount)
+		var wg sync.WaitGroup
+		for i := range *uploadCount {
+			wg.Go(func() {
+				req, _ := http.NewRequest("POST", f.url(fmt.Sprintf("/up?id=%d", i)), &patternBody{left: size})
+				req.ContentLength = size
+				resp, err := c.Do(req)
+				if err != nil {
+					errs <- fmt.Errorf("upload %d: %w", i, err)
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || string(b) != strconv.FormatInt(size, 10) {
+					errs <- fmt.Errorf("upload %d: %d %q", i, resp.StatusCode, b)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		n := 0
+		got.Range(func(_, v any) bool {
+			if v.(int64) == size {
+				n++
 			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 || string(b) != strconv.FormatInt(size, 10) {
-				errs <- fmt.Errorf("upload %d: %d %q", i, resp.StatusCode, b)
-			}
+			return true
 		})
+		if n != *uploadCount {
+			t.Errorf("round %d: the upstream received %d whole uploads of %d", rounds, n, *uploadCount)
+		}
+		served = f.fleetSum("caddy_orbit_pool_served_remote_total")
 	}
-	wg.Wait()
 	close(stop)
 	took := time.Since(start)
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	n := 0
-	got.Range(func(_, v any) bool {
-		if v.(int64) == size {
-			n++
-		}
-		return true
-	})
-	if n != *uploadCount {
-		t.Errorf("the upstream received %d whole uploads of %d", n, *uploadCount)
-	}
-	served := f.fleetSum("caddy_orbit_pool_served_remote_total")
 	if served == 0 {
-		t.Error("no upload went through a sibling")
+		t.Errorf("no upload went through a sibling in %d rounds", rounds)
 	}
-	total := float64(*uploadCount) * float64(size) / (1 << 20)
+	total := float64(rounds) * float64(*uploadCount) * float64(size) / (1 << 20)
 	for i, pid := range pids {
 		peak, rss := procKiB(t, pid, "VmHWM"), procKiB(t, pid, "VmRSS")
 		grew := peak - before[i]
@@ -370,6 +378,6 @@ func TestFleetUploadMemoryBound(t *testing.T) {
 			t.Errorf("worker %d's peak RSS grew by %d KiB for %.0f MiB of uploads; want under %d KiB", i, grew, total, limit)
 		}
 	}
-	t.Logf("%d uploads of %d MiB in %v (%.0f MiB/s), %v through a sibling; peak budget memory reserved %d KiB (limit 4096 KiB)",
-		*uploadCount, *uploadMiB, took.Round(time.Millisecond), total/took.Seconds(), served, peakReserved.Load()>>10)
+	t.Logf("%d round(s) of %d uploads of %d MiB in %v (%.0f MiB/s), %v through a sibling; peak budget memory reserved %d KiB (limit 4096 KiB)",
+		rounds, *uploadCount, *uploadMiB, took.Round(time.Millisecond), total/took.Seconds(), served, peakReserved.Load()>>10)
 }
