@@ -58,6 +58,7 @@ type conn struct {
 	sent     []uint32 // limits announced and not yet acknowledged, in order
 	enforced uint32   // the limit the client acknowledged last; 0: none yet
 	open     int
+	closed   bool // serve returned
 	peak     int // streams open when one opened, at most, since the last ACK
 	reqEnded map[uint32]bool
 }
@@ -148,19 +149,42 @@ func (u *Upstream) Stats() (conns, served, acked int, violations []string) {
 }
 
 // PeakSinceAck is the most streams open on any connection when a stream
-// opened since that connection's last acknowledged SETTINGS.
+// opened since that connection's last acknowledged SETTINGS (of a closed
+// connection, only if it acknowledged every SETTINGS sent on it).
 func (u *Upstream) PeakSinceAck() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	p := 0
 	for _, fc := range u.conns {
+		if fc.closed && len(fc.sent) > 0 {
+			continue // gone before it acknowledged the last SETTINGS
+		}
 		p = max(p, fc.peak)
 	}
 	return p
 }
 
+// Unacked is how many open connections have not acknowledged every
+// SETTINGS sent on them.
+func (u *Upstream) Unacked() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for _, fc := range u.conns {
+		if !fc.closed && len(fc.sent) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 func (fc *conn) serve() {
 	u := fc.u
+	defer func() {
+		u.mu.Lock()
+		fc.closed = true
+		u.mu.Unlock()
+	}()
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(fc.c, preface); err != nil || string(preface) != http2.ClientPreface {
 		return
