@@ -59,7 +59,7 @@ type conn struct {
 	enforced uint32   // the limit the client acknowledged last; 0: none yet
 	open     int
 	closed   bool // serve returned
-	peak     int // streams open when one opened, at most, since the last ACK
+	peak     int  // streams open when one opened, at most, since the last ACK
 	reqEnded map[uint32]bool
 }
 
