@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -128,4 +129,85 @@ func TestFleetH2CPeerLowersStreamLimit(t *testing.T) {
 	if r := f.remoteUses(fleetHost); r == remoteBefore {
 		t.Errorf("no call went through a sibling's connection while the limit was low")
 	}
+}
+
+// resetOutcome is what a client sees of a call whose upstream stream is
+// reset: the status and the body it got, or its error with the stream ID
+// left out.
+func resetOutcome(c *http.Client, url string) string {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "error: " + streamIDOut.ReplaceAllString(err.Error(), "stream ID N")
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	s := fmt.Sprintf("%s %d %q", resp.Proto, resp.StatusCode, b)
+	if err != nil {
+		s += " then " + streamIDOut.ReplaceAllString(err.Error(), "stream ID N")
+	}
+	return s
+}
+
+var streamIDOut = regexp.MustCompile(`stream ID \d+`)
+
+// TestFleetH2CUpstreamResetsStream compares what clients (HTTP/1.1 and
+// h2c) get from stock Caddy and from a two-worker fleet when the h2c
+// upstream resets the stream (RST_STREAM INTERNAL_ERROR), before the
+// response head and after the head and part of the body, until such calls
+// went through a sibling's connection too; the upstream keeps its one
+// connection.
+func TestFleetH2CUpstreamResetsStream(t *testing.T) {
+	upStock := h2frame.New(t, 100, time.Millisecond)
+	upFleet := h2frame.New(t, 100, time.Millisecond)
+	fleetHost := strings.TrimPrefix(upFleet.URL, "http://")
+	f := newTestFleet(t, 2)
+	f.protocols = "h1 h2c"
+	f.writeCaddyfile("h2c://"+fleetHost, "v1")
+	f.launch()
+	stock := startStockGRPC(t, "h2c://"+strings.TrimPrefix(upStock.URL, "http://"), "http")
+	h1 := func() *http.Client {
+		return &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 20 * time.Second}
+	}
+	clients := []struct {
+		name string
+		c    func() *http.Client
+	}{{"h1", h1}, {"h2c", h2cClient}}
+	// The upstream's connection first, so that later calls can go through
+	// the worker that owns it.
+	for _, base := range []string{stock, f.url("")} {
+		if o := resetOutcome(h1(), base+"/"); o != `HTTP/1.1 200 "ok"` {
+			t.Fatalf("%s: first call: %s", base, o)
+		}
+	}
+	viaSibling := map[string]int{}
+	seen := map[string]string{}
+	for round := 0; round < 20; round++ {
+		for _, path := range []string{"/reset-head", "/reset-body"} {
+			for _, cl := range clients {
+				name := path + " " + cl.name
+				want := resetOutcome(cl.c(), stock+path)
+				before := f.remoteUses(fleetHost)
+				got := resetOutcome(cl.c(), f.url(path))
+				if f.remoteUses(fleetHost) > before {
+					viaSibling[name]++
+				}
+				if got != want {
+					t.Errorf("round %d %s: fleet %s; stock %s", round, name, got, want)
+				}
+				seen[name] = want
+			}
+		}
+		if round >= 2 && len(viaSibling) == 4 {
+			break
+		}
+	}
+	if len(viaSibling) != 4 {
+		t.Errorf("calls through a sibling by kind: %v; want every kind at least once", viaSibling)
+	}
+	for _, u := range []*h2frame.Upstream{upStock, upFleet} {
+		if c, _, _, v := u.Stats(); c != 1 || len(v) != 0 {
+			t.Errorf("upstream: %d connections, violations %v; want the one connection kept", c, v)
+		}
+	}
+	t.Logf("what stock gives: %v; through a sibling: %v", seen, viaSibling)
 }

@@ -87,7 +87,8 @@ func (u *h2Upstream) goAway() {
 
 // serve: /unary echoes one message; /echo echoes every message as it comes
 // (bidi), /server answers N messages, /client sums what it got, /hold
-// waits for the client to go away. Every response ends with grpc-status,
+// waits for the client to go away, /reset-trailer sends a trailer named
+// like the unix leg's streamResetTrailer. Every response ends with grpc-status,
 // and echoes a request trailer as x-got-trailer.
 func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	n := u.cur.Add(1)
@@ -138,6 +139,10 @@ func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	case "/slow":
 		time.Sleep(50 * time.Millisecond)
 		w.Write(grpcmsg.Frame([]byte("slow")))
+	case "/reset-trailer":
+		// A trailer of the unix leg's reserved name, undeclared.
+		io.WriteString(w, "done")
+		w.Header().Set(http.TrailerPrefix+streamResetTrailer, "1 2")
 	default:
 		status = "12"
 	}

@@ -25,8 +25,10 @@ import (
 // the client has acknowledged: every HEADERS that opens a stream is counted
 // against SETTINGS_MAX_CONCURRENT_STREAMS as of the client's latest ACK.
 // A stream's response is sent after hold, or, for /hold, when Release is
-// closed; a stream stops counting just before its END_STREAM is written, so
-// the count here never exceeds the client's own.
+// closed; /reset-head resets the stream at once, /reset-body after a head
+// and part of the body. A stream stops counting just before its END_STREAM
+// (or RST_STREAM) is written, so the count here never exceeds the client's
+// own.
 type Upstream struct {
 	t       testing.TB
 	ln      net.Listener
@@ -263,8 +265,12 @@ func (fc *conn) respond(id uint32, path string) {
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
-		if path == "/flood" {
+		switch path {
+		case "/flood":
 			u.flood(fc, id)
+			return
+		case "/reset-head", "/reset-body":
+			u.reset(fc, id, path == "/reset-body")
 			return
 		}
 		fc.wmu.Lock()
@@ -292,6 +298,25 @@ func (fc *conn) respond(id uint32, path string) {
 		fc.fr.WriteData(id, true, []byte("ok"))
 		fc.wmu.Unlock()
 	}()
+}
+
+// reset resets stream id with INTERNAL_ERROR: at once, or after a head and
+// the first part of a body ("partial", of a declared 100 bytes).
+func (u *Upstream) reset(fc *conn, id uint32, head bool) {
+	u.mu.Lock()
+	fc.open--
+	u.mu.Unlock()
+	fc.wmu.Lock()
+	defer fc.wmu.Unlock()
+	if head {
+		fc.hbuf.Reset()
+		fc.henc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		fc.henc.WriteField(hpack.HeaderField{Name: "content-type", Value: "text/plain"})
+		fc.henc.WriteField(hpack.HeaderField{Name: "content-length", Value: "100"})
+		fc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: fc.hbuf.Bytes(), EndHeaders: true})
+		fc.fr.WriteData(id, false, []byte("partial"))
+	}
+	fc.fr.WriteRSTStream(id, http2.ErrCodeInternal)
 }
 
 // flood answers stream id with interim responses (103, a 1 KiB field
