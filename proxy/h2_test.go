@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -413,4 +414,83 @@ func TestH2CGoAwayDrains(t *testing.T) {
 	}
 	key := mustKey(t, owner.tr, up.url)
 	waitFor(t, 5*time.Second, "the drained connection to leave the pool", func() bool { return owner.pool.Live(key) == 0 })
+}
+
+// TestH2CColdBurstDialsOnce: a burst of sixteen concurrent requests from
+// two members to a cold h2c upstream opens one connection (the others wait
+// for it rather than dial their own) and every request succeeds; HTTP/1.1
+// dials are not held back: eight requests the upstream holds until all
+// eight have arrived open eight connections at once.
+func TestH2CColdBurstDialsOnce(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	ms := newFleet(t, 2, h2cConf)
+	start := make(chan struct{})
+	errs := make(chan error, 16)
+	for i := range 16 {
+		go func() {
+			<-start
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := ms[i%2].tr.RoundTrip(grpcReq(t, ctx, up.url+"/slow", http.NoBody))
+			if err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && (resp.Trailer.Get("Grpc-Status") != "0" || !bytes.Contains(b, []byte("slow"))) {
+					err = fmt.Errorf("%d %q %v", resp.StatusCode, b, resp.Trailer)
+				}
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range 16 {
+		if err := <-errs; err != nil {
+			t.Errorf("request in the burst: %v", err)
+		}
+	}
+	if c := up.conns.Load(); c != 1 {
+		t.Errorf("a burst of 16 to a cold h2c upstream opened %d connections, want 1", c)
+	}
+	if p := up.peak.Load(); p < 2 {
+		t.Errorf("at most %d streams at once: the burst did not overlap", p)
+	}
+
+	// HTTP/1.1.
+	const n = 8
+	var arrived atomic.Int64
+	all := make(chan struct{})
+	h1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if arrived.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-time.After(5 * time.Second):
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer h1.Close()
+	h1ms := newFleet(t, 2, nil)
+	for i := range n {
+		go func() {
+			req, _ := http.NewRequest("GET", h1.URL+"/", nil)
+			resp, err := h1ms[i%2].tr.RoundTrip(req)
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("HTTP/1.1 request: %v", err)
+		}
+	}
+	select {
+	case <-all:
+	default:
+		t.Errorf("%d of %d HTTP/1.1 requests reached the upstream at once: their dials were held back", arrived.Load(), n)
+	}
 }
