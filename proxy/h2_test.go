@@ -416,17 +416,22 @@ func TestH2CGoAwayDrains(t *testing.T) {
 	waitFor(t, 5*time.Second, "the drained connection to leave the pool", func() bool { return owner.pool.Live(key) == 0 })
 }
 
-// TestH2CColdBurstDialsOnce: a burst of sixteen concurrent requests from
+// TestH2CColdBurstDialsOnce: a burst of twelve concurrent requests from
 // two members to a cold h2c upstream opens one connection (the others wait
-// for it rather than dial their own) and every request succeeds; HTTP/1.1
+// for it rather than dial their own), every request succeeds, and no lease
+// on the new connection is refused; HTTP/1.1
 // dials are not held back: eight requests the upstream holds until all
 // eight have arrived open eight connections at once.
 func TestH2CColdBurstDialsOnce(t *testing.T) {
 	up := newH2Upstream(t, 100)
 	ms := newFleet(t, 2, h2cConf)
 	start := make(chan struct{})
-	errs := make(chan error, 16)
-	for i := range 16 {
+	// Six from each: a connection with all its PendingReservations (8) in
+	// flight to its owner counts as full, and a bigger burst from one
+	// sibling may dial a second connection.
+	const burst = 12
+	errs := make(chan error, burst)
+	for i := range burst {
 		go func() {
 			<-start
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -444,16 +449,23 @@ func TestH2CColdBurstDialsOnce(t *testing.T) {
 		}()
 	}
 	close(start)
-	for range 16 {
+	for range burst {
 		if err := <-errs; err != nil {
 			t.Errorf("request in the burst: %v", err)
 		}
 	}
 	if c := up.conns.Load(); c != 1 {
-		t.Errorf("a burst of 16 to a cold h2c upstream opened %d connections, want 1", c)
+		t.Errorf("a burst of %d to a cold h2c upstream opened %d connections, want 1; members: %+v, %+v", burst, c, ms[0].node.Stats(), ms[1].node.Stats())
 	}
 	if p := up.peak.Load(); p < 2 {
 		t.Errorf("at most %d streams at once: the burst did not overlap", p)
+	}
+	// The waiters woken by the new connection's room present their leases
+	// at once: none is refused for a connection not yet installed.
+	for i, m := range ms {
+		if st := m.node.Stats(); st.Refused != 0 {
+			t.Errorf("member %d refused %d leases in the burst: %v", i, st.Refused, st.RefusedBy)
+		}
 	}
 
 	// HTTP/1.1.

@@ -52,7 +52,10 @@ type Transport struct {
 	// stream free waits (within its deadline) for the connection being
 	// dialed rather than dial its own, so a burst to a cold upstream opens
 	// one connection. For https with HTTP2, that holds until a dial finds the
-	// upstream choosing http/1.1 by ALPN.
+	// upstream choosing http/1.1 by ALPN. A connection with as many
+	// reservations in flight to its owner as the pool allows
+	// (orbitpool.PendingReservations) counts as full, so a burst of more
+	// than that from one sibling at once may still dial a second one.
 	MaxDialingPerKey int
 	// Policy chooses between local reuse, remote reuse, creation and
 	// waiting. Default orbitpool.LocalFirst.
