@@ -107,7 +107,9 @@ type App struct {
 	// MaxDialingPerHost caps the connections to one upstream being dialed at
 	// once across the fleet, so that a cold upstream is warmed gradually
 	// rather than stampeded by every process at once. A transport may set
-	// its own. Default: 0, no cap.
+	// its own. Default: 0, no cap for HTTP/1.1, and 1 for an HTTP/2 or h2c
+	// upstream, whose one connection carries many streams: requests that
+	// find no stream free wait for the connection being dialed.
 	MaxDialingPerHost int `json:"max_dialing_per_host,omitempty"`
 
 	// WaitTimeout is how long a request may wait for a back-pressure permit

@@ -106,6 +106,9 @@ type testFleet struct {
 	reconcile string
 	// protocols, if set, are the servers' protocols (h1 h2 h2c ...).
 	protocols string
+	// transport, if set, is the reverse_proxy transport directive's
+	// argument and block; "orbit_pool" if not.
+	transport string
 }
 
 // fleetCaddyfile is the fleet's configuration; version shows in the
@@ -118,10 +121,10 @@ func (f *testFleet) writeCaddyfile(upstream, version string) {
 	header X-Worker {env.ORBIT_FLEET_WORKER}
 	header X-Config %s
 	reverse_proxy %s {
-		transport orbit_pool
+		transport %s
 	}
 }
-`, f.port, version, upstream)
+`, f.port, version, upstream, cmp.Or(f.transport, "orbit_pool"))
 	if err := os.WriteFile(f.caddyfile, []byte(cfg), 0o644); err != nil {
 		f.t.Fatal(err)
 	}

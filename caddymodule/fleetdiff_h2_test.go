@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -209,7 +210,46 @@ func TestFleetH2CDifferential(t *testing.T) {
 	f.protocols = "h1 h2c"
 	f.writeCaddyfile("h2c://"+up.hostport(), "v1")
 	f.launch()
-	stock := startStockH2C(t, up.hostport())
+	stock := startStockGRPC(t, "h2c://"+up.hostport(), "http")
+	grpcDifferential(t, f, stock, up.hostport())
+}
+
+// TestFleetH2TLSDifferential is TestFleetH2CDifferential for an upstream
+// that speaks HTTP/2 over TLS, chosen by ALPN: stock Caddy's http transport
+// and orbit_pool, both with versions 1.1 2, give the same outcome, every
+// request reaches the upstream over HTTP/2, and the fleet's workers share
+// one connection.
+func TestFleetH2TLSDifferential(t *testing.T) {
+	var notH2 atomic.Int64
+	up := newH2TLSUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 2 {
+			notH2.Add(1)
+		}
+		grpcHandler(w, r)
+	}))
+	const block = "{\n\t\t\tversions 1.1 2\n\t\t\ttls_insecure_skip_verify\n\t\t}"
+	f := newTestFleet(t, 2)
+	f.protocols = "h1 h2c"
+	f.transport = "orbit_pool " + block
+	f.writeCaddyfile("https://"+up.hostport(), "v1")
+	f.launch()
+	stock := startStockGRPC(t, "https://"+up.hostport(), "http "+block)
+	grpcDifferential(t, f, stock, up.hostport())
+	if n := notH2.Load(); n != 0 {
+		t.Errorf("%d requests reached the upstream over HTTP/1.1: ALPN did not choose h2", n)
+	}
+	// One connection from stock Caddy and one shared by the fleet's two
+	// workers.
+	if c := up.accepted.Load(); c != 2 {
+		t.Errorf("upstream accepted %d connections, want 2: stock's and the fleet's one", c)
+	}
+}
+
+// grpcDifferential sends each kind of gRPC-style call through stock Caddy
+// (at stock) and through f, whose upstream is at hostport, and requires the
+// same outcome; each kind goes through a sibling's connection at least once.
+func grpcDifferential(t *testing.T, f *testFleet, stock, hostport string) {
+	t.Helper()
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<20/16)
 	var many [][]byte
 	for i := range 20 {
@@ -247,9 +287,9 @@ func TestFleetH2CDifferential(t *testing.T) {
 	for round := 0; round < 16; round++ {
 		for _, call := range calls {
 			want := call.run(h2cClient(), stock)
-			before := f.remoteUses(up.hostport())
+			before := f.remoteUses(hostport)
 			got := call.run(h2cClient(), f.url(""))
-			if f.remoteUses(up.hostport()) > before {
+			if f.remoteUses(hostport) > before {
 				viaSibling[call.name]++
 			}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -269,10 +309,29 @@ func TestFleetH2CDifferential(t *testing.T) {
 	t.Logf("calls through a sibling by kind: %v", viaSibling)
 }
 
-func startStockH2C(t *testing.T, hostport string) string {
+// newH2TLSUpstream is an upstream running h over TLS that offers h2 by
+// ALPN (httptest's certificate, for 127.0.0.1), counting connections.
+func newH2TLSUpstream(t *testing.T, h http.Handler) *upstream {
+	t.Helper()
+	u := &upstream{conns: make(map[net.Conn]bool)}
+	u.Server = httptest.NewUnstartedServer(h)
+	u.Server.EnableHTTP2 = true
+	u.Server.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			u.accepted.Add(1)
+		}
+	}
+	u.StartTLS()
+	t.Cleanup(u.Close)
+	return u
+}
+
+// startStockGRPC runs stock Caddy, taking h1 and h2c from clients, in
+// front of upstream with the transport directive's argument and block.
+func startStockGRPC(t *testing.T, upstream, transport string) string {
 	t.Helper()
 	port := freePort(t)
-	startStockWith(t, "\tservers {\n\t\tprotocols h1 h2c\n\t}\n", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy h2c://%s\n}\n", port, hostport))
+	startStockWith(t, "\tservers {\n\t\tprotocols h1 h2c\n\t}\n", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy %s {\n\t\ttransport %s\n\t}\n}\n", port, upstream, transport))
 	waitFor(t, 30*time.Second, "stock caddy to listen", func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
@@ -427,7 +486,7 @@ func TestFleetH2CCancelAndGoAway(t *testing.T) {
 	f.protocols = "h1 h2c"
 	f.writeCaddyfile("h2c://"+upFleet.hostport(), "v1")
 	f.launch()
-	stock := startStockH2C(t, upStock.hostport())
+	stock := startStockGRPC(t, "h2c://"+upStock.hostport(), "http")
 	for _, base := range []string{stock, f.url("")} {
 		if o := bidiCall(t, h2cClient(), base+"/echo", [][]byte{[]byte("warm")}); o.grpc != "0" {
 			t.Fatalf("%s warm: %+v", base, o)

@@ -263,14 +263,19 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	}
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)
+	sc.view = View{Key: key, Limits: lim}
+	v := &sc.view
+	// The budget before the candidates: a resource is live in its list
+	// before its creation leaves the budget, so a creation that completes
+	// between the two reads shows in the candidates, and the policy never
+	// sees neither (and creates again under MaxCreating 1).
+	p.readBudget(ref, v)
 	cands, err := p.candidates(ref, sc.cands[:0])
 	sc.cands = cands[:0]
 	if err != nil {
 		return Plan{}, ReasonNone, err
 	}
-	sc.view = View{Key: key, Candidates: cands, Limits: lim}
-	v := &sc.view
-	p.readBudget(ref, v)
+	v.Candidates = cands
 	for range 2*len(cands) + 2 {
 		d := policy.Decide(v)
 		switch d.Action {

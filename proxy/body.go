@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/net/http2"
 )
 
 var errReadOnClosedBody = errors.New("http: read on closed response body")
@@ -18,6 +21,9 @@ type body struct {
 	rc   io.ReadCloser // net/http's framing reader: length, chunks, trailers
 	x    *exchange
 	keep bool // the connection may be reused after this body
+	// h2 is the response, if a sibling relayed it from an HTTP/2
+	// upstream: its trailers may carry the upstream's reset of the stream.
+	h2 *http.Response
 
 	mu     sync.Mutex
 	closed bool
@@ -39,16 +45,48 @@ func (b *body) Read(p []byte) (int, error) {
 	if err == nil {
 		return n, nil
 	}
-	if err != io.EOF {
+	eof := err == io.EOF
+	if !eof {
 		err = b.mapErr(err)
+	} else if b.h2 != nil {
+		if rerr := takeStreamReset(b.h2); rerr != nil {
+			err = rerr
+		}
 	}
 	b.mu.Lock()
 	if b.rerr == nil {
 		b.rerr = err
 	}
 	b.mu.Unlock()
-	b.end(err == io.EOF)
+	b.end(eof)
 	return n, err
+}
+
+// streamResetTrailer ends the relayed body of an HTTP/2 response whose
+// stream the upstream reset: "<stream ID> <error code>", in decimal.
+const streamResetTrailer = "Orbit-Stream-Reset"
+
+// errResetFromPeer is the cause of a stream error the upstream sent, as
+// x/net/http2 words it.
+var errResetFromPeer = errors.New("received from peer")
+
+// takeStreamReset removes the reset trailer from resp and returns the
+// stream error it names, as x/net/http2 returns it to a local reader of the
+// body; nil if there is none.
+func takeStreamReset(resp *http.Response) error {
+	v := resp.Trailer.Values(streamResetTrailer)
+	if v == nil {
+		return nil
+	}
+	resp.Trailer.Del(streamResetTrailer)
+	var id, code uint32
+	if len(v) != 1 {
+		return &Error{Op: "read body", Err: fmt.Errorf("%w: %d stream reset trailers", ErrBadResponse, len(v))}
+	}
+	if _, err := fmt.Sscanf(v[0], "%d %d", &id, &code); err != nil {
+		return &Error{Op: "read body", Err: fmt.Errorf("%w: stream reset trailer %q: %w", ErrBadResponse, v[0], err)}
+	}
+	return http2.StreamError{StreamID: id, Code: http2.ErrCode(code), Cause: errResetFromPeer}
 }
 
 func (b *body) mapErr(err error) error {

@@ -157,8 +157,16 @@
 // streams in flight finish) and it leaves the pool when its last stream
 // ends; a stream refused or never started because of it is retried on a
 // fresh plan. HTTP/1.1 and HTTP/2 connections of one upstream have
-// different Keys. The unix leg's frame version is 2 since the HTTP/2 head
-// flags; a sibling of another version is refused with an error naming both.
+// different Keys. The unix leg's frame version is 3 since the HTTP/2 head
+// flags and the reset trailer; a sibling of another version is refused with
+// an error naming both. A stream the upstream resets mid-body (RST_STREAM)
+// ends the relayed body with a trailer of the unix leg's own
+// (Orbit-Stream-Reset, dropped from what the upstream sends) naming the
+// stream and error code, and the sibling's reader gets http2.StreamError
+// with that code, as from a local exchange; the unix stream stays in step.
+// A reset before the response head fails the sibling's request as the
+// owner's failure (ErrOwnerFailed wrapping ErrConnBroken, with the stream
+// error's text), not as http2.StreamError.
 // A request that declares both a Content-Length and trailers crosses the
 // unix leg chunked, with its length in the request frame, so that an HTTP/2
 // upstream gets both, as from a local exchange. Interim responses are
@@ -168,10 +176,7 @@
 // Known differences from a local HTTP/2 exchange, for a sibling's: the unix
 // stream of an exchange whose response head went out before its request
 // body ended (any bidirectional stream) is closed afterwards rather than
-// reused, because the owner tells the stream's fate in the head; and a
-// stream the upstream resets mid-body reaches the sibling as an unexpected
-// EOF of the body, not as http2.StreamError (Caddy aborts the client's
-// response either way).
+// reused, because the owner tells the stream's fate in the head.
 //
 // The package is Linux-only (SO_PEERCRED, MSG_PEEK through x/sys/unix).
 //

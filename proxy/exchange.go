@@ -472,7 +472,11 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		x.finishRead(keep)
 		return resp, nil
 	}
-	resp.Body = &body{rc: resp.Body, x: x, keep: keep}
+	b := &body{rc: resp.Body, x: x, keep: keep}
+	if x.o.leg != nil && hf&headProto2 != 0 {
+		b.h2 = resp
+	}
+	resp.Body = b
 	return resp, nil
 }
 

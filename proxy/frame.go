@@ -21,7 +21,9 @@ import (
 //	head     = 'H' flags(1) [length(8) if flags has headLength]
 //
 // Version 2 added the HTTP/2 head flags (headProto2, headLength) and the
-// request's flagLength. A frame of
+// request's flagLength; version 3 the trailer streamResetTrailer, which ends
+// the chunked body of an HTTP/2 response whose stream the upstream reset
+// (RST_STREAM) mid-body. A frame of
 // another version is refused with an error that names both versions: the
 // processes of one fleet must run builds that speak the same unix leg.
 // Integers are big-endian. Every field is checked strictly: unknown types or
@@ -30,7 +32,7 @@ import (
 const (
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 2
+	frameVersion  = 3
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -152,4 +153,21 @@ func FuzzDecodeFrame(f *testing.F) {
 		br = bufio.NewReaderSize(bytes.NewReader(b), 128)
 		readFrame(br, respHeaderLen, decodeResponseFrame)
 	})
+}
+
+// TestFrameRefusesVersion2Peer: a sibling of the build before the reset
+// trailer (frame version 2) is refused in both directions with an error
+// that names both versions, not misread.
+func TestFrameRefusesVersion2Peer(t *testing.T) {
+	req, _ := appendRequestFrame(nil, []byte("lease"), time.Now(), 0)
+	req[2] = 2
+	resp := appendResponseFrame(nil, responseFrame{typ: frameAccept})
+	resp[2] = 2
+	_, _, rerr := decodeRequestFrame(req)
+	_, _, perr := decodeResponseFrame(resp)
+	for _, err := range []error{rerr, perr} {
+		if !errors.Is(err, ErrBadFrame) || !strings.Contains(err.Error(), "version 2") || !strings.Contains(err.Error(), fmt.Sprintf("version %d", frameVersion)) {
+			t.Errorf("version 2 frame: %v; want ErrBadFrame naming versions 2 and %d", err, frameVersion)
+		}
+	}
 }

@@ -130,6 +130,55 @@ func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.C
 	return hc, nil
 }
 
+// h2Installs tracks HTTP/2 connections registered in the pool and not yet
+// installed in h2slots.
+type h2Installs struct {
+	mu      sync.Mutex
+	pending int
+	done    chan struct{} // closed, and replaced, when one is installed
+}
+
+func (n *Node) beginH2Install() {
+	n.h2inst.mu.Lock()
+	n.h2inst.pending++
+	if n.h2inst.done == nil {
+		n.h2inst.done = make(chan struct{})
+	}
+	n.h2inst.mu.Unlock()
+}
+
+func (n *Node) endH2Install() {
+	n.h2inst.mu.Lock()
+	n.h2inst.pending--
+	close(n.h2inst.done)
+	n.h2inst.done = make(chan struct{})
+	n.h2inst.mu.Unlock()
+}
+
+// h2InstallWait bounds awaitH2: an install follows its registration at
+// once, unless the process is starved.
+const h2InstallWait = time.Second
+
+// awaitH2 is lookupH2 for a lease on a resource that may be registered and
+// not yet installed: it waits while an install is in progress here.
+func (n *Node) awaitH2(id orbitpool.ResourceID) *h2conn {
+	deadline := time.NewTimer(h2InstallWait)
+	defer deadline.Stop()
+	for {
+		n.h2inst.mu.Lock()
+		pending, done := n.h2inst.pending, n.h2inst.done
+		n.h2inst.mu.Unlock()
+		if hc := n.lookupH2(id); hc != nil || pending == 0 {
+			return hc
+		}
+		select {
+		case <-done:
+		case <-deadline.C:
+			return n.lookupH2(id)
+		}
+	}
+}
+
 func (n *Node) lookupH2(id orbitpool.ResourceID) *h2conn {
 	s := id.Slot()
 	if s < 0 || s >= len(n.h2slots) {
@@ -361,8 +410,12 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 		permit.Close()
 		return nil, err
 	}
+	// Siblings woken by the new room may present leases on it before it is
+	// installed here: accept waits for the install (awaitH2).
+	n.beginH2Install()
 	exec, err := permit.RegisterAndAccept(capacity)
 	if err != nil {
+		n.endH2Install()
 		permit.Close()
 		cc.Close()
 		return nil, &Error{Op: "register", RetrySafe: true, Err: err}
@@ -372,6 +425,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 		scheme = "https"
 	}
 	hc, err := n.installH2(exec.ID(), e.key, cc, scheme, capacity, &t.settings)
+	n.endH2Install()
 	if err != nil {
 		cc.Close()
 		n.pool.Unregister(exec.ID())

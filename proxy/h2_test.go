@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -87,7 +88,8 @@ func (u *h2Upstream) goAway() {
 
 // serve: /unary echoes one message; /echo echoes every message as it comes
 // (bidi), /server answers N messages, /client sums what it got, /hold
-// waits for the client to go away. Every response ends with grpc-status,
+// waits for the client to go away, /reset-trailer sends a trailer named
+// like the unix leg's streamResetTrailer. Every response ends with grpc-status,
 // and echoes a request trailer as x-got-trailer.
 func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	n := u.cur.Add(1)
@@ -138,6 +140,10 @@ func (u *h2Upstream) serve(w http.ResponseWriter, r *http.Request) {
 	case "/slow":
 		time.Sleep(50 * time.Millisecond)
 		w.Write(grpcmsg.Frame([]byte("slow")))
+	case "/reset-trailer":
+		// A trailer of the unix leg's reserved name, undeclared.
+		io.WriteString(w, "done")
+		w.Header().Set(http.TrailerPrefix+streamResetTrailer, "1 2")
 	default:
 		status = "12"
 	}
@@ -408,4 +414,95 @@ func TestH2CGoAwayDrains(t *testing.T) {
 	}
 	key := mustKey(t, owner.tr, up.url)
 	waitFor(t, 5*time.Second, "the drained connection to leave the pool", func() bool { return owner.pool.Live(key) == 0 })
+}
+
+// TestH2CColdBurstDialsOnce: a burst of twelve concurrent requests from
+// two members to a cold h2c upstream opens one connection (the others wait
+// for it rather than dial their own), every request succeeds, and no lease
+// on the new connection is refused; HTTP/1.1
+// dials are not held back: eight requests the upstream holds until all
+// eight have arrived open eight connections at once.
+func TestH2CColdBurstDialsOnce(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	ms := newFleet(t, 2, h2cConf)
+	start := make(chan struct{})
+	// Six from each: a connection with all its PendingReservations (8) in
+	// flight to its owner counts as full, and a bigger burst from one
+	// sibling may dial a second connection.
+	const burst = 12
+	errs := make(chan error, burst)
+	for i := range burst {
+		go func() {
+			<-start
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := ms[i%2].tr.RoundTrip(grpcReq(t, ctx, up.url+"/slow", http.NoBody))
+			if err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && (resp.Trailer.Get("Grpc-Status") != "0" || !bytes.Contains(b, []byte("slow"))) {
+					err = fmt.Errorf("%d %q %v", resp.StatusCode, b, resp.Trailer)
+				}
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range burst {
+		if err := <-errs; err != nil {
+			t.Errorf("request in the burst: %v", err)
+		}
+	}
+	if c := up.conns.Load(); c != 1 {
+		t.Errorf("a burst of %d to a cold h2c upstream opened %d connections, want 1; members: %+v, %+v", burst, c, ms[0].node.Stats(), ms[1].node.Stats())
+	}
+	if p := up.peak.Load(); p < 2 {
+		t.Errorf("at most %d streams at once: the burst did not overlap", p)
+	}
+	// The waiters woken by the new connection's room present their leases
+	// at once: none is refused for a connection not yet installed.
+	for i, m := range ms {
+		if st := m.node.Stats(); st.Refused != 0 {
+			t.Errorf("member %d refused %d leases in the burst: %v", i, st.Refused, st.RefusedBy)
+		}
+	}
+
+	// HTTP/1.1.
+	const n = 8
+	var arrived atomic.Int64
+	all := make(chan struct{})
+	h1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if arrived.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-time.After(5 * time.Second):
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer h1.Close()
+	h1ms := newFleet(t, 2, nil)
+	for i := range n {
+		go func() {
+			req, _ := http.NewRequest("GET", h1.URL+"/", nil)
+			resp, err := h1ms[i%2].tr.RoundTrip(req)
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("HTTP/1.1 request: %v", err)
+		}
+	}
+	select {
+	case <-all:
+	default:
+		t.Errorf("%d of %d HTTP/1.1 requests reached the upstream at once: their dials were held back", arrived.Load(), n)
+	}
 }

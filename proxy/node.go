@@ -72,6 +72,7 @@ type Node struct {
 	slots   []atomic.Pointer[owned]  // HTTP/1.1 connections, by slot index in this process's lane
 	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
 	h2wake  chan *h2conn             // to the follower (h2follow.go)
+	h2inst  h2Installs
 
 	stats nodeCounters
 	// open and dialing count the upstream connections this process owns
@@ -459,6 +460,11 @@ func (n *Node) accept(b []byte) (execution, error) {
 		return n.acceptH2(hc, exec)
 	}
 	oc := n.lookup(exec.ID())
+	if oc == nil {
+		if hc := n.awaitH2(exec.ID()); hc != nil {
+			return n.acceptH2(hc, exec)
+		}
+	}
 	if oc == nil || !oc.take(n.log) {
 		if oc != nil && oc.state.Load() == stDead {
 			oc.c.close()

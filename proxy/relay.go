@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/net/http2"
 )
 
 // buffered is implemented by response bodies that know whether a Read would
@@ -132,6 +133,9 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	h2 := resp.ProtoMajor == 2
 	switch {
 	case h2:
+		// The name is the unix leg's own (streamReset): never the
+		// upstream's.
+		resp.Trailer.Del(streamResetTrailer)
 		// An HTTP/2 body of any length may end with trailers: chunked
 		// carries them, and the head carries the declared length.
 		hf |= headProto2
@@ -230,12 +234,27 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 			break
 		}
 		if rerr != nil {
+			var se http2.StreamError
+			if resp.ProtoMajor == 2 && chunked && errors.As(rerr, &se) {
+				// The upstream reset the stream: the body ends with the
+				// reset in its trailer, and the caller reads the same
+				// stream error as from a local exchange.
+				r.log.Debug("upstream reset the stream mid-body", zap.Error(rerr))
+				fmt.Fprintf(bw, "0\r\n%s: %d %d\r\n\r\n", streamResetTrailer, se.StreamID, uint32(se.Code))
+				if err := bw.Flush(); err != nil {
+					return r.fail(err)
+				}
+				return nil
+			}
 			// The peer sees the stream end mid-body: an error there too.
 			return rerr
 		}
 	}
 	if chunked {
 		bw.WriteString("0\r\n")
+		if resp.ProtoMajor == 2 {
+			resp.Trailer.Del(streamResetTrailer)
+		}
 		resp.Trailer.Write(bw)
 		bw.WriteString("\r\n")
 	}

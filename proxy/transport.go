@@ -48,7 +48,14 @@ type Transport struct {
 	MaxConnsPerKey int
 	// MaxDialingPerKey caps the connections to one Key being dialed at once
 	// across the fleet, so a cold upstream is not stampeded. Zero means no
-	// cap.
+	// cap for HTTP/1.1, and 1 for HTTP/2 and h2c: a request that finds no
+	// stream free waits (within its deadline) for the connection being
+	// dialed rather than dial its own, so a burst to a cold upstream opens
+	// one connection. For https with HTTP2, that holds until a dial finds the
+	// upstream choosing http/1.1 by ALPN. A connection with as many
+	// reservations in flight to its owner as the pool allows
+	// (orbitpool.PendingReservations) counts as full, so a burst of more
+	// than that from one sibling at once may still dial a second one.
 	MaxDialingPerKey int
 	// Policy chooses between local reuse, remote reuse, creation and
 	// waiting. Default orbitpool.LocalFirst.
@@ -107,6 +114,25 @@ type upstreamEntry struct {
 	host string // as the request URL names it
 	name string // scheme://host:port
 	key  orbitpool.Key
+	// spokeH1 is set while an https upstream offered h2 chooses http/1.1
+	// by ALPN (as the last connection dialed here saw it).
+	spokeH1 atomic.Bool
+}
+
+// dialsOneAtATime reports whether requests to e that find no capacity wait
+// for a connection being dialed anywhere in the fleet rather than dial their
+// own, unless MaxDialingPerKey says otherwise: an HTTP/2 connection carries
+// many streams, so a burst to a cold upstream needs one, as x/net/http2
+// dials one per authority. An HTTP/1.1 connection carries one exchange at a
+// time, so its dials are not held back.
+func (e *upstreamEntry) dialsOneAtATime() bool {
+	switch e.u.Proto {
+	case protoH2C:
+		return true
+	case protoHTTP2:
+		return !e.spokeH1.Load()
+	}
+	return false
 }
 
 func (t *Transport) init() {
@@ -387,6 +413,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, busyLane
 		if err := claimVerdict(ctx, near); err != nil {
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
 		}
+		lim.MaxCreating = t.MaxDialingPerKey
+		if lim.MaxCreating <= 0 && e.dialsOneAtATime() {
+			lim.MaxCreating = 1
+		}
 		wctx, cancel := waitContext(ctx, near)
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
@@ -458,7 +488,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, busyLane
 				plan.Permit.Close()
 				return nil, err
 			}
-			if h2Wanted(&e.u, c) {
+			h2 := h2Wanted(&e.u, c)
+			if e.u.Proto == protoHTTP2 && e.spokeH1.Load() == h2 {
+				e.spokeH1.Store(!h2)
+			}
+			if h2 {
 				return t.createH2(req, e, c, plan.Permit, release)
 			}
 			exec, err := plan.Permit.RegisterAndAccept(1)

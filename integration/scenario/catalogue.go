@@ -37,7 +37,7 @@ func Catalogue(d time.Duration) []Scenario {
 		// gRPC-style unary calls over h2c, clients to the fleet and the
 		// fleet to an upstream that allows 100 streams per connection:
 		// 64 client connections with 4 calls each in flight.
-		{Name: "grpc", Duration: d, Conns: 64, Upstream: upstream.Options{H2C: true, MaxStreams: 100, Delay: 2 * time.Millisecond}, MaxDialing: 1, Client: grpcUnary},
+		{Name: "grpc", Duration: d, Conns: 64, Upstream: upstream.Options{H2C: true, MaxStreams: 100, Delay: 2 * time.Millisecond}, Client: grpcUnary},
 	}
 }
 
