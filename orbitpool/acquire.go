@@ -168,27 +168,31 @@ var errWait = errors.New("orbitpool: wait")
 // capacity returns anywhere in the fleet and tries again, until ctx ends.
 // A caller that needs to fail before its deadline passes a context whose
 // deadline is that much earlier.
+//
+// Waiters are served in the order they arrived, across the fleet: each takes
+// a ticket from the key's counter, a unit of capacity that comes back is
+// handed to the oldest waiter of any process, and while any process has a
+// waiter on the key a newcomer queues behind it rather than take what came
+// back.
 func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) (plan Plan, err error) {
 	if policy == nil {
 		policy = LocalFirst{}
 	}
 	var (
-		watch  *Readiness
-		woke   *Readiness // the registration whose wake-up this attempt holds
-		start  time.Time
-		reason Reason
-		ref    keyRef
+		w       *waiter
+		ch      <-chan struct{}
+		holding bool // w tries with a unit it was handed
+		start   time.Time
+		reason  Reason
+		ref     keyRef
 	)
 	// Every way out leaves no registration behind: a waiter that is gone
-	// but still queued would take the next wake-up meant for a live one.
-	// And one that was woken and then fails passes its wake-up on, for the
+	// but still queued would take the next unit meant for a live one. And
+	// one that was handed a unit and then fails passes it on, for the
 	// capacity it announced is still there for the next waiter.
 	defer func() {
-		if watch != nil {
-			watch.Close()
-		}
-		if err != nil && woke != nil {
-			woke.Close()
+		if w != nil {
+			p.waiters.leave(p, w, holding && err != nil)
 		}
 	}()
 	for retries := 0; ; {
@@ -197,10 +201,16 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			return Plan{}, err
 		}
 		var r Reason
-		plan, r, err = p.try(ref, key, policy, lim)
+		switch {
+		case w == nil && p.queued(ref):
+			err = errWait // others wait already: take a ticket behind them
+		case w != nil && !holding && !p.waiters.eligible(p, w):
+			err = errWait // an older waiter is first
+		default:
+			plan, r, err = p.try(ref, key, policy, lim)
+		}
 		switch {
 		case err == nil:
-			woke = nil
 			if !start.IsZero() {
 				plan.Waited = time.Since(start)
 				p.seg.count(p.lane, ref.idx, stWaits, 1)
@@ -211,40 +221,61 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			if retries++; retries > maxKeyRetries {
 				return Plan{}, errKeyChurn(key)
 			}
-			if watch != nil { // registered on the entry's earlier life
-				watch.Close()
-				watch = nil
+			if w != nil { // registered on the entry's earlier life
+				p.waiters.leave(p, w, holding)
+				w, holding = nil, false
 			}
 			continue
 		case err != errWait:
 			return Plan{}, err
 		}
-		reason = r
-		if watch == nil {
+		if r != ReasonNone || reason == ReasonNone {
+			reason = r
+		}
+		if w == nil {
 			// Register, then re-check before sleeping, so that capacity
 			// returned in between is not missed.
-			if watch, err = p.watch(key, woke != nil); err != nil {
+			if w, err = p.waiters.register(p, ref); err != nil {
+				if err == errKeyGone {
+					w = nil
+					continue
+				}
 				return Plan{}, err
 			}
-			woke = nil // re-checked and found nothing: someone else took it
+			ch = w.ch
 			if start.IsZero() {
 				start = time.Now()
 			}
 			continue
 		}
+		holding = false
 		select {
-		case <-watch.Ready():
-			watch, woke = nil, watch
-			if p.closed.Load() {
+		case <-ch:
+			if ch, holding = p.waiters.take(p, w); !holding {
 				return Plan{}, ErrClosed
 			}
 		case <-ctx.Done():
 			waited := time.Since(start)
 			p.seg.count(p.lane, ref.idx, stTimeouts, 1)
 			p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(waited))
+			if reason == ReasonNone {
+				reason = ReasonBusy
+			}
 			return Plan{}, &WaitError{Key: key, Reason: reason, Waited: waited, Err: context.Cause(ctx)}
 		}
 	}
+}
+
+// queued reports whether any process has a waiter on ref.
+func (p *Pool) queued(ref keyRef) bool {
+	s := p.seg
+	off := s.keyOff(ref.idx) + kfMasks
+	for i := range p.l.maskWords {
+		if atomic.LoadUint64(s.u64(off+8*i)) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // try runs the policy once over a fresh view, taking what it decides.

@@ -160,7 +160,7 @@ func (p *Pool) join() error {
 		}
 		return nil
 	}
-	return fmt.Errorf("orbitpool: all %d lanes of segment %s are taken by live processes: %w", p.l.nlanes, s.path, ErrFull)
+	return fmt.Errorf("orbitpool: all %d lanes of segment %s are taken by live processes; each process needs a lane of its own, old and new ones overlapping in a reload or upgrade included: stop the fleet and raise PoolSpec.Lanes (the orbit_pool app's processes option; at most %d) in every process: %w", p.l.nlanes, s.path, MaxLanes, ErrFull)
 }
 
 // Lane is this process's lane in the segment.
@@ -262,11 +262,25 @@ func (p *Pool) clearLane(l int) {
 			}
 		}
 	}
-	bit := uint64(1) << l
+	// Units handed to the lane's waiters, and the one its oldest waiter
+	// may have been about to find, go to the waiters of other lanes.
+	type regrant struct {
+		k int
+		n uint64
+	}
+	var regrants []regrant
 	for k := range p.l.nkeys {
 		atomic.StoreUint32(s.u32(s.headOff(l, k)), 0)
 		atomic.StoreUint32(s.u32(s.waitOff(l, k)), 0)
-		atomic.AndUint64(s.u64(s.keyOff(k)+kfMask), ^bit)
+		atomic.AndUint64(s.u64(s.maskOff(k, l)), ^laneBit(l))
+		atomic.AndUint64(s.u64(s.roomOff(k, l)), ^laneBit(l))
+		q := atomic.SwapUint64(s.u64(s.queueOff(l, k)), 0)
+		if n := uint64(qGrants(q)); n > 0 || qWaiting(q) > 0 {
+			regrants = append(regrants, regrant{k, n + 1})
+		}
+	}
+	for _, r := range regrants {
+		p.wake(r.k, r.n)
 	}
 }
 
@@ -330,26 +344,76 @@ func (p *Pool) ring(l int) {
 	}
 }
 
-// wake records n units of capacity returned on key k and rings every lane
-// with waiters on it. Its caller has already made the capacity visible, and a
-// waiter sets its mask bit before re-checking for capacity, so when the mask
-// reads empty nobody can be left asleep and the shared sequence is left alone.
+// wake hands n units of capacity returned on key k to the oldest waiters of
+// the fleet: for each unit, it adds a grant to the queue word of the lane
+// whose oldest waiting waiter is the oldest of all (preferring lanes that
+// have no grant on the way already, whose published oldest is current), and
+// rings the lanes it gave grants to. Its caller has already made the capacity
+// visible, and a waiter publishes itself before it checks for capacity, so
+// when no lane has a waiter left to grant, nobody can be left asleep: units
+// with no one to take them are simply left for whoever comes.
 func (p *Pool) wake(k int, n uint64) {
-	s := p.seg
-	off := s.keyOff(k)
-	mask := atomic.LoadUint64(s.u64(off + kfMask))
-	if mask == 0 {
+	if n == 0 {
 		return
 	}
-	atomic.AddUint64(s.u64(off+kfSeq), n)
-	for mask != 0 {
-		l := trailingZeros(mask)
-		mask &^= 1 << l
-		if l == p.lane {
-			p.waiters.deliver(p, k)
-		} else if l < p.l.nlanes {
-			p.ring(l)
+	s := p.seg
+	base := s.keyOff(k) + kfMasks
+	var rung [MaxLanes / 64]uint64
+	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
+		best, bq := -1, uint64(0)
+		for i := range p.l.maskWords {
+			for m := atomic.LoadUint64(s.u64(base + 8*i)); m != 0; m &= m - 1 {
+				l := i*64 + trailingZeros(m)
+				if l >= p.l.nlanes {
+					continue
+				}
+				q := atomic.LoadUint64(s.u64(s.queueOff(l, k)))
+				if qWaiting(q) <= qGrants(q) || qGrants(q) == qGrantMask {
+					continue
+				}
+				if best < 0 || grantFirst(q, bq) {
+					best, bq = l, q
+				}
+			}
 		}
+		if best < 0 {
+			break
+		}
+		if !atomic.CompareAndSwapUint64(s.u64(s.queueOff(best, k)), bq, bq+1) {
+			fails++
+			continue
+		}
+		n--
+		rung[best>>6] |= laneBit(best)
+	}
+	for i, m := range rung[:p.l.maskWords] {
+		for ; m != 0; m &= m - 1 {
+			if l := i*64 + trailingZeros(m); l == p.lane {
+				p.waiters.deliver(p, k)
+			} else {
+				p.ring(l)
+			}
+		}
+	}
+}
+
+// grantFirst reports whether the lane with queue word q should have the next
+// grant before the one with b.
+func grantFirst(q, b uint64) bool {
+	if (qGrants(q) == 0) != (qGrants(b) == 0) {
+		return qGrants(q) == 0
+	}
+	return ticketBefore(qTicket(q), qTicket(b))
+}
+
+// setRoom notes that lane l may have room on a resource of key k, for
+// siblings looking for one (see roomCandidates). The capacity is visible
+// already, so a sibling clearing the bit meanwhile finds it when it checks
+// again.
+func (p *Pool) setRoom(l, k int) {
+	w := p.seg.u64(p.seg.roomOff(k, l))
+	if atomic.LoadUint64(w)&laneBit(l) == 0 {
+		atomic.OrUint64(w, laneBit(l))
 	}
 }
 

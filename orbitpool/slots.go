@@ -109,6 +109,9 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 	}
 	p.keyCreated(cp.key.idx, cp.key.gen)
 	s.count(p.lane, cp.key.idx, stCreated, 1)
+	if capacity > use {
+		p.setRoom(p.lane, cp.key.idx)
+	}
 	// The new capacity, plus the concurrent-creation unit it no longer holds.
 	p.wake(cp.key.idx, uint64(capacity-use)+1)
 	return makeID(p.lane, cp.slot, cp.gen), nil
@@ -416,6 +419,7 @@ func (p *Pool) dropUse(off int, gen uint64, k int) {
 			return
 		}
 		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
+			p.setRoom(p.lane, k)
 			p.wake(k, 1)
 			return
 		}
