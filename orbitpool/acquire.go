@@ -39,6 +39,44 @@ func (p *Pool) candidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
 	return dst, err
 }
 
+// roomCandidates appends the resources of ref in the other lanes that the
+// key's room mask names, at a cost that follows the lanes with room rather
+// than the fleet. A lane whose bit is set but that has no room (its last unit
+// was taken since) loses its bit: it is cleared, then the lane is looked at
+// again, and set back if it has room after all, for an owner that gives a
+// unit back sets the bit after the unit is visible.
+func (p *Pool) roomCandidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
+	s := p.seg
+	var first error
+	for i := range p.l.maskWords {
+		for m := atomic.LoadUint64(s.u64(s.roomOff(ref.idx, 64*i))); m != 0; m &= m - 1 {
+			l := i*64 + trailingZeros(m)
+			if l == p.lane || l >= p.l.nlanes || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+				continue
+			}
+			n := len(dst)
+			var err error
+			p.checkRoom(l, ref.idx, func() bool {
+				dst, err = p.laneCandidates(l, ref, dst[:n])
+				return err != nil || withRoom(dst[n:])
+			})
+			if err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return dst, first
+}
+
+func withRoom(cs []Candidate) bool {
+	for _, c := range cs {
+		if c.Room() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // laneCandidates walks lane l's list for ref. The list is written by its owner
 // only; a reader racing with a removal may step onto a slot that now belongs
 // to another key, so every slot's key is checked and the walk is bounded.
@@ -283,18 +321,33 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	if p.closed.Load() {
 		return Plan{}, ReasonNone, ErrClosed
 	}
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	var (
+		cands []Candidate
+		err   error
+	)
 	switch policy.(type) {
 	case LocalFirst, LocalOnly:
 		// Both start with the least loaded local resource with room; find
-		// it without building the fleet's candidate list.
-		if e := p.takeLocal(ref); e != nil {
+		// it without building the fleet's candidate list. Failing that,
+		// LocalFirst wants a sibling's with room, and looks only in the
+		// lanes the key's room mask names; LocalOnly wants none.
+		e, err := p.takeLocal(ref)
+		if err != nil {
+			return Plan{}, ReasonNone, err
+		}
+		if e != nil {
 			p.seg.count(p.lane, ref.idx, stReusedLocal, 1)
 			return Plan{Kind: PlanReuseLocal, Execution: e}, ReasonNone, nil
 		}
+		cands = sc.cands[:0]
+		if _, ok := policy.(LocalFirst); ok {
+			cands, err = p.roomCandidates(ref, cands)
+		}
+	default:
+		cands, err = p.candidates(ref, sc.cands[:0])
 	}
-	sc := scratches.Get().(*scratch)
-	defer scratches.Put(sc)
-	cands, err := p.candidates(ref, sc.cands[:0])
 	sc.cands = cands[:0]
 	if err != nil {
 		return Plan{}, ReasonNone, err
@@ -359,14 +412,50 @@ func (p *Pool) readBudget(ref keyRef, v *View) {
 }
 
 // takeLocal uses the least loaded of this lane's resources for ref that has
-// room, stopping at the first idle one.
-func (p *Pool) takeLocal(ref keyRef) *Execution {
+// room, stopping at the first idle one. The lane's bit in the key's room mask
+// spares the walk when it is clear, and is cleared as roomCandidates does
+// when the walk finds nothing.
+func (p *Pool) takeLocal(ref keyRef) (e *Execution, err error) {
+	p.checkRoom(p.lane, ref.idx, func() bool {
+		var room bool
+		e, room, err = p.takeLocalOnce(ref)
+		return room || err != nil
+	})
+	return e, err
+}
+
+// checkRoom runs scan over lane l's resources of key k if the key's room mask
+// names l. A scan that sees no room clears the bit and runs again, and one
+// that then does see room sets it back: an owner sets the bit only after the
+// unit it gives back is visible, so the bit is never left clear over a
+// resource with room.
+func (p *Pool) checkRoom(l, k int, scan func() bool) {
+	word, bit := p.seg.u64(p.seg.roomOff(k, l)), laneBit(l)
+	if atomic.LoadUint64(word)&bit == 0 {
+		return
+	}
+	if scan() {
+		return
+	}
+	atomic.AndUint64(word, ^bit)
+	if scan() {
+		atomic.OrUint64(word, bit)
+	}
+}
+
+// takeLocalOnce is takeLocal's walk. It reports whether it saw room, even if
+// it lost the race for it.
+func (p *Pool) takeLocalOnce(ref keyRef) (*Execution, bool, error) {
 	s := p.seg
+	room := false
 	for range 4 {
 		var best ResourceID
 		load := -1
 		h := atomic.LoadUint32(s.u32(s.headOff(p.lane, ref.idx)))
-		for steps := 0; h != 0 && int(h) <= p.l.perLane && steps < p.l.perLane; steps++ {
+		for steps := 0; h != 0 && steps < p.l.perLane; steps++ {
+			if int(h) > p.l.perLane {
+				return nil, false, fmt.Errorf("orbitpool: lane %d list for key entry %d points at slot %d of %d: %w", p.lane, ref.idx, h-1, p.l.perLane, ErrCorrupt)
+			}
 			slot := int(h) - 1
 			off := s.slotOff(p.lane, slot)
 			h = atomic.LoadUint32(s.u32(off + slNext))
@@ -380,11 +469,12 @@ func (p *Pool) takeLocal(ref keyRef) *Execution {
 			}
 		}
 		if load < 0 {
-			return nil
+			return nil, room, nil
 		}
+		room = true
 		if e, err := p.useLocal(best, ref); err == nil {
-			return e
+			return e, true, nil
 		}
 	}
-	return nil
+	return nil, room, nil
 }

@@ -164,8 +164,11 @@ func mpRoleFunc(role string) func(*mpChildCtx) error {
 	case "struct-churn":
 		return mpRoleStructChurn
 	}
-	return nil
+	return mpMoreRoles[role]
 }
+
+// mpMoreRoles are roles that test files other than this one add.
+var mpMoreRoles = map[string]func(*mpChildCtx) error{}
 
 func mpChildMain(role string) int {
 	var a mpArgs
