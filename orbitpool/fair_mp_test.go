@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -216,5 +217,95 @@ func BenchmarkMultiProcessFairness(b *testing.B) {
 		b.ReportMetric(float64(st.dispMax), "displace-max")
 		b.ReportMetric(100*st.overtaken, "overtaken-%")
 		b.ReportMetric(float64(st.timedOut), "timeouts")
+	}
+}
+
+var mpKeyFairKill = Key{Hi: 0x6d70, Lo: 14}
+
+func init() { mpMoreRoles["fair-parker"] = mpRoleFairParker }
+
+// mpRoleFairParker parks N acquisitions of the key on "go", and reports
+// each one served (giving its unit straight back).
+func mpRoleFairParker(c *mpChildCtx) error {
+	p, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	c.send(mpMsg{Type: "ready", Lane: p.Lane(), PID: os.Getpid()})
+	if _, err := c.expect("go"); err != nil {
+		return err
+	}
+	for range c.args.N {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			plan, err := p.Acquire(ctx, c.args.Key, LocalOnly{}, Limits{MaxResources: c.args.Cap})
+			if err != nil {
+				c.fail("acquire: %v", err)
+				return
+			}
+			c.send(mpMsg{Type: "served", T: mpMono()})
+			plan.Permit.Close()
+		}()
+	}
+	c.untilParentLeaves()
+	return nil
+}
+
+// TestMultiProcessKilledGranteeHandsOn: the oldest waiters of a key are in a
+// process that is stopped when the units they were handed come back, and
+// then killed. Nothing else will give a unit back, so the younger waiters of
+// another process are served only if reclaiming the dead lane hands its
+// undelivered units on.
+func TestMultiProcessKilledGranteeHandsOn(t *testing.T) {
+	const n, capacity = 3, 3
+	reconcile := 100 * time.Millisecond
+	p, spec := mpOpenParent(t, Options{ReconcileInterval: reconcile})
+	var permits []*CreationPermit
+	for range capacity {
+		cp, err := p.ClaimCreate(mpKeyFairKill, Limits{MaxResources: capacity})
+		if err != nil {
+			t.Fatal(err)
+		}
+		permits = append(permits, cp)
+	}
+	args := mpArgs{Spec: spec, Reconcile: reconcile, Key: mpKeyFairKill, N: n, Cap: capacity}
+	victim := mpStart(t, "fair-parker", args)
+	survivor := mpStart(t, "fair-parker", args)
+	victim.expect("ready", 30*time.Second)
+	survivor.expect("ready", 30*time.Second)
+	for i, c := range []*mpChild{victim, survivor} {
+		c.send(mpMsg{Type: "go"})
+		if snap, ok := mpWaitSnap(p, 10*time.Second, func(s Snapshot) bool { return mpKS(s, mpKeyFairKill).Waiting == n*(i+1) }); !ok {
+			t.Fatalf("waiters did not park: %+v", mpKS(snap, mpKeyFairKill))
+		}
+	}
+	if err := syscall.Kill(victim.pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range permits {
+		cp.Close()
+	}
+	// The units went to the victim's waiters, the oldest: the survivor's
+	// stay parked.
+	time.Sleep(50 * time.Millisecond)
+	if m, ok := survivor.tryRecv(); ok {
+		t.Fatalf("a younger waiter was served while the older ones held the units: %+v", m)
+	}
+	victim.kill()
+	t0 := mpMono()
+	for i := range n {
+		m := survivor.expect("served", 10*time.Second)
+		if i == n-1 {
+			t.Logf("the survivor's %d waiters were served %v after the kill (reconcile interval %v)", n, time.Duration(m.T-t0), reconcile)
+		}
+	}
+	survivor.finish(10 * time.Second)
+	if snap, ok := mpWaitSnap(p, 5*time.Second, func(s Snapshot) bool {
+		ks := mpKS(s, mpKeyFairKill)
+		return ks.Creating == 0 && ks.Waiting == 0
+	}); !ok {
+		t.Errorf("after the run: %+v, want no claims and no waiters", mpKS(snap, mpKeyFairKill))
 	}
 }

@@ -142,6 +142,7 @@ func (p *Pool) resetKeyEntry(idx int) {
 	for l := range p.l.nlanes {
 		clear(s.data[s.statOff(l, idx) : s.statOff(l, idx)+statSize])
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)), 0)
+		atomic.StoreUint64(s.u64(s.queueOff(l, idx)+8), 0)
 		atomic.AndUint64(s.u64(s.roomOff(idx, l)), 0)
 	}
 }

@@ -275,6 +275,7 @@ func (p *Pool) clearLane(l int) {
 		atomic.AndUint64(s.u64(s.maskOff(k, l)), ^laneBit(l))
 		atomic.AndUint64(s.u64(s.roomOff(k, l)), ^laneBit(l))
 		q := atomic.SwapUint64(s.u64(s.queueOff(l, k)), 0)
+		atomic.StoreUint64(s.u64(s.queueOff(l, k)+8), 0)
 		if n := uint64(qGrants(q)); n > 0 || qWaiting(q) > 0 {
 			regrants = append(regrants, regrant{k, n + 1})
 		}
@@ -346,8 +347,7 @@ func (p *Pool) ring(l int) {
 
 // wake hands n units of capacity returned on key k to the oldest waiters of
 // the fleet: for each unit, it adds a grant to the queue word of the lane
-// whose oldest waiting waiter is the oldest of all (preferring lanes that
-// have no grant on the way already, whose published oldest is current), and
+// whose next waiter to be granted is the oldest of all (see laneNext), and
 // rings the lanes it gave grants to. Its caller has already made the capacity
 // visible, and a waiter publishes itself before it checks for capacity, so
 // when no lane has a waiter left to grant, nobody can be left asleep: units
@@ -360,19 +360,19 @@ func (p *Pool) wake(k int, n uint64) {
 	base := s.keyOff(k) + kfMasks
 	var rung [MaxLanes / 64]uint64
 	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
-		best, bq := -1, uint64(0)
+		best, bq, bt := -1, uint64(0), uint32(0)
 		for i := range p.l.maskWords {
 			for m := atomic.LoadUint64(s.u64(base + 8*i)); m != 0; m &= m - 1 {
 				l := i*64 + trailingZeros(m)
 				if l >= p.l.nlanes {
 					continue
 				}
-				q := atomic.LoadUint64(s.u64(s.queueOff(l, k)))
-				if qWaiting(q) <= qGrants(q) || qGrants(q) == qGrantMask {
+				t, q, ok := s.laneNext(l, k)
+				if !ok || qGrants(q) == qGrantMask {
 					continue
 				}
-				if best < 0 || grantFirst(q, bq) {
-					best, bq = l, q
+				if best < 0 || ticketBefore(t, bt) {
+					best, bq, bt = l, q, t
 				}
 			}
 		}
@@ -395,15 +395,6 @@ func (p *Pool) wake(k int, n uint64) {
 			}
 		}
 	}
-}
-
-// grantFirst reports whether the lane with queue word q should have the next
-// grant before the one with b.
-func grantFirst(q, b uint64) bool {
-	if (qGrants(q) == 0) != (qGrants(b) == 0) {
-		return qGrants(q) == 0
-	}
-	return ticketBefore(qTicket(q), qTicket(b))
 }
 
 // setRoom notes that lane l may have room on a resource of key k, for

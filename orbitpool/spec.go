@@ -120,7 +120,7 @@ type layout struct {
 	index     int // nindex uint64: the hash index over the key table
 	heads     int // lanes × keys uint32: head of each lane's list for a key
 	waits     int // lanes × keys uint32: each lane's waiter count for a key
-	queues    int // lanes × keys uint64: each lane's part of a key's queue
+	queues    int // lanes × keys queueSize: each lane's part of a key's queue
 	stats     int // lanes × keys statSize: each lane's counters for a key
 	slots     int // lanes × resourcesPerLane slotSize
 	size      int
@@ -150,7 +150,7 @@ func newLayout(s PoolSpec) layout {
 	l.waits = align(off, 64)
 	off = l.waits + s.Lanes*s.Keys*4
 	l.queues = align(off, 64)
-	off = l.queues + s.Lanes*s.Keys*8
+	off = l.queues + s.Lanes*s.Keys*queueSize
 	l.stats = align(off, 64)
 	off = l.stats + s.Lanes*s.Keys*statSize
 	l.slots = align(off, 4096)

@@ -128,8 +128,7 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 			if l == p.lane || l >= p.l.nlanes {
 				continue
 			}
-			q := atomic.LoadUint64(s.u64(s.queueOff(l, w.key)))
-			if qWaiting(q) > qGrants(q) && ticketBefore(qTicket(q), uint32(w.ticket)) {
+			if t, _, ok := s.laneNext(l, w.key); ok && ticketBefore(t, uint32(w.ticket)) {
 				return false
 			}
 		}
@@ -197,20 +196,21 @@ func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 		q := atomic.LoadUint64(qw)
 		g := qGrants(q)
 		given, waiting := 0, 0
-		var oldest uint64
+		var next [3]uint64 // the oldest waiting tickets
 		for _, w := range kw.q {
 			switch {
 			case w.granted:
 			case given < g:
 				given++
 			default:
-				if waiting == 0 {
-					oldest = w.ticket
+				if waiting < len(next) {
+					next[waiting] = w.ticket
 				}
 				waiting++
 			}
 		}
-		if !atomic.CompareAndSwapUint64(qw, q, queueWord(oldest, waiting)) {
+		atomic.StoreUint64(s.u64(s.queueOff(p.lane, k)+8), uint64(uint32(next[1]))|uint64(uint32(next[2]))<<32)
+		if !atomic.CompareAndSwapUint64(qw, q, queueWord(next[0], waiting)) {
 			continue // a grant came in meanwhile
 		}
 		left := uint64(g - given)
