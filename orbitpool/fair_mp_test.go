@@ -30,15 +30,11 @@ func init() { mpMoreRoles["fair"] = mpRoleFair }
 // has passed, and reports each acquisition as (arrival, service) instants of
 // the host's monotonic clock, service 0 for one that timed out.
 func mpRoleFair(c *mpChildCtx) error {
-	p, err := c.open()
+	p, err := c.joinUntilGo()
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	c.send(mpMsg{Type: "ready", Lane: p.Lane(), PID: os.Getpid()})
-	if _, err := c.expect("go"); err != nil {
-		return err
-	}
 	lim := Limits{MaxResources: c.args.Cap}
 	end := mpMono() + int64(c.args.Dur)
 	var (
@@ -93,6 +89,21 @@ func mpRoleFair(c *mpChildCtx) error {
 	c.send(mpMsg{Type: "records", Nanos: recs})
 	c.untilParentLeaves()
 	return nil
+}
+
+// joinUntilGo opens the pool, says it is ready and waits for the parent's
+// "go".
+func (c *mpChildCtx) joinUntilGo() (*Pool, error) {
+	p, err := c.open()
+	if err != nil {
+		return nil, err
+	}
+	c.send(mpMsg{Type: "ready", Lane: p.Lane(), PID: os.Getpid()})
+	if _, err := c.expect("go"); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
 }
 
 // fairStats summarises one run of the scenario.
@@ -227,15 +238,11 @@ func init() { mpMoreRoles["fair-parker"] = mpRoleFairParker }
 // mpRoleFairParker parks N acquisitions of the key on "go", and reports
 // each one served (giving its unit straight back).
 func mpRoleFairParker(c *mpChildCtx) error {
-	p, err := c.open()
+	p, err := c.joinUntilGo()
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	c.send(mpMsg{Type: "ready", Lane: p.Lane(), PID: os.Getpid()})
-	if _, err := c.expect("go"); err != nil {
-		return err
-	}
 	for range c.args.N {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -26,6 +26,13 @@ func TestModelTicketOrder(t *testing.T) {
 	}
 }
 
+// removeAt removes and returns the i-th element of *s.
+func removeAt[T any](s *[]T, i int) T {
+	x := (*s)[i]
+	*s = append((*s)[:i], (*s)[i+1:]...)
+	return x
+}
+
 type fairWaiter struct {
 	id     int
 	lane   int
@@ -123,6 +130,12 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 			t.Logf("trace:\n%s", strings.Join(trace, "\n"))
 		}
 	}()
+	// settle waits until the table shows the model's waiters, and checks
+	// that none of them was served.
+	settle := func(step int, why string) {
+		quiet(step, len(queue))
+		nobodyElse(step, why)
+	}
 	for step := range steps {
 		ids := func() (s []int) {
 			for _, w := range queue {
@@ -147,12 +160,9 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 				continue
 			}
 			queue = append(queue, w)
-			quiet(step, len(queue))
-			nobodyElse(step, "arrival")
+			settle(step, "arrival")
 		case op < 7 && len(held) > 0: // give a unit back
-			i := rng.IntN(len(held))
-			h := held[i]
-			held = append(held[:i], held[i+1:]...)
+			h := removeAt(&held, rng.IntN(len(held)))
 			trace = append(trace, fmt.Sprintf("  give back lane %d", h.lane))
 			if err := h.cp.Close(); err != nil {
 				t.Fatal(err)
@@ -163,12 +173,9 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 				served(step, w, "give back")
 				w.cancel()
 			}
-			quiet(step, len(queue))
-			nobodyElse(step, "give back")
+			settle(step, "give back")
 		case op < 9 && len(queue) > 0: // a waiter gives up
-			i := rng.IntN(len(queue))
-			w := queue[i]
-			queue = append(queue[:i], queue[i+1:]...)
+			w := removeAt(&queue, rng.IntN(len(queue)))
 			trace = append(trace, fmt.Sprintf("  cancel %d", w.id))
 			w.cancel()
 			select {
@@ -184,8 +191,7 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 			case <-time.After(5 * time.Second):
 				t.Fatalf("step %d: cancelled waiter %d did not return", step, w.id)
 			}
-			quiet(step, len(queue))
-			nobodyElse(step, "cancel")
+			settle(step, "cancel")
 		case op == 9: // a lane leaves with what it holds and waits for; another joins
 			l := 1 + rng.IntN(lanes-1)
 			var keep []fairHeld
@@ -248,8 +254,7 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 				t.Fatal(err)
 			}
 			ps[l] = p
-			quiet(step, len(queue))
-			nobodyElse(step, "close")
+			settle(step, "close")
 		}
 	}
 	for _, w := range queue {
