@@ -240,7 +240,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		}
 		var r Reason
 		switch {
-		case w == nil && p.queued(ref):
+		case w == nil && p.queued(ref.idx):
 			err = errWait // others wait already: take a ticket behind them
 		case w != nil && !holding && !p.waiters.eligible(p, w):
 			err = errWait // an older waiter is first
@@ -304,10 +304,13 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 	}
 }
 
-// queued reports whether any process has a waiter on ref.
-func (p *Pool) queued(ref keyRef) bool {
+// queued reports whether any process has a waiter on key entry k.
+func (p *Pool) queued(k int) bool {
 	s := p.seg
-	off := s.keyOff(ref.idx) + kfMasks
+	off := s.keyOff(k) + kfMasks
+	if p.l.maskWords == 1 {
+		return atomic.LoadUint64(s.u64(off)) != 0
+	}
 	for i := range p.l.maskWords {
 		if atomic.LoadUint64(s.u64(off+8*i)) != 0 {
 			return true
@@ -321,18 +324,11 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	if p.closed.Load() {
 		return Plan{}, ReasonNone, ErrClosed
 	}
-	sc := scratches.Get().(*scratch)
-	defer scratches.Put(sc)
-	var (
-		cands []Candidate
-		err   error
-	)
+	builtin, remote := false, false
 	switch policy.(type) {
 	case LocalFirst, LocalOnly:
 		// Both start with the least loaded local resource with room; find
-		// it without building the fleet's candidate list. Failing that,
-		// LocalFirst wants a sibling's with room, and looks only in the
-		// lanes the key's room mask names; LocalOnly wants none.
+		// it without building the fleet's candidate list.
 		e, err := p.takeLocal(ref)
 		if err != nil {
 			return Plan{}, ReasonNone, err
@@ -341,12 +337,19 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 			p.seg.count(p.lane, ref.idx, stReusedLocal, 1)
 			return Plan{Kind: PlanReuseLocal, Execution: e}, ReasonNone, nil
 		}
-		cands = sc.cands[:0]
-		if _, ok := policy.(LocalFirst); ok {
-			cands, err = p.roomCandidates(ref, cands)
-		}
-	default:
-		cands, err = p.candidates(ref, sc.cands[:0])
+		builtin = true
+		_, remote = policy.(LocalFirst)
+	}
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	cands, err := sc.cands[:0], error(nil)
+	switch {
+	case !builtin:
+		cands, err = p.candidates(ref, cands)
+	case remote:
+		// LocalFirst wants a sibling's resource with room next, and looks
+		// only in the lanes the key's room mask names; LocalOnly wants none.
+		cands, err = p.roomCandidates(ref, cands)
 	}
 	sc.cands = cands[:0]
 	if err != nil {
@@ -415,12 +418,20 @@ func (p *Pool) readBudget(ref keyRef, v *View) {
 // room, stopping at the first idle one. The lane's bit in the key's room mask
 // spares the walk when it is clear, and is cleared as roomCandidates does
 // when the walk finds nothing.
-func (p *Pool) takeLocal(ref keyRef) (e *Execution, err error) {
-	p.checkRoom(p.lane, ref.idx, func() bool {
-		var room bool
-		e, room, err = p.takeLocalOnce(ref)
-		return room || err != nil
-	})
+func (p *Pool) takeLocal(ref keyRef) (*Execution, error) {
+	// checkRoom's protocol, written out: this is the hot path.
+	word, bit := p.seg.u64(p.seg.roomOff(ref.idx, p.lane)), laneBit(p.lane)
+	if atomic.LoadUint64(word)&bit == 0 {
+		return nil, nil
+	}
+	e, room, err := p.takeLocalOnce(ref)
+	if room || err != nil {
+		return e, err
+	}
+	atomic.AndUint64(word, ^bit)
+	if e, room, err = p.takeLocalOnce(ref); room {
+		atomic.OrUint64(word, bit)
+	}
 	return e, err
 }
 

@@ -132,9 +132,6 @@ func (p *Pool) internKey(k Key) (keyRef, error) {
 	}
 }
 
-// hasWaiters reports whether any lane has waiters on key entry idx.
-func (p *Pool) hasWaiters(idx int) bool { return p.queued(keyRef{idx: idx}) }
-
 // resetKeyEntry clears what the previous key of entry idx left in the
 // per-lane tables. The structure lock is held exclusively.
 func (p *Pool) resetKeyEntry(idx int) {
@@ -197,7 +194,7 @@ func (p *Pool) collectKeys() int {
 	for idx := range p.l.nkeys {
 		off := s.keyOff(idx)
 		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.hasWaiters(idx) {
+		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.queued(idx) {
 			continue
 		}
 		tomb := keyCtl(kGen(c), keyTomb)
@@ -208,7 +205,7 @@ func (p *Pool) collectKeys() int {
 		// mark first and read the mask after: either the waiter sees the
 		// tombstone and looks the key up again, or this sees its bit and
 		// leaves the entry to it.
-		if p.hasWaiters(idx) {
+		if p.queued(idx) {
 			atomic.CompareAndSwapUint64(s.u64(off+kfCtl), tomb, c)
 			continue
 		}

@@ -353,9 +353,14 @@ func (p *Pool) ring(l int) {
 // when no lane has a waiter left to grant, nobody can be left asleep: units
 // with no one to take them are simply left for whoever comes.
 func (p *Pool) wake(k int, n uint64) {
-	if n == 0 {
+	if n == 0 || !p.queued(k) {
 		return
 	}
+	p.grant(k, n)
+}
+
+// grant is wake's work once the key has waiters.
+func (p *Pool) grant(k int, n uint64) {
 	s := p.seg
 	base := s.keyOff(k) + kfMasks
 	var rung [MaxLanes / 64]uint64
@@ -394,6 +399,24 @@ func (p *Pool) wake(k int, n uint64) {
 				p.ring(l)
 			}
 		}
+	}
+}
+
+// unitBack is setRoom and wake for one unit of this lane's, the hot path of
+// Complete: with at most 64 lanes, both masks are one word of one line.
+func (p *Pool) unitBack(k int) {
+	if p.l.maskWords != 1 {
+		p.setRoom(p.lane, k)
+		p.wake(k, 1)
+		return
+	}
+	off := p.seg.keyOff(k) + kfMasks
+	room, bit := p.seg.u64(off+8), laneBit(p.lane)
+	if atomic.LoadUint64(room)&bit == 0 {
+		atomic.OrUint64(room, bit)
+	}
+	if atomic.LoadUint64(p.seg.u64(off)) != 0 {
+		p.grant(k, 1)
 	}
 }
 

@@ -419,8 +419,7 @@ func (p *Pool) dropUse(off int, gen uint64, k int) {
 			return
 		}
 		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
-			p.setRoom(p.lane, k)
-			p.wake(k, 1)
+			p.unitBack(k)
 			return
 		}
 	}
