@@ -220,6 +220,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 		w       *waiter
 		ch      <-chan struct{}
 		holding bool // w tries with a unit it was handed
+		own     bool // w tries without one: it found no older waiter
 		start   time.Time
 		reason  Reason
 		ref     keyRef
@@ -228,9 +229,12 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 	// but still queued would take the next unit meant for a live one. And
 	// one that was handed a unit and then fails passes it on, for the
 	// capacity it announced is still there for the next waiter.
+	// And one that found its own way to capacity that nobody handed to it
+	// lets the next waiter look too: waiters younger than it deferred to
+	// it, and there may be more where its unit came from.
 	defer func() {
 		if w != nil {
-			p.waiters.leave(p, w, holding && err != nil)
+			p.waiters.leave(p, w, (holding && err != nil) || (own && err == nil))
 		}
 	}()
 	for retries := 0; ; {
@@ -239,12 +243,14 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			return Plan{}, err
 		}
 		var r Reason
+		own = false
 		switch {
 		case w == nil && p.queued(ref.idx):
 			err = errWait // others wait already: take a ticket behind them
 		case w != nil && !holding && !p.waiters.eligible(p, w):
 			err = errWait // an older waiter is first
 		default:
+			own = w != nil && !holding
 			plan, r, err = p.try(ref, key, policy, lim)
 		}
 		switch {

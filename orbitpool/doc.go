@@ -76,11 +76,19 @@
 // process's lane hands the units it had been given, and one more for the
 // waiter it may have been about to serve, to the others.
 //
-// What is not strict: a unit handed to a waiter that has not yet run can be
-// taken by a younger waiter that finds itself the oldest still waiting; the
-// older one is then first for the next unit. And a return announced as more
-// units than are there (a creation claim is counted with its resource) lets
-// the grantees race for the units that are.
+// A waiter that is not eligible also defers to an older one that was handed a
+// unit and has not taken it. Units that came back while every waiter had one
+// on its way are counted on the key as unclaimed, and a waiter that defers to
+// grants takes one of those instead; and a waiter that found capacity nobody
+// handed it has the next waiter look too, so a unit returned while waiters
+// were still registering is never left idle behind a sleeping queue.
+//
+// What is not strict: once a process has delivered a unit to a goroutine, a
+// younger waiter that finds itself the oldest still waiting can take that
+// unit before the goroutine runs; the older one keeps its ticket and is first
+// for the next unit. And a return announced as more units than are there (a
+// creation claim is counted with its resource) lets the grantees race for the
+// units that are.
 //
 // # Finding a key and a sibling's room
 //

@@ -136,6 +136,7 @@ func (p *Pool) internKey(k Key) (keyRef, error) {
 // per-lane tables. The structure lock is held exclusively.
 func (p *Pool) resetKeyEntry(idx int) {
 	s := p.seg
+	atomic.StoreUint64(s.u64(s.keyOff(idx)+kfUnclaimed), 0)
 	for l := range p.l.nlanes {
 		clear(s.data[s.statOff(l, idx) : s.statOff(l, idx)+statSize])
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)), 0)

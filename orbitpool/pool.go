@@ -361,9 +361,42 @@ func (p *Pool) wake(k int, n uint64) {
 
 // grant is wake's work once the key has waiters.
 func (p *Pool) grant(k int, n uint64) {
+	var rung [MaxLanes / 64]uint64
+	if n = p.grantLanes(k, n, &rung); n > 0 {
+		// No waiter to hand these to: every one the scan saw has a unit
+		// on its way. A waiter that published itself since may have
+		// deferred to those; it finds these as unclaimed, or the scan
+		// below finds it.
+		unclaimed := p.seg.u64(p.seg.keyOff(k) + kfUnclaimed)
+		atomic.AddUint64(unclaimed, n)
+		for range 4 {
+			u := atomic.LoadUint64(unclaimed)
+			if u == 0 || !atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
+				break
+			}
+			if p.grantLanes(k, 1, &rung) != 0 {
+				atomic.AddUint64(unclaimed, 1)
+				break
+			}
+		}
+	}
+	for i, m := range rung[:p.l.maskWords] {
+		for ; m != 0; m &= m - 1 {
+			if l := i*64 + trailingZeros(m); l == p.lane {
+				p.waiters.deliver(p, k)
+			} else {
+				p.ring(l)
+			}
+		}
+	}
+}
+
+// grantLanes adds up to n grants to the lanes of key k, each to the lane
+// whose next waiter is the oldest, marks the lanes in rung, and returns how
+// many it could not give.
+func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
 	s := p.seg
 	base := s.keyOff(k) + kfMasks
-	var rung [MaxLanes / 64]uint64
 	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
 		best, bq, bt := -1, uint64(0), uint32(0)
 		for i := range p.l.maskWords {
@@ -391,15 +424,7 @@ func (p *Pool) grant(k int, n uint64) {
 		n--
 		rung[best>>6] |= laneBit(best)
 	}
-	for i, m := range rung[:p.l.maskWords] {
-		for ; m != 0; m &= m - 1 {
-			if l := i*64 + trailingZeros(m); l == p.lane {
-				p.waiters.deliver(p, k)
-			} else {
-				p.ring(l)
-			}
-		}
-	}
+	return n
 }
 
 // unitBack is setRoom and wake for one unit of this lane's, the hot path of

@@ -110,6 +110,9 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 		t.mu.Unlock()
 		return true
 	}
+	// An older waiter handed a unit it has not taken yet is to be let
+	// take it.
+	behindGrant := false
 	for _, x := range kw.q {
 		if x == w {
 			break
@@ -118,6 +121,7 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 			t.mu.Unlock()
 			return false
 		}
+		behindGrant = true
 	}
 	t.mu.Unlock()
 	s := p.seg
@@ -128,12 +132,35 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 			if l == p.lane || l >= p.l.nlanes {
 				continue
 			}
-			if t, _, ok := s.laneNext(l, w.key); ok && ticketBefore(t, uint32(w.ticket)) {
+			t, q, ok := s.laneNext(l, w.key)
+			if ok && ticketBefore(t, uint32(w.ticket)) {
 				return false
+			}
+			// Grants the lane has not delivered go to its oldest
+			// waiting waiters, from the one its word names.
+			if qGrants(q) > 0 && ticketBefore(qTicket(q), uint32(w.ticket)) {
+				behindGrant = true
 			}
 		}
 	}
-	return true
+	if !behindGrant {
+		return true
+	}
+	// Units that came back when no waiter was there to take them are
+	// this waiter's, for it has now published itself: the process that
+	// returned them either saw it (and handed one to it) or left them
+	// here before it looked.
+	unclaimed := s.u64(s.keyOff(w.key) + kfUnclaimed)
+	for range 8 {
+		u := atomic.LoadUint64(unclaimed)
+		if u == 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
+			return true
+		}
+	}
+	return false
 }
 
 // take is called by a waiter whose channel was closed. It reports whether the

@@ -87,6 +87,10 @@ const (
 	kfLo     = 16
 	kfTicket = 24 // the last waiter ticket handed out for this key
 	kfMasks  = 32 // maskWords words of lanes with waiters, then maskWords of lanes that may have room
+
+	// kfUnclaimed counts units that came back while every waiter had a
+	// unit on its way (see Pool.grant and waiterTable.eligible).
+	kfUnclaimed = kfMasks + 2*MaxLanes/8
 )
 
 // A lane's queue word for one key is its part of the key's fleet-wide queue:
