@@ -1,11 +1,14 @@
 package orbitpool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
@@ -295,6 +298,7 @@ func TestMultiProcessKilledGranteeHandsOn(t *testing.T) {
 	if err := syscall.Kill(victim.pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	mpUntilStopped(t, victim.pid())
 	for _, cp := range permits {
 		cp.Close()
 	}
@@ -318,5 +322,30 @@ func TestMultiProcessKilledGranteeHandsOn(t *testing.T) {
 		return ks.Creating == 0 && ks.Waiting == 0
 	}); !ok {
 		t.Errorf("after the run: %+v, want no claims and no waiters", mpKS(snap, mpKeyFairKill))
+	}
+}
+
+// mpUntilStopped waits until every thread of process pid is stopped: a
+// SIGSTOP reaches the threads of a busy host one by one.
+func mpUntilStopped(t testing.TB, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		stopped := len(tasks) > 0
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			// The state follows the command name, which is in parentheses.
+			if i := bytes.LastIndexByte(b, ')'); err != nil || i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+				stopped = false
+			}
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d not stopped 10s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -262,8 +262,12 @@ func (p *Pool) clearLane(l int) {
 			}
 		}
 	}
-	// Units handed to the lane's waiters, and the one its oldest waiter
-	// may have been about to find, go to the waiters of other lanes.
+	// Units handed to the lane's waiters go to the waiters of other lanes:
+	// those not yet delivered (its queue word counts them), and those
+	// delivered to goroutines that may not have taken them, at most one
+	// per waiter it had (its wait count); plus the one its oldest waiter
+	// may have been about to find. More than were there costs a look that
+	// finds nothing.
 	type regrant struct {
 		k int
 		n uint64
@@ -271,12 +275,12 @@ func (p *Pool) clearLane(l int) {
 	var regrants []regrant
 	for k := range p.l.nkeys {
 		atomic.StoreUint32(s.u32(s.headOff(l, k)), 0)
-		atomic.StoreUint32(s.u32(s.waitOff(l, k)), 0)
+		waiters := uint64(min(atomic.SwapUint32(s.u32(s.waitOff(l, k)), 0), 1<<16))
 		atomic.AndUint64(s.u64(s.maskOff(k, l)), ^laneBit(l))
 		atomic.AndUint64(s.u64(s.roomOff(k, l)), ^laneBit(l))
 		q := atomic.SwapUint64(s.u64(s.queueOff(l, k)), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, k)+8), 0)
-		if n := uint64(qGrants(q)); n > 0 || qWaiting(q) > 0 {
+		if n := uint64(qGrants(q)) + waiters; n > 0 || qWaiting(q) > 0 {
 			regrants = append(regrants, regrant{k, n + 1})
 		}
 	}
