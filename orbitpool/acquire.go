@@ -39,6 +39,44 @@ func (p *Pool) candidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
 	return dst, err
 }
 
+// roomCandidates appends the resources of ref in the other lanes that the
+// key's room mask names, at a cost that follows the lanes with room rather
+// than the fleet. A lane whose bit is set but that has no room (its last unit
+// was taken since) loses its bit: it is cleared, then the lane is looked at
+// again, and set back if it has room after all, for an owner that gives a
+// unit back sets the bit after the unit is visible.
+func (p *Pool) roomCandidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
+	s := p.seg
+	var first error
+	for i := range p.l.maskWords {
+		for m := atomic.LoadUint64(s.u64(s.roomOff(ref.idx, 64*i))); m != 0; m &= m - 1 {
+			l := i*64 + trailingZeros(m)
+			if l == p.lane || l >= p.l.nlanes || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+				continue
+			}
+			n := len(dst)
+			var err error
+			p.checkRoom(l, ref.idx, func() bool {
+				dst, err = p.laneCandidates(l, ref, dst[:n])
+				return err != nil || withRoom(dst[n:])
+			})
+			if err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return dst, first
+}
+
+func withRoom(cs []Candidate) bool {
+	for _, c := range cs {
+		if c.Room() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // laneCandidates walks lane l's list for ref. The list is written by its owner
 // only; a reader racing with a removal may step onto a slot that now belongs
 // to another key, so every slot's key is checked and the walk is bounded.
@@ -168,27 +206,35 @@ var errWait = errors.New("orbitpool: wait")
 // capacity returns anywhere in the fleet and tries again, until ctx ends.
 // A caller that needs to fail before its deadline passes a context whose
 // deadline is that much earlier.
+//
+// Waiters are served in the order they arrived, across the fleet: each takes
+// a ticket from the key's counter, a unit of capacity that comes back is
+// handed to the oldest waiter of any process, and while any process has a
+// waiter on the key a newcomer queues behind it rather than take what came
+// back.
 func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) (plan Plan, err error) {
 	if policy == nil {
 		policy = LocalFirst{}
 	}
 	var (
-		watch  *Readiness
-		woke   *Readiness // the registration whose wake-up this attempt holds
-		start  time.Time
-		reason Reason
-		ref    keyRef
+		w       *waiter
+		ch      <-chan struct{}
+		holding bool // w tries with a unit it was handed
+		own     bool // w tries without one: it found no older waiter
+		start   time.Time
+		reason  Reason
+		ref     keyRef
 	)
 	// Every way out leaves no registration behind: a waiter that is gone
-	// but still queued would take the next wake-up meant for a live one.
-	// And one that was woken and then fails passes its wake-up on, for the
+	// but still queued would take the next unit meant for a live one. And
+	// one that was handed a unit and then fails passes it on, for the
 	// capacity it announced is still there for the next waiter.
+	// And one that found its own way to capacity that nobody handed to it
+	// lets the next waiter look too: waiters younger than it deferred to
+	// it, and there may be more where its unit came from.
 	defer func() {
-		if watch != nil {
-			watch.Close()
-		}
-		if err != nil && woke != nil {
-			woke.Close()
+		if w != nil {
+			p.waiters.leave(p, w, (holding && err != nil) || (own && err == nil))
 		}
 	}()
 	for retries := 0; ; {
@@ -197,10 +243,18 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			return Plan{}, err
 		}
 		var r Reason
-		plan, r, err = p.try(ref, key, policy, lim)
+		own = false
+		switch {
+		case w == nil && p.queued(ref.idx):
+			err = errWait // others wait already: take a ticket behind them
+		case w != nil && !holding && !p.waiters.eligible(p, w):
+			err = errWait // an older waiter is first
+		default:
+			own = w != nil && !holding
+			plan, r, err = p.try(ref, key, policy, lim)
+		}
 		switch {
 		case err == nil:
-			woke = nil
 			if !start.IsZero() {
 				plan.Waited = time.Since(start)
 				p.seg.count(p.lane, ref.idx, stWaits, 1)
@@ -211,40 +265,64 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			if retries++; retries > maxKeyRetries {
 				return Plan{}, errKeyChurn(key)
 			}
-			if watch != nil { // registered on the entry's earlier life
-				watch.Close()
-				watch = nil
+			if w != nil { // registered on the entry's earlier life
+				p.waiters.leave(p, w, holding)
+				w, holding = nil, false
 			}
 			continue
 		case err != errWait:
 			return Plan{}, err
 		}
-		reason = r
-		if watch == nil {
+		if r != ReasonNone || reason == ReasonNone {
+			reason = r
+		}
+		if w == nil {
 			// Register, then re-check before sleeping, so that capacity
 			// returned in between is not missed.
-			if watch, err = p.watch(key, woke != nil); err != nil {
+			if w, err = p.waiters.register(p, ref); err != nil {
+				if err == errKeyGone {
+					w = nil
+					continue
+				}
 				return Plan{}, err
 			}
-			woke = nil // re-checked and found nothing: someone else took it
+			ch = w.ch
 			if start.IsZero() {
 				start = time.Now()
 			}
 			continue
 		}
+		holding = false
 		select {
-		case <-watch.Ready():
-			watch, woke = nil, watch
-			if p.closed.Load() {
+		case <-ch:
+			if ch, holding = p.waiters.take(p, w); !holding {
 				return Plan{}, ErrClosed
 			}
 		case <-ctx.Done():
 			waited := time.Since(start)
 			p.seg.count(p.lane, ref.idx, stTimeouts, 1)
 			p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(waited))
+			if reason == ReasonNone {
+				reason = ReasonBusy
+			}
 			return Plan{}, &WaitError{Key: key, Reason: reason, Waited: waited, Err: context.Cause(ctx)}
 		}
 	}
+}
+
+// queued reports whether any process has a waiter on key entry k.
+func (p *Pool) queued(k int) bool {
+	s := p.seg
+	off := s.keyOff(k) + kfMasks
+	if p.l.maskWords == 1 {
+		return atomic.LoadUint64(s.u64(off)) != 0
+	}
+	for i := range p.l.maskWords {
+		if atomic.LoadUint64(s.u64(off+8*i)) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // try runs the policy once over a fresh view, taking what it decides.
@@ -252,25 +330,42 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	if p.closed.Load() {
 		return Plan{}, ReasonNone, ErrClosed
 	}
+	builtin, remote := false, false
 	switch policy.(type) {
 	case LocalFirst, LocalOnly:
 		// Both start with the least loaded local resource with room; find
 		// it without building the fleet's candidate list.
-		if e := p.takeLocal(ref); e != nil {
-			p.seg.count(p.lane, ref.idx, stReusedLocal, 1)
-			return Plan{Kind: PlanReuseLocal, Execution: e}, ReasonNone, nil
+		if plan, ok, err := p.tryLocal(ref); ok || err != nil {
+			return plan, ReasonNone, err
 		}
+		builtin = true
+		_, remote = policy.(LocalFirst)
 	}
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)
 	sc.view = View{Key: key, Limits: lim}
 	v := &sc.view
-	// The budget before the candidates: a resource is live in its list
-	// before its creation leaves the budget, so a creation that completes
-	// between the two reads shows in the candidates, and the policy never
-	// sees neither (and creates again under MaxCreating 1).
+	// The budget before the candidates: a resource is live in its list,
+	// with its lane's room bit set, before its creation leaves the budget,
+	// so a creation that completes between the two reads shows in the
+	// candidates, and the policy never sees neither (and creates again
+	// under MaxCreating 1). A local one may have completed since takeLocal
+	// looked, so the built-in policies look once more.
 	p.readBudget(ref, v)
-	cands, err := p.candidates(ref, sc.cands[:0])
+	if builtin {
+		if plan, ok, err := p.tryLocal(ref); ok || err != nil {
+			return plan, ReasonNone, err
+		}
+	}
+	cands, err := sc.cands[:0], error(nil)
+	switch {
+	case !builtin:
+		cands, err = p.candidates(ref, cands)
+	case remote:
+		// LocalFirst wants a sibling's resource with room next, and looks
+		// only in the lanes the key's room mask names; LocalOnly wants none.
+		cands, err = p.roomCandidates(ref, cands)
+	}
 	sc.cands = cands[:0]
 	if err != nil {
 		return Plan{}, ReasonNone, err
@@ -333,14 +428,68 @@ func (p *Pool) readBudget(ref keyRef, v *View) {
 }
 
 // takeLocal uses the least loaded of this lane's resources for ref that has
-// room, stopping at the first idle one.
-func (p *Pool) takeLocal(ref keyRef) *Execution {
+// room, stopping at the first idle one. The lane's bit in the key's room mask
+// spares the walk when it is clear, and is cleared as roomCandidates does
+// when the walk finds nothing.
+func (p *Pool) takeLocal(ref keyRef) (*Execution, error) {
+	// checkRoom's protocol, written out: this is the hot path.
+	word, bit := p.seg.u64(p.seg.roomOff(ref.idx, p.lane)), laneBit(p.lane)
+	if atomic.LoadUint64(word)&bit == 0 {
+		return nil, nil
+	}
+	e, room, err := p.takeLocalOnce(ref)
+	if room || err != nil {
+		return e, err
+	}
+	atomic.AndUint64(word, ^bit)
+	if e, room, err = p.takeLocalOnce(ref); room {
+		atomic.OrUint64(word, bit)
+	}
+	return e, err
+}
+
+// tryLocal is takeLocal as a plan: ok when it took a local resource.
+func (p *Pool) tryLocal(ref keyRef) (Plan, bool, error) {
+	e, err := p.takeLocal(ref)
+	if e == nil || err != nil {
+		return Plan{}, false, err
+	}
+	p.seg.count(p.lane, ref.idx, stReusedLocal, 1)
+	return Plan{Kind: PlanReuseLocal, Execution: e}, true, nil
+}
+
+// checkRoom runs scan over lane l's resources of key k if the key's room mask
+// names l. A scan that sees no room clears the bit and runs again, and one
+// that then does see room sets it back: an owner sets the bit only after the
+// unit it gives back is visible, so the bit is never left clear over a
+// resource with room.
+func (p *Pool) checkRoom(l, k int, scan func() bool) {
+	word, bit := p.seg.u64(p.seg.roomOff(k, l)), laneBit(l)
+	if atomic.LoadUint64(word)&bit == 0 {
+		return
+	}
+	if scan() {
+		return
+	}
+	atomic.AndUint64(word, ^bit)
+	if scan() {
+		atomic.OrUint64(word, bit)
+	}
+}
+
+// takeLocalOnce is takeLocal's walk. It reports whether it saw room, even if
+// it lost the race for it.
+func (p *Pool) takeLocalOnce(ref keyRef) (*Execution, bool, error) {
 	s := p.seg
+	room := false
 	for range 4 {
 		var best ResourceID
 		load := -1
 		h := atomic.LoadUint32(s.u32(s.headOff(p.lane, ref.idx)))
-		for steps := 0; h != 0 && int(h) <= p.l.perLane && steps < p.l.perLane; steps++ {
+		for steps := 0; h != 0 && steps < p.l.perLane; steps++ {
+			if int(h) > p.l.perLane {
+				return nil, false, fmt.Errorf("orbitpool: lane %d list for key entry %d points at slot %d of %d: %w", p.lane, ref.idx, h-1, p.l.perLane, ErrCorrupt)
+			}
 			slot := int(h) - 1
 			off := s.slotOff(p.lane, slot)
 			h = atomic.LoadUint32(s.u32(off + slNext))
@@ -354,11 +503,12 @@ func (p *Pool) takeLocal(ref keyRef) *Execution {
 			}
 		}
 		if load < 0 {
-			return nil
+			return nil, room, nil
 		}
+		room = true
 		if e, err := p.useLocal(best, ref); err == nil {
-			return e
+			return e, true, nil
 		}
 	}
-	return nil
+	return nil, room, nil
 }

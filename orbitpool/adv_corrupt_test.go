@@ -16,16 +16,25 @@ import (
 // rely on, and says what it is.
 func advCorruptTarget(rng *rand.Rand, s *segment) (off int, size int, what string) {
 	l := s.l
-	switch rng.IntN(10) {
+	switch rng.IntN(13) {
 	case 0: // key ctl
 		k := rng.IntN(l.nkeys)
 		return s.keyOff(k) + kfCtl, 8, fmt.Sprintf("key %d ctl", k)
 	case 1: // key waiter mask
 		k := rng.IntN(l.nkeys)
-		return s.keyOff(k) + kfMask, 8, fmt.Sprintf("key %d mask", k)
+		return s.keyOff(k) + kfMasks, 8, fmt.Sprintf("key %d mask", k)
 	case 2:
 		k := rng.IntN(l.nkeys)
-		return s.keyOff(k) + kfSeq, 8, fmt.Sprintf("key %d seq", k)
+		return s.keyOff(k) + kfTicket, 8, fmt.Sprintf("key %d ticket", k)
+	case 10: // a lane's part of a key's queue
+		ln, k := rng.IntN(l.nlanes), rng.IntN(l.nkeys)
+		return s.queueOff(ln, k), 8, fmt.Sprintf("queue %d/%d", ln, k)
+	case 11:
+		k := rng.IntN(l.nkeys)
+		return s.roomOff(k, 0), 8, fmt.Sprintf("key %d room", k)
+	case 12:
+		i := rng.IntN(l.nindex)
+		return s.indexOff(i), 8, fmt.Sprintf("index entry %d", i)
 	case 3: // slot word
 		ln, sl := rng.IntN(l.nlanes), rng.IntN(l.perLane)
 		return s.slotOff(ln, sl) + slWord, 8, fmt.Sprintf("slot %d/%d word", ln, sl)

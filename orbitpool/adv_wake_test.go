@@ -85,7 +85,7 @@ func TestAdvClosedPoolAcquireTakesNextOwnersUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// a's goroutine, past try's closed check, walks "its" lane.
-	if e := a.takeLocal(ref); e != nil {
+	if e, _ := a.takeLocal(ref); e != nil {
 		t.Logf("closed pool a took %v, a resource of the lane's new owner b (b registered %v)", e.ID(), id)
 		e.Complete() // a no-op: a is closed
 	}

@@ -409,7 +409,7 @@ func TestWatchSurvivesCorruptWaiterMask(t *testing.T) {
 		}
 		ref := mustRef(t, p, k)
 		s := p.seg
-		atomic.StoreUint64(s.u64(s.keyOff(ref.idx)+kfMask), 0) // the corrupt bit
+		atomic.StoreUint64(s.u64(s.maskOff(ref.idx, p.lane)), 0) // the corrupt bit
 		s.lockStructure()
 		p.collectKeys()
 		s.unlockStructure()

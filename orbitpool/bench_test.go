@@ -105,11 +105,24 @@ func BenchmarkAcquireLocalFirstParallel(b *testing.B) {
 	})
 }
 
+// benchKey is the i-th of a set of keys spread like the digests callers
+// bring: every bit of both halves depends on i.
+func benchKey(i uint64) Key {
+	return Key{Hi: splitmix(2*i + 1), Lo: splitmix(2*i + 2)}
+}
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
 // registerKeys registers per resources of capacity 1 under each of n keys.
 func registerKeys(b *testing.B, p *Pool, n, per int) []Key {
 	keys := make([]Key, n)
 	for i := range keys {
-		keys[i] = Key{uint64(i) * 0x9e3779b97f4a7c15, uint64(i)}
+		keys[i] = benchKey(uint64(i))
 		for range per {
 			if _, err := p.Register(keys[i], 1); err != nil {
 				b.Fatal(err)

@@ -24,8 +24,8 @@
 // The segment is a file (normally under /dev/shm) mapped MAP_SHARED by every
 // process, or anonymous memory for a standalone pool; the same code runs over
 // both. It holds a header (magic, ABI version, spec and a checksum), one lane
-// per process, a key table, per-lane key lists and counters, and the resource
-// slots, each lane owning its own slots. All shared words are 8-byte aligned
+// per process, a key table and its hash index, per-lane key lists, queue words
+// and counters, and the resource slots, each lane owning its own slots. All shared words are 8-byte aligned
 // and touched only through sync/atomic; no Go pointer is ever stored there.
 //
 // A slot's state, generation, users and pending reservations live in one
@@ -55,12 +55,64 @@
 //
 // # Waiting
 //
-// Each lane has a doorbell word. A waiter registers on its key (a per-key
-// bitmask of lanes with waiters), re-checks, then sleeps on a channel. Whoever
-// returns capacity bumps the key's wake sequence and rings the doorbell of each
-// lane in the mask; one dispatcher goroutine per process sleeps on its doorbell
-// with a futex and wakes as many local waiters as units came back. No goroutine
-// polls and no OS thread is blocked per waiter.
+// Waiters on a key are served in the order they arrived, across the fleet.
+// A waiter takes a ticket from the key's counter, joins its process's queue
+// for the key (in ticket order) and sets its lane's bit in the key's waiter
+// mask. Each lane publishes, per key, how many of its waiters wait and the
+// tickets of its three oldest. Whoever returns a unit of capacity hands it to
+// the lane whose next waiter is the oldest of the fleet, by adding a grant to
+// that lane's queue word, and rings the lane's doorbell; one dispatcher
+// goroutine per process sleeps on its doorbell with a futex and delivers each
+// grant to its oldest waiter, by channel. No goroutine polls and no OS thread
+// is blocked per waiter.
+//
+// While any process has a waiter on a key, a newcomer does not take what
+// comes back: it queues behind. A waiter tries for capacity when it is handed
+// a unit, or when no waiting waiter in the fleet is older (it checks that
+// once, after it has published itself, so that a unit returned while it was
+// registering is not lost). A waiter that finds nothing after all keeps its
+// ticket and so its place; one that gives up (its context ends, or it fails)
+// passes an undelivered unit on to the next oldest. Reclaiming a dead
+// process's lane hands the units it had been given, and one more for the
+// waiter it may have been about to serve, to the others.
+//
+// A waiter that is not eligible also defers to an older one that was handed a
+// unit and has not taken it. Units that came back while every waiter had one
+// on its way are counted on the key as unclaimed, and a waiter that defers to
+// grants takes one of those instead; and a waiter that found capacity nobody
+// handed it has the next waiter look too, so a unit returned while waiters
+// were still registering is never left idle behind a sleeping queue.
+//
+// What is not strict: once a process has delivered a unit to a goroutine, a
+// younger waiter that finds itself the oldest still waiting can take that
+// unit before the goroutine runs; the older one keeps its ticket and is first
+// for the next unit. And a return announced as more units than are there (a
+// creation claim is counted with its resource) lets the grantees race for the
+// units that are.
+//
+// # Finding a key and a sibling's room
+//
+// Keys are found through a hash index of a power of two at least four times
+// the key table, each entry the record's index and a tag of the key's hash.
+// A key is placed within 64 entries of its hash and a look-up never reads
+// further, so hits and misses cost a few entries at any fill the spec allows,
+// tombstones included (those an empty entry follows are swept when keys are
+// collected).
+//
+// Each key also has a room mask: a bit per lane that may have a resource of
+// the key with room. An owner sets its bit when it gives a unit back or
+// registers a resource; a process that walks a lane's list and finds no room
+// clears the bit and walks it once more, setting the bit back if it then finds
+// room, so a bit is never left clear over a resource with room. LocalFirst
+// walks only the lanes the mask names, so finding a sibling's free resource
+// costs the lanes with room, not the fleet; its own lane's bit spares the
+// walk of its own list when it is full.
+//
+// # Lanes
+//
+// A segment has at most MaxLanes (256) lanes; the default spec has
+// DefaultLanes (64). A key's masks take one word per 64 lanes. A process that
+// finds every lane taken is told to raise PoolSpec.Lanes.
 //
 // # Guards
 //
@@ -72,12 +124,23 @@
 //
 // # Benchmarks
 //
-//	go test -run '^$' -bench 'ReserveAccept|Acquire|Wake|IdleWaiters' -benchmem ./orbitpool/
+//	go test -run '^$' -bench 'ReserveAccept|Acquire|Wake|IdleWaiters|KeyLookup' -benchmem ./orbitpool/
 //
 // measures Reserve/Accept/Complete over process memory and a shared segment,
 // uncontended and contended from two processes, Acquire with LocalFirst over 64
-// keys of 16 resources, and the cross-process wake latency (reported as p50 and
-// p99 metrics).
+// keys of 16 resources, Acquire finding the one free resource of 64 lanes × 16
+// on the last lane (BenchmarkRemoteAcquire, with the owner's Accept and
+// Complete), look-ups in a default-size key table 25, 50, 90 and 100% full
+// (hit, miss, and the slowest key), and the cross-process wake latency
+// (reported as p50 and p99 metrics).
+//
+//	go test -run '^$' -bench MultiProcessFairness -benchtime 1x ./orbitpool/ [-orbitpool.fair 10s]
+//
+// runs 4 processes × 16 goroutines on a key capped at 16 units (held 0.5 to
+// 2.5 ms, one acquisition in ten with a deadline of a few milliseconds) and
+// reports the wait p50/p99/max, how far service order strays from arrival
+// order (rank displacement p99 and max) and the share of acquisitions served
+// after one that arrived 5 ms later.
 //
 //	go test -run '^$' -bench StructuralOps -benchtime 1x ./orbitpool/
 //
@@ -88,4 +151,8 @@
 //
 // runs the four-process stress (remote and local use, slots moving between
 // keys, every execution's key checked) for a minute and reports its counts.
+//
+// To compare with another commit, build both test binaries (go test -c) and
+// run them one after the other with the same -test.bench pattern and
+// -test.count.
 package orbitpool

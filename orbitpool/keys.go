@@ -26,27 +26,72 @@ func errKeyChurn(k Key) error {
 	return fmt.Errorf("orbitpool: key %v: its table entry was recycled %d times in a row: %w", k, maxKeyRetries, ErrCorrupt)
 }
 
-func keyHash(k Key) uint64 { return (k.Hi ^ k.Lo*0x9e3779b97f4a7c15) >> 7 }
+// The key table is reached through a hash index of nindex entries, a power of
+// two at least four times the table, so the index is at most a quarter full
+// however many keys are named. A key is placed within maxProbe entries of its
+// home, and a look-up never reads further: a hit or a miss costs a few entries
+// at any fill, tombstones included. An index entry holds the key record's
+// index plus one in its low half and a tag from the key's hash in its high
+// half, so that entries of other keys are passed over without reading their
+// records; 0 is an empty entry, idxTomb one whose key was collected.
+const (
+	maxProbe = 64
+	idxTomb  = ^uint64(0)
+)
+
+// indexSize is the number of index entries for a table of keys records.
+func indexSize(keys int) int {
+	n := 1
+	for n < 4*keys {
+		n <<= 1
+	}
+	return n
+}
+
+// keyHash spreads a key's 128 bits over 64: the caller's digest is meant to be
+// uniform, but nothing forbids keys that differ in a few bits only.
+func keyHash(k Key) uint64 { return mix64(k.Hi + mix64(k.Lo)) }
+
+func mix64(h uint64) uint64 {
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	return h ^ h>>31
+}
+
+func idxTag(h uint64) uint64 { return (h>>32 | 1) << 32 }
+
+func (s *segment) indexOff(i int) int { return s.l.index + i*8 }
 
 // lookupKey finds k without taking any lock. Readers check the entry's state
 // and generation before and after reading the digest, so a concurrent reuse of
 // the entry is never taken for a match.
 func (p *Pool) lookupKey(k Key) (keyRef, bool) {
-	s, n := p.seg, p.l.nkeys
-	h := int(keyHash(k) % uint64(n))
-	for i := range n {
-		idx := (h + i) % n
+	s := p.seg
+	h := keyHash(k)
+	tag, m := idxTag(h), uint64(p.l.nindex-1)
+	for i := range uint64(maxProbe) {
+		e := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m))))
+		if e == 0 {
+			return keyRef{}, false
+		}
+		if e&^0xffffffff != tag {
+			continue
+		}
+		idx := int(uint32(e)) - 1
+		if idx < 0 || idx >= p.l.nkeys {
+			continue // corrupt; a look-up never trusts it
+		}
 		off := s.keyOff(idx)
 		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		switch kState(c) {
-		case keyEmpty:
-			return keyRef{}, false
-		case keyLive:
-			hi := atomic.LoadUint64(s.u64(off + kfHi))
-			lo := atomic.LoadUint64(s.u64(off + kfLo))
-			if hi == k.Hi && lo == k.Lo && kHead(atomic.LoadUint64(s.u64(off+kfCtl))) == kHead(c) {
-				return keyRef{idx, kGen(c)}, true
-			}
+		if kState(c) != keyLive {
+			continue
+		}
+		hi := atomic.LoadUint64(s.u64(off + kfHi))
+		lo := atomic.LoadUint64(s.u64(off + kfLo))
+		if hi == k.Hi && lo == k.Lo && kHead(atomic.LoadUint64(s.u64(off+kfCtl))) == kHead(c) {
+			return keyRef{idx, kGen(c)}, true
 		}
 	}
 	return keyRef{}, false
@@ -66,35 +111,80 @@ func (p *Pool) internKey(k Key) (keyRef, error) {
 		if ref, ok := p.lookupKey(k); ok {
 			return ref, nil
 		}
-		if idx, ok := p.freeKeyEntry(k); ok {
+		idx, ok := p.freeKeyEntry()
+		pos, pok := p.freeIndexEntry(k)
+		if ok && pok {
 			off := s.keyOff(idx)
 			gen := kGen(atomic.LoadUint64(s.u64(off+kfCtl))) + 1
 			atomic.StoreUint64(s.u64(off+kfHi), k.Hi)
 			atomic.StoreUint64(s.u64(off+kfLo), k.Lo)
-			for l := range p.l.nlanes {
-				clear(s.data[s.statOff(l, idx) : s.statOff(l, idx)+statSize])
-			}
+			p.resetKeyEntry(idx)
 			atomic.StoreUint64(s.u64(off+kfCtl), keyCtl(gen, keyLive))
+			atomic.StoreUint64(s.u64(s.indexOff(pos)), idxTag(keyHash(k))|uint64(idx+1))
 			return keyRef{idx, gen & kGenMask}, nil
 		}
 		if attempt > 0 || p.collectKeys() == 0 {
-			return keyRef{}, fmt.Errorf("orbitpool: all %d key entries are in use: %w", p.l.nkeys, ErrFull)
+			if ok {
+				return keyRef{}, fmt.Errorf("orbitpool: key %v: no free index entry within %d of its hash: %w", k, maxProbe, ErrFull)
+			}
+			return keyRef{}, fmt.Errorf("orbitpool: all %d key entries are in use; raise the spec's Keys: %w", p.l.nkeys, ErrFull)
 		}
 	}
 }
 
-// freeKeyEntry finds where k would be inserted: the first tombstone or empty
-// entry on its probe sequence. The structure lock is held.
-func (p *Pool) freeKeyEntry(k Key) (int, bool) {
-	s, n := p.seg, p.l.nkeys
-	h := int(keyHash(k) % uint64(n))
-	for i := range n {
-		idx := (h + i) % n
+// resetKeyEntry clears what the previous key of entry idx left in the
+// per-lane tables. The structure lock is held exclusively.
+func (p *Pool) resetKeyEntry(idx int) {
+	s := p.seg
+	atomic.StoreUint64(s.u64(s.keyOff(idx)+kfUnclaimed), 0)
+	for l := range p.l.nlanes {
+		clear(s.data[s.statOff(l, idx) : s.statOff(l, idx)+statSize])
+		atomic.StoreUint64(s.u64(s.queueOff(l, idx)), 0)
+		atomic.StoreUint64(s.u64(s.queueOff(l, idx)+8), 0)
+		atomic.AndUint64(s.u64(s.roomOff(idx, l)), 0)
+	}
+}
+
+// freeKeyEntry finds a key record no key holds. The structure lock is held.
+func (p *Pool) freeKeyEntry() (int, bool) {
+	s := p.seg
+	for idx := range p.l.nkeys {
 		if kState(atomic.LoadUint64(s.u64(s.keyOff(idx)+kfCtl))) != keyLive {
 			return idx, true
 		}
 	}
 	return 0, false
+}
+
+// freeIndexEntry finds where k's index entry goes: the first entry on its
+// probe sequence that is empty, a tombstone, or stale (it names a record that
+// is not live or that holds a key of another hash, which a process that died
+// half-way through collecting a key leaves behind). The structure lock is
+// held, and k is not in the index.
+func (p *Pool) freeIndexEntry(k Key) (int, bool) {
+	s := p.seg
+	h, m := keyHash(k), uint64(p.l.nindex-1)
+	for i := range uint64(maxProbe) {
+		pos := int((h + i) & m)
+		if e := atomic.LoadUint64(s.u64(s.indexOff(pos))); e == 0 || e == idxTomb || p.staleIndexEntry(e) {
+			return pos, true
+		}
+	}
+	return 0, false
+}
+
+func (p *Pool) staleIndexEntry(e uint64) bool {
+	s := p.seg
+	idx := int(uint32(e)) - 1
+	if idx < 0 || idx >= p.l.nkeys {
+		return true
+	}
+	off := s.keyOff(idx)
+	if kState(atomic.LoadUint64(s.u64(off+kfCtl))) != keyLive {
+		return true
+	}
+	k := Key{atomic.LoadUint64(s.u64(off + kfHi)), atomic.LoadUint64(s.u64(off + kfLo))}
+	return idxTag(keyHash(k)) != e&^0xffffffff
 }
 
 // collectKeys turns entries with no resources, claims or waiters into
@@ -105,7 +195,7 @@ func (p *Pool) collectKeys() int {
 	for idx := range p.l.nkeys {
 		off := s.keyOff(idx)
 		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || atomic.LoadUint64(s.u64(off+kfMask)) != 0 {
+		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.queued(idx) {
 			continue
 		}
 		tomb := keyCtl(kGen(c), keyTomb)
@@ -116,13 +206,49 @@ func (p *Pool) collectKeys() int {
 		// mark first and read the mask after: either the waiter sees the
 		// tombstone and looks the key up again, or this sees its bit and
 		// leaves the entry to it.
-		if atomic.LoadUint64(s.u64(off+kfMask)) != 0 {
+		if p.queued(idx) {
 			atomic.CompareAndSwapUint64(s.u64(off+kfCtl), tomb, c)
 			continue
 		}
+		p.unindex(Key{atomic.LoadUint64(s.u64(off + kfHi)), atomic.LoadUint64(s.u64(off + kfLo))}, idx)
 		freed++
 	}
+	if freed > 0 {
+		p.sweepTombs()
+	}
 	return freed
+}
+
+// unindex turns record idx's index entry for k into a tombstone.
+func (p *Pool) unindex(k Key, idx int) {
+	s := p.seg
+	h, m := keyHash(k), uint64(p.l.nindex-1)
+	for i := range uint64(maxProbe) {
+		e := s.u64(s.indexOff(int((h + i) & m)))
+		if v := atomic.LoadUint64(e); v != idxTomb && int(uint32(v)) == idx+1 {
+			atomic.StoreUint64(e, idxTomb)
+			return
+		}
+	}
+}
+
+// sweepTombs empties the tombstones that an empty entry follows: no key's
+// probe sequence runs through them, since an insertion never passes an empty
+// entry, so look-ups that would stop a little later stop there.
+func (p *Pool) sweepTombs() {
+	s, n := p.seg, p.l.nindex
+	for i := range n {
+		if atomic.LoadUint64(s.u64(s.indexOff(i))) != 0 {
+			continue
+		}
+		for j, steps := (i+n-1)%n, 0; steps < n; j, steps = (j+n-1)%n, steps+1 {
+			e := s.u64(s.indexOff(j))
+			if atomic.LoadUint64(e) != idxTomb {
+				break
+			}
+			atomic.StoreUint64(e, 0)
+		}
+	}
 }
 
 // keyClaim counts one more resource being created under key ref, within lim

@@ -168,8 +168,11 @@ func mpRoleFunc(role string) func(*mpChildCtx) error {
 	case "capacity-window":
 		return mpRoleCapacityWindow
 	}
-	return nil
+	return mpMoreRoles[role]
 }
+
+// mpMoreRoles are roles that test files other than this one add.
+var mpMoreRoles = map[string]func(*mpChildCtx) error{}
 
 func mpChildMain(role string) int {
 	var a mpArgs

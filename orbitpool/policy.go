@@ -115,7 +115,7 @@ func decide(v *View, remote bool) Decision {
 		return Decision{Action: ActionCreate}
 	}
 	r := v.budgetReason()
-	if r == ReasonBudget && len(v.Candidates) > 0 {
+	if r == ReasonBudget && (len(v.Candidates) > 0 || v.Total > v.Creating) {
 		r = ReasonBusy
 	}
 	return Decision{Action: ActionWait, Reason: r}

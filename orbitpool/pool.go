@@ -160,7 +160,7 @@ func (p *Pool) join() error {
 		}
 		return nil
 	}
-	return fmt.Errorf("orbitpool: all %d lanes of segment %s are taken by live processes: %w", p.l.nlanes, s.path, ErrFull)
+	return fmt.Errorf("orbitpool: all %d lanes of segment %s are taken by live processes; each process needs a lane of its own, old and new ones overlapping in a reload or upgrade included: stop the fleet and raise PoolSpec.Lanes (the orbit_pool app's processes option; at most %d) in every process: %w", p.l.nlanes, s.path, MaxLanes, ErrFull)
 }
 
 // Lane is this process's lane in the segment.
@@ -262,11 +262,30 @@ func (p *Pool) clearLane(l int) {
 			}
 		}
 	}
-	bit := uint64(1) << l
+	// Units handed to the lane's waiters go to the waiters of other lanes:
+	// those not yet delivered (its queue word counts them), and those
+	// delivered to goroutines that may not have taken them, at most one
+	// per waiter it had (its wait count); plus the one its oldest waiter
+	// may have been about to find. More than were there costs a look that
+	// finds nothing.
+	type regrant struct {
+		k int
+		n uint64
+	}
+	var regrants []regrant
 	for k := range p.l.nkeys {
 		atomic.StoreUint32(s.u32(s.headOff(l, k)), 0)
-		atomic.StoreUint32(s.u32(s.waitOff(l, k)), 0)
-		atomic.AndUint64(s.u64(s.keyOff(k)+kfMask), ^bit)
+		waiters := uint64(min(atomic.SwapUint32(s.u32(s.waitOff(l, k)), 0), 1<<16))
+		atomic.AndUint64(s.u64(s.maskOff(k, l)), ^laneBit(l))
+		atomic.AndUint64(s.u64(s.roomOff(k, l)), ^laneBit(l))
+		q := atomic.SwapUint64(s.u64(s.queueOff(l, k)), 0)
+		atomic.StoreUint64(s.u64(s.queueOff(l, k)+8), 0)
+		if n := uint64(qGrants(q)) + waiters; n > 0 || qWaiting(q) > 0 {
+			regrants = append(regrants, regrant{k, n + 1})
+		}
+	}
+	for _, r := range regrants {
+		p.wake(r.k, r.n)
 	}
 }
 
@@ -330,26 +349,114 @@ func (p *Pool) ring(l int) {
 	}
 }
 
-// wake records n units of capacity returned on key k and rings every lane
-// with waiters on it. Its caller has already made the capacity visible, and a
-// waiter sets its mask bit before re-checking for capacity, so when the mask
-// reads empty nobody can be left asleep and the shared sequence is left alone.
+// wake hands n units of capacity returned on key k to the oldest waiters of
+// the fleet: for each unit, it adds a grant to the queue word of the lane
+// whose next waiter to be granted is the oldest of all (see laneNext), and
+// rings the lanes it gave grants to. Its caller has already made the capacity
+// visible, and a waiter publishes itself before it checks for capacity, so
+// when no lane has a waiter left to grant, nobody can be left asleep: units
+// with no one to take them are simply left for whoever comes.
 func (p *Pool) wake(k int, n uint64) {
-	s := p.seg
-	off := s.keyOff(k)
-	mask := atomic.LoadUint64(s.u64(off + kfMask))
-	if mask == 0 {
+	if n == 0 || !p.queued(k) {
 		return
 	}
-	atomic.AddUint64(s.u64(off+kfSeq), n)
-	for mask != 0 {
-		l := trailingZeros(mask)
-		mask &^= 1 << l
-		if l == p.lane {
-			p.waiters.deliver(p, k)
-		} else if l < p.l.nlanes {
-			p.ring(l)
+	p.grant(k, n)
+}
+
+// grant is wake's work once the key has waiters.
+func (p *Pool) grant(k int, n uint64) {
+	var rung [MaxLanes / 64]uint64
+	if n = p.grantLanes(k, n, &rung); n > 0 {
+		// No waiter to hand these to: every one the scan saw has a unit
+		// on its way. A waiter that published itself since may have
+		// deferred to those; it finds these as unclaimed, or the scan
+		// below finds it.
+		unclaimed := p.seg.u64(p.seg.keyOff(k) + kfUnclaimed)
+		atomic.AddUint64(unclaimed, n)
+		for range 4 {
+			u := atomic.LoadUint64(unclaimed)
+			if u == 0 || !atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
+				break
+			}
+			if p.grantLanes(k, 1, &rung) != 0 {
+				atomic.AddUint64(unclaimed, 1)
+				break
+			}
 		}
+	}
+	for i, m := range rung[:p.l.maskWords] {
+		for ; m != 0; m &= m - 1 {
+			if l := i*64 + trailingZeros(m); l == p.lane {
+				p.waiters.deliver(p, k)
+			} else {
+				p.ring(l)
+			}
+		}
+	}
+}
+
+// grantLanes adds up to n grants to the lanes of key k, each to the lane
+// whose next waiter is the oldest, marks the lanes in rung, and returns how
+// many it could not give.
+func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
+	s := p.seg
+	base := s.keyOff(k) + kfMasks
+	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
+		best, bq, bt := -1, uint64(0), uint32(0)
+		for i := range p.l.maskWords {
+			for m := atomic.LoadUint64(s.u64(base + 8*i)); m != 0; m &= m - 1 {
+				l := i*64 + trailingZeros(m)
+				if l >= p.l.nlanes {
+					continue
+				}
+				t, q, ok := s.laneNext(l, k)
+				if !ok || qGrants(q) == qGrantMask {
+					continue
+				}
+				if best < 0 || ticketBefore(t, bt) {
+					best, bq, bt = l, q, t
+				}
+			}
+		}
+		if best < 0 {
+			break
+		}
+		if !atomic.CompareAndSwapUint64(s.u64(s.queueOff(best, k)), bq, bq+1) {
+			fails++
+			continue
+		}
+		n--
+		rung[best>>6] |= laneBit(best)
+	}
+	return n
+}
+
+// unitBack is setRoom and wake for one unit of this lane's, the hot path of
+// Complete: with at most 64 lanes, both masks are one word of one line.
+func (p *Pool) unitBack(k int) {
+	if p.l.maskWords != 1 {
+		p.setRoom(p.lane, k)
+		p.wake(k, 1)
+		return
+	}
+	off := p.seg.keyOff(k) + kfMasks
+	room, bit := p.seg.u64(off+8), laneBit(p.lane)
+	if atomic.LoadUint64(room)&bit == 0 {
+		atomic.OrUint64(room, bit)
+	}
+	if atomic.LoadUint64(p.seg.u64(off)) != 0 {
+		p.grant(k, 1)
+	}
+}
+
+// setRoom notes that lane l may have room on a resource of key k, for
+// siblings looking for one (see roomCandidates). The capacity is visible
+// already, so a sibling clearing the bit meanwhile finds it when it checks
+// again.
+func (p *Pool) setRoom(l, k int) {
+	w := p.seg.u64(p.seg.roomOff(k, l))
+	if atomic.LoadUint64(w)&laneBit(l) == 0 {
+		atomic.OrUint64(w, laneBit(l))
 	}
 }
 

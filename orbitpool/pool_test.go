@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -625,8 +627,76 @@ func TestLaneSlotsFull(t *testing.T) {
 func TestLanesFull(t *testing.T) {
 	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: 2, Keys: 4, ResourcesPerLane: 2}
 	openShared(t, spec, 2)
-	if _, err := Open(spec, testOpts); !errors.Is(err, ErrFull) {
+	_, err := Open(spec, testOpts)
+	if !errors.Is(err, ErrFull) {
 		t.Fatalf("third process on two lanes: %v, want ErrFull", err)
+	}
+	if !strings.Contains(err.Error(), "raise PoolSpec.Lanes") {
+		t.Errorf("the error does not say what to change: %v", err)
+	}
+}
+
+// TestLanesBeyond64: a fleet of more than 64 lanes (two words per key mask)
+// wakes a waiter in a lane past the first word, serves waiters in ticket
+// order across the words, and finds a sibling's room there.
+func TestLanesBeyond64(t *testing.T) {
+	const lanes = 70
+	ps := openShared(t, PoolSpec{Lanes: lanes, Keys: 4, ResourcesPerLane: 2}, lanes)
+	last := ps[lanes-1]
+	if last.Lane() != lanes-1 {
+		t.Fatalf("last pool has lane %d", last.Lane())
+	}
+	k := Key{65, 65}
+	id, err := ps[0].Register(k, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := ps[0].Acquire(context.Background(), k, LocalOnly{}, Limits{MaxResources: 1})
+	if err != nil || plan.Kind != PlanReuseLocal {
+		t.Fatalf("%v %v", plan.Kind, err)
+	}
+	// Waiters in lanes 69, 3 and 66, in that order, each waiting for a
+	// sibling's resource.
+	order := []int{lanes - 1, 3, 66}
+	got := make(chan int, len(order))
+	for i, l := range order {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			plan, err := ps[l].Acquire(ctx, k, LocalFirst{}, Limits{MaxResources: 1})
+			if err != nil || plan.Kind != PlanReuseRemote {
+				t.Errorf("lane %d: %v %v", l, plan.Kind, err)
+				got <- -1
+				return
+			}
+			e, err := ps[0].Accept(plan.Lease)
+			if err != nil {
+				t.Errorf("lane %d: accept: %v", l, err)
+				got <- -1
+				return
+			}
+			got <- l
+			time.Sleep(5 * time.Millisecond)
+			e.Complete()
+		}()
+		waitFor(t, func() bool { return keyStats(t, ps[0], k).Waiting == i+1 })
+	}
+	plan.Execution.Complete()
+	for i, want := range order {
+		if l := <-got; l != want {
+			t.Fatalf("served %d-th: lane %d, want lane %d", i, l, want)
+		}
+	}
+	if err := ps[0].Unregister(id); err != nil {
+		t.Fatal(err)
+	}
+	// A resource in lane 69 with room, found from lane 0.
+	if _, err := last.Register(k, 1); err != nil {
+		t.Fatal(err)
+	}
+	plan, err = ps[0].Acquire(context.Background(), k, LocalFirst{}, Limits{})
+	if err != nil || plan.Kind != PlanReuseRemote || plan.Lease.ID.Lane() != lanes-1 {
+		t.Fatalf("%v %v %v", plan.Kind, plan.Lease.ID, err)
 	}
 }
 
@@ -725,6 +795,9 @@ func simulateDeath(p *Pool) {
 	p.ring(p.Lane())
 	<-p.finished
 	p.seg.close()
+	// p's cleanup closes the segment too; without this it can run once p
+	// is last read above, while close is still at work.
+	runtime.KeepAlive(p)
 }
 
 func TestWatchInASelect(t *testing.T) {

@@ -138,6 +138,7 @@ func (p *Pool) dropped(off int, gen, bit uint64) {
 	}
 	if k, _, ok := p.slotKey(off); ok {
 		p.seg.count(p.lane, k, stAged, 1)
+		p.setRoom(p.lane, k)
 		p.wake(k, 1)
 	}
 }

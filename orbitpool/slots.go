@@ -107,6 +107,11 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 	if !ok {
 		return 0, fmt.Errorf("orbitpool: creation permit's slot was reclaimed: %w", ErrStale)
 	}
+	// Room before the budget: an Acquire that reads the creation as done
+	// must find the resource (see try).
+	if capacity > use {
+		p.setRoom(p.lane, cp.key.idx)
+	}
 	p.keyCreated(cp.key.idx, cp.key.gen)
 	s.count(p.lane, cp.key.idx, stCreated, 1)
 	// The new capacity, plus the concurrent-creation unit it no longer holds.
@@ -426,7 +431,7 @@ func (p *Pool) dropUse(off int, gen uint64, k int) {
 			return
 		}
 		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
-			p.wake(k, 1)
+			p.unitBack(k)
 			return
 		}
 	}

@@ -23,9 +23,9 @@ const (
 	// counting old and new processes overlapping during an upgrade.
 	DefaultLanes = 64
 
-	// MaxLanes is the most lanes a segment can have: waiter registrations are
-	// one 64-bit mask per key.
-	MaxLanes = 64
+	// MaxLanes is the most lanes a segment can have (the lane field of a
+	// ResourceID). A key's masks of lanes take one 64-bit word per 64 lanes.
+	MaxLanes = 256
 
 	// MaxResourcesPerLane is the most slots a lane can have (the slot field of
 	// a ResourceID).
@@ -114,34 +114,43 @@ const (
 
 // layout gives the offset of every table in the segment.
 type layout struct {
-	spec     PoolSpec
-	lanes    int // offset of the lane table
-	keys     int // offset of the key table
-	heads    int // lanes × keys uint32: head of each lane's list for a key
-	waits    int // lanes × keys uint32: each lane's waiter count for a key
-	stats    int // lanes × keys statSize: each lane's counters for a key
-	slots    int // lanes × resourcesPerLane slotSize
-	size     int
-	nlanes   int
-	nkeys    int
-	perLane  int
-	nslots   int
-	laneSlot int // first slot of lane l is laneSlot*l
+	spec      PoolSpec
+	lanes     int // offset of the lane table
+	keys      int // offset of the key table
+	index     int // nindex uint64: the hash index over the key table
+	heads     int // lanes × keys uint32: head of each lane's list for a key
+	waits     int // lanes × keys uint32: each lane's waiter count for a key
+	queues    int // lanes × keys queueSize: each lane's part of a key's queue
+	stats     int // lanes × keys statSize: each lane's counters for a key
+	slots     int // lanes × resourcesPerLane slotSize
+	size      int
+	nlanes    int
+	nkeys     int
+	nindex    int // a power of two, at least 4 × nkeys
+	perLane   int
+	maskWords int // words in each of a key's lane masks
+	nslots    int
+	laneSlot  int // first slot of lane l is laneSlot*l
 }
 
 func align(n, to int) int { return (n + to - 1) / to * to }
 
 func newLayout(s PoolSpec) layout {
-	l := layout{spec: s, nlanes: s.Lanes, nkeys: s.Keys, perLane: s.ResourcesPerLane}
+	l := layout{spec: s, nlanes: s.Lanes, nkeys: s.Keys, perLane: s.ResourcesPerLane, maskWords: (s.Lanes + 63) / 64}
 	off := headerSize
 	l.lanes = off
 	off += s.Lanes * laneSize
 	l.keys = align(off, 64)
 	off = l.keys + s.Keys*keySize
+	l.nindex = indexSize(s.Keys)
+	l.index = align(off, 64)
+	off = l.index + l.nindex*8
 	l.heads = align(off, 64)
 	off = l.heads + s.Lanes*s.Keys*4
 	l.waits = align(off, 64)
 	off = l.waits + s.Lanes*s.Keys*4
+	l.queues = align(off, 64)
+	off = l.queues + s.Lanes*s.Keys*queueSize
 	l.stats = align(off, 64)
 	off = l.stats + s.Lanes*s.Keys*statSize
 	l.slots = align(off, 4096)

@@ -2,212 +2,366 @@ package orbitpool
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 )
 
-// waiterTable holds this process's goroutines parked on keys. Only the lane's
-// own bit in a key's shared wait mask reflects it, and only under mu, so a
-// registration and the last departure never race on that bit.
+// waiterTable holds this process's goroutines parked on keys, each key's in
+// ticket order. Only this lane's bit in a key's shared wait mask and its
+// queue word reflect it, and only under mu.
 type waiterTable struct {
 	mu     sync.Mutex
 	keys   map[int]*keyWaiters
 	closed bool
 }
 
-// keyWaiters is the FIFO of local waiters on one key entry, and the key's wake
-// sequence as last delivered.
+// keyWaiters is the queue of local waiters on one key entry, oldest ticket
+// first.
 type keyWaiters struct {
-	gen     uint32
-	lastSeq uint64
-	q       []*waiter
+	gen uint32
+	q   []*waiter
 }
 
-// waiter is one parked goroutine. Its channel is closed when it is woken.
+// waiter is one parked goroutine, from its first registration on a key to
+// the end of its acquisition: it keeps its ticket, and so its place in the
+// fleet's queue, across wake-ups that found nothing.
 type waiter struct {
-	ch  chan struct{}
-	key int
+	ch      chan struct{} // closed when the waiter is granted a unit (or the pool closes)
+	key     int
+	gen     uint32
+	ticket  uint64
+	granted bool // ch is closed and the grant not yet taken or passed on
 }
 
-// watch registers a waiter on ref, at the back of the queue or, for a waiter
-// that was woken and lost the race for what came back, at the front, so that
-// losing a race never costs a waiter its place. The caller must re-check for
-// capacity after watch returns and before it sleeps: a return of capacity
-// after that re-check bumps the key's sequence and finds this lane's bit set,
-// so it is never lost.
-func (t *waiterTable) watch(p *Pool, ref keyRef, front bool) (*waiter, error) {
+// register queues a waiter on ref with a new ticket, the youngest of the
+// fleet's. The caller must check for capacity after register returns and
+// before it sleeps (see eligible): a return of capacity after that finds this
+// waiter's mask bit and queue word, so it is never lost.
+func (t *waiterTable) register(p *Pool, ref keyRef) (*waiter, error) {
 	s := p.seg
-	w := &waiter{ch: make(chan struct{}), key: ref.idx}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return nil, ErrClosed
 	}
 	kw := t.keys[ref.idx]
+	koff := s.keyOff(ref.idx)
 	if kw != nil && kw.gen != ref.gen {
-		koff := s.keyOff(ref.idx)
 		if c := atomic.LoadUint64(s.u64(koff + kfCtl)); kState(c) != keyLive || kGen(c) != ref.gen {
 			// It is the caller's reference that is out of date: the
 			// entry went to another key since it was looked up.
+			t.mu.Unlock()
 			return nil, errKeyGone
 		}
 		// The entry was recycled under local waiters, which a set mask
 		// bit forbids: the mask was corrupted. Nothing will ever wake
 		// them through the old entry, so wake them now to re-check, and
-		// queue afresh on the entry's new life.
-		t.wakeFront(p, ref.idx, kw, uint64(len(kw.q)))
-		kw = nil
+		// keep them queued, in their order, on the entry's new life.
+		for _, w := range kw.q {
+			w.gen = ref.gen
+			if !w.granted {
+				w.granted = true
+				close(w.ch)
+			}
+		}
+		kw.gen = ref.gen
 		if p.opts.OnError != nil {
 			p.opts.OnError(fmt.Errorf("orbitpool: key entry %d was recycled while this process had waiters on it: %w", ref.idx, ErrCorrupt))
 		}
 	}
+	atomic.OrUint64(s.u64(s.maskOff(ref.idx, p.lane)), laneBit(p.lane))
 	if kw == nil {
-		koff := s.keyOff(ref.idx)
-		atomic.OrUint64(s.u64(koff+kfMask), 1<<p.lane)
 		// The entry might have been collected between the caller's lookup
 		// and the mask bit: a collected entry has no mask bit, so checking
 		// after setting it is enough.
 		if c := atomic.LoadUint64(s.u64(koff + kfCtl)); kState(c) != keyLive || kGen(c) != ref.gen {
-			atomic.AndUint64(s.u64(koff+kfMask), ^uint64(1<<p.lane))
+			atomic.AndUint64(s.u64(s.maskOff(ref.idx, p.lane)), ^laneBit(p.lane))
+			t.mu.Unlock()
 			return nil, errKeyGone
 		}
-		kw = &keyWaiters{gen: ref.gen, lastSeq: atomic.LoadUint64(s.u64(koff + kfSeq))}
+		kw = &keyWaiters{gen: ref.gen}
 		t.keys[ref.idx] = kw
 	}
-	if front {
-		kw.q = slices.Insert(kw.q, 0, w)
-	} else {
-		kw.q = append(kw.q, w)
+	w := &waiter{
+		ch:     make(chan struct{}),
+		key:    ref.idx,
+		gen:    ref.gen,
+		ticket: atomic.AddUint64(s.u64(koff+kfTicket), 1),
 	}
-	atomic.AddUint32(s.u32(s.waitOff(p.lane, ref.idx)), 1)
+	kw.q = append(kw.q, w)
+	pass := t.sync(p, ref.idx, kw)
+	t.mu.Unlock()
+	p.wake(ref.idx, pass)
 	return w, nil
 }
 
-// cancel removes a waiter that stopped waiting. If it had been woken already,
-// its wake-up is passed to the next waiter, so a unit of capacity is never
-// left idle because the goroutine it was meant for went away.
-func (t *waiterTable) cancel(p *Pool, w *waiter) {
+// eligible reports whether w may try for capacity now: it holds a grant, or
+// no waiter anywhere in the fleet that is still waiting has an older ticket.
+// A waiter that is not eligible leaves what it saw to the older one, which
+// checked after it registered, or is granted the next unit that comes back.
+func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	kw := t.keys[w.key]
-	select {
-	case <-w.ch: // delivered (channels are closed under mu)
-		if kw != nil && len(kw.q) > 0 {
-			t.wakeFront(p, w.key, kw, 1)
-		}
-		return
-	default:
+	if kw == nil || kw.gen != w.gen {
+		t.mu.Unlock()
+		return true // queued no more: let it find out by trying
 	}
-	if kw == nil {
-		return
+	if w.granted {
+		t.mu.Unlock()
+		return true
 	}
-	for i, x := range kw.q {
+	// An older waiter handed a unit it has not taken yet is to be let
+	// take it.
+	behindGrant := false
+	for _, x := range kw.q {
 		if x == w {
-			kw.q = append(kw.q[:i], kw.q[i+1:]...)
-			atomic.AddUint32(p.seg.u32(p.seg.waitOff(p.lane, w.key)), ^uint32(0))
 			break
 		}
-	}
-	t.release(p, w.key, kw)
-}
-
-// deliver wakes as many local waiters on key k as units came back since the
-// last delivery.
-func (t *waiterTable) deliver(p *Pool, k int) {
-	t.mu.Lock()
-	if kw := t.keys[k]; kw != nil {
-		t.deliverKey(p, k, kw)
+		if !x.granted {
+			t.mu.Unlock()
+			return false
+		}
+		behindGrant = true
 	}
 	t.mu.Unlock()
+	s := p.seg
+	for i := range p.l.maskWords {
+		m := atomic.LoadUint64(s.u64(s.keyOff(w.key) + kfMasks + 8*i))
+		for ; m != 0; m &= m - 1 {
+			l := i*64 + trailingZeros(m)
+			if l == p.lane || l >= p.l.nlanes {
+				continue
+			}
+			t, q, ok := s.laneNext(l, w.key)
+			if ok && ticketBefore(t, uint32(w.ticket)) {
+				return false
+			}
+			// Grants the lane has not delivered go to its oldest
+			// waiting waiters, from the one its word names.
+			if qGrants(q) > 0 && ticketBefore(qTicket(q), uint32(w.ticket)) {
+				behindGrant = true
+			}
+		}
+	}
+	if !behindGrant {
+		return true
+	}
+	// Units that came back when no waiter was there to take them are
+	// this waiter's, for it has now published itself: the process that
+	// returned them either saw it (and handed one to it) or left them
+	// here before it looked.
+	unclaimed := s.u64(s.keyOff(w.key) + kfUnclaimed)
+	for range 8 {
+		u := atomic.LoadUint64(unclaimed)
+		if u == 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
+			return true
+		}
+	}
+	return false
+}
+
+// take is called by a waiter whose channel was closed. It reports whether the
+// waiter was granted a unit (rather than woken by Close), and queues it again
+// in its place with a fresh channel, so that a further grant while it tries
+// is not lost: a waiter that then finds capacity passes such a grant on.
+func (t *waiterTable) take(p *Pool, w *waiter) (ch <-chan struct{}, granted bool) {
+	t.mu.Lock()
+	kw := t.keys[w.key]
+	if t.closed || !w.granted || kw == nil || kw.gen != w.gen {
+		t.mu.Unlock()
+		return w.ch, false
+	}
+	w.granted = false
+	w.ch = make(chan struct{})
+	ch = w.ch
+	pass := t.sync(p, w.key, kw)
+	t.mu.Unlock()
+	p.wake(w.key, pass)
+	return ch, true
+}
+
+// leave takes w out of the queue: its acquisition is over. A grant it was
+// given and did not use is passed on to the next oldest waiter of the fleet,
+// and so is one given while it used another (used says it took capacity),
+// so that a unit of capacity is never left idle because the goroutine it was
+// meant for went away.
+func (t *waiterTable) leave(p *Pool, w *waiter, holding bool) {
+	t.mu.Lock()
+	var pass uint64
+	if holding {
+		pass++
+	}
+	if w.granted {
+		w.granted = false
+		pass++
+	}
+	if kw := t.keys[w.key]; kw != nil && kw.gen == w.gen {
+		for i, x := range kw.q {
+			if x == w {
+				kw.q = append(kw.q[:i], kw.q[i+1:]...)
+				pass += t.sync(p, w.key, kw)
+				t.release(p, w.key, kw)
+				break
+			}
+		}
+	}
+	t.mu.Unlock()
+	p.wake(w.key, pass)
+}
+
+// sync makes this lane's queue word for key k agree with kw: it delivers the
+// grants other processes added to the oldest waiting waiters, then publishes
+// how many wait and the oldest one's ticket. It returns the grants it could
+// not deliver, for the caller to pass on once mu is released. mu is held.
+func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
+	s := p.seg
+	qw := s.u64(s.queueOff(p.lane, k))
+	for {
+		q := atomic.LoadUint64(qw)
+		g := qGrants(q)
+		given, waiting := 0, 0
+		var next [3]uint64 // the oldest waiting tickets
+		for _, w := range kw.q {
+			switch {
+			case w.granted:
+			case given < g:
+				given++
+			default:
+				if waiting < len(next) {
+					next[waiting] = w.ticket
+				}
+				waiting++
+			}
+		}
+		atomic.StoreUint64(s.u64(s.queueOff(p.lane, k)+8), uint64(uint32(next[1]))|uint64(uint32(next[2]))<<32)
+		if !atomic.CompareAndSwapUint64(qw, q, queueWord(next[0], waiting)) {
+			continue // a grant came in meanwhile
+		}
+		left := uint64(g - given)
+		for _, w := range kw.q {
+			if given == 0 {
+				break
+			}
+			if !w.granted {
+				w.granted = true
+				close(w.ch)
+				given--
+			}
+		}
+		atomic.StoreUint32(s.u32(s.waitOff(p.lane, k)), uint32(len(kw.q)))
+		return left
+	}
+}
+
+// deliver delivers the grants for key k this lane was given.
+func (t *waiterTable) deliver(p *Pool, k int) {
+	var pass uint64
+	t.mu.Lock()
+	if kw := t.keys[k]; kw != nil {
+		pass = t.sync(p, k, kw)
+	}
+	t.mu.Unlock()
+	p.wake(k, pass)
 }
 
 // deliverAll is deliver for every key with local waiters; the dispatcher runs
 // it each time the doorbell rings. It reports whether it woke anyone.
 func (t *waiterTable) deliverAll(p *Pool) bool {
 	woke := false
+	var passes []keyPass
 	t.mu.Lock()
 	for k, kw := range t.keys {
-		woke = t.deliverKey(p, k, kw) || woke
+		if q := atomic.LoadUint64(p.seg.u64(p.seg.queueOff(p.lane, k))); qGrants(q) == 0 {
+			continue
+		}
+		woke = true
+		if n := t.sync(p, k, kw); n != 0 {
+			passes = append(passes, keyPass{k, n})
+		}
 	}
 	t.mu.Unlock()
+	for _, kp := range passes {
+		p.wake(kp.k, kp.n)
+	}
 	return woke
 }
 
-func (t *waiterTable) deliverKey(p *Pool, k int, kw *keyWaiters) bool {
-	seq := atomic.LoadUint64(p.seg.u64(p.seg.keyOff(k) + kfSeq))
-	if seq == kw.lastSeq {
-		return false
-	}
-	n := seq - kw.lastSeq
-	kw.lastSeq = seq
-	t.wakeFront(p, k, kw, n)
-	return true
+type keyPass struct {
+	k int
+	n uint64
 }
 
-// wakeFront wakes up to n waiters from the front of kw's queue. mu is held.
-func (t *waiterTable) wakeFront(p *Pool, k int, kw *keyWaiters, n uint64) {
-	m := min(n, uint64(len(kw.q)))
-	for _, w := range kw.q[:m] {
-		close(w.ch)
-	}
-	kw.q = kw.q[m:]
-	if m > 0 {
-		atomic.AddUint32(p.seg.u32(p.seg.waitOff(p.lane, k)), -uint32(m))
-	}
-	t.release(p, k, kw)
-}
-
-// release drops kw and this lane's mask bit once no local waiter remains.
+// release drops kw, this lane's queue word and its mask bit once no local
+// waiter remains. mu is held.
 func (t *waiterTable) release(p *Pool, k int, kw *keyWaiters) {
 	if len(kw.q) > 0 {
 		return
 	}
 	delete(t.keys, k)
-	atomic.AndUint64(p.seg.u64(p.seg.keyOff(k)+kfMask), ^uint64(1<<p.lane))
+	atomic.AndUint64(p.seg.u64(p.seg.maskOff(k, p.lane)), ^laneBit(p.lane))
 }
 
-// closeAll wakes every waiter for good: the pool is closing.
+// closeAll wakes every waiter for good: the pool is closing. Grants this lane
+// was given go to the waiters of other processes.
 func (t *waiterTable) closeAll(p *Pool) {
+	var passes []keyPass
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.closed = true
 	for k, kw := range t.keys {
+		var n uint64
 		for _, w := range kw.q {
-			close(w.ch)
+			if w.granted {
+				n++
+			} else {
+				close(w.ch)
+			}
 		}
 		kw.q = nil
+		n += t.sync(p, k, kw)
 		t.release(p, k, kw)
+		passes = append(passes, keyPass{k, n})
+	}
+	t.mu.Unlock()
+	for _, kp := range passes {
+		p.wake(kp.k, kp.n)
 	}
 }
 
 // Readiness is a registration on a key, for callers that wait in their own
-// select loop rather than in Acquire. Its channel is closed once capacity may
-// have come back (a resource completed, registered or unregistered, or budget
-// returned) anywhere in the fleet. Use it as Acquire does: Watch, re-check,
-// then wait on Ready; after a wake-up, re-check and Watch again if needed.
+// select loop rather than in Acquire. It takes its place in the key's
+// fleet-wide queue, and its channel is closed when a unit of capacity that
+// came back anywhere in the fleet is handed to it: when it is the oldest
+// waiter. Use it as Acquire does: Watch, re-check, then wait on Ready; after a
+// wake-up, re-check, and Close (which passes an unused unit on to the next
+// waiter) or Watch again if needed.
 type Readiness struct {
 	p *Pool
 	w *waiter
 }
 
 // Watch registers the caller on key.
-func (p *Pool) Watch(key Key) (*Readiness, error) { return p.watch(key, false) }
+func (p *Pool) Watch(key Key) (*Readiness, error) {
+	w, err := p.register(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Readiness{p: p, w: w}, nil
+}
 
-func (p *Pool) watch(key Key, front bool) (*Readiness, error) {
+func (p *Pool) register(key Key) (*waiter, error) {
 	for range maxKeyRetries {
 		ref, err := p.internKey(key)
 		if err != nil {
 			return nil, err
 		}
-		w, err := p.waiters.watch(p, ref, front)
+		w, err := p.waiters.register(p, ref)
 		if err == errKeyGone {
 			continue
 		}
-		if err != nil {
-			return nil, err
-		}
-		return &Readiness{p: p, w: w}, nil
+		return w, err
 	}
 	return nil, errKeyChurn(key)
 }
@@ -215,7 +369,7 @@ func (p *Pool) watch(key Key, front bool) (*Readiness, error) {
 // Ready is closed when the caller should re-check.
 func (r *Readiness) Ready() <-chan struct{} { return r.w.ch }
 
-// Close ends the registration. A wake-up it received is passed on to the next
+// Close ends the registration. A unit it was handed is passed on to the next
 // waiter on the key, so capacity is never left idle behind a caller that went
 // away; a caller that used the capacity costs another waiter a re-check at most.
-func (r *Readiness) Close() { r.p.waiters.cancel(r.p, r.w) }
+func (r *Readiness) Close() { r.p.waiters.leave(r.p, r.w, false) }

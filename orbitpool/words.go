@@ -82,12 +82,76 @@ func keyCtl(gen uint32, st int) uint64 {
 
 // Key record offsets.
 const (
-	kfCtl  = 0
-	kfHi   = 8
-	kfLo   = 16
-	kfSeq  = 24 // wake sequence: bumped once per unit of capacity returned
-	kfMask = 32 // lanes with waiters on this key
+	kfCtl    = 0
+	kfHi     = 8
+	kfLo     = 16
+	kfTicket = 24 // the last waiter ticket handed out for this key
+	kfMasks  = 32 // maskWords words of lanes with waiters, then maskWords of lanes that may have room
+
+	// kfUnclaimed counts units that came back while every waiter had a
+	// unit on its way (see Pool.grant and waiterTable.eligible).
+	kfUnclaimed = kfMasks + 2*MaxLanes/8
 )
+
+// A lane's queue word for one key is its part of the key's fleet-wide queue:
+//
+//	bits  0..15  grants: units handed to this lane's waiters, not yet delivered
+//	bits 16..31  how many of its waiters are waiting (not yet granted), at most 0xffff
+//	bits 32..63  the low half of the oldest waiting waiter's ticket
+//
+// The word after it holds the low halves of the second and third oldest
+// waiting tickets. The lane writes both from its own queue (the second word
+// first); a process returning capacity adds a grant to the lane whose next
+// waiter to be granted is oldest (the oldest, the second or the third, by the
+// grants already on their way; past the third, the third stands for it); the
+// lane's dispatcher delivers grants to its oldest waiters. So a unit that
+// comes back goes to the oldest waiter of the whole fleet, whichever process
+// it is in, even when units come back faster than lanes deliver them.
+const (
+	queueSize  = 16
+	qGrantMask = 1<<16 - 1
+	qUngShift  = 16
+	qTickShift = 32
+)
+
+func qGrants(q uint64) int    { return int(q & qGrantMask) }
+func qWaiting(q uint64) int   { return int(q >> qUngShift & 0xffff) }
+func qTicket(q uint64) uint32 { return uint32(q >> qTickShift) }
+func queueWord(ticket uint64, waiting int) uint64 {
+	return uint64(uint32(ticket))<<qTickShift | uint64(min(waiting, 0xffff))<<qUngShift
+}
+
+// laneNext reads lane l's queue words for key k and returns the ticket of the
+// waiter the lane would deliver its next grant to, and the first word; ok is
+// false when every waiting waiter of the lane has a grant on its way.
+func (s *segment) laneNext(l, k int) (next uint32, q uint64, ok bool) {
+	off := s.queueOff(l, k)
+	q = atomic.LoadUint64(s.u64(off))
+	g := qGrants(q)
+	if qWaiting(q) <= g {
+		return 0, q, false
+	}
+	if g == 0 {
+		return qTicket(q), q, true
+	}
+	more := atomic.LoadUint64(s.u64(off + 8))
+	if g == 1 {
+		return uint32(more), q, true
+	}
+	return uint32(more >> 32), q, true
+}
+
+// ticketBefore reports whether ticket a was handed out before b. Tickets are
+// compared in 32 bits, which holds while no waiter waits through 2^31 others.
+func ticketBefore(a, b uint32) bool { return int32(a-b) < 0 }
+
+// maskOff and roomOff address the word of key k's waiter and room masks that
+// holds lane l's bit.
+func (s *segment) maskOff(k, l int) int { return s.keyOff(k) + kfMasks + 8*(l>>6) }
+func (s *segment) roomOff(k, l int) int {
+	return s.keyOff(k) + kfMasks + 8*(s.l.maskWords+l>>6)
+}
+func laneBit(l int) uint64 { return 1 << (l & 63) }
 
 // Lane record offsets.
 const (
@@ -137,11 +201,12 @@ func ticketLaneGen(t uint64) uint32 { return uint32(t>>32) & 0xffffff }
 func (s *segment) slotOff(lane, slot int) int {
 	return s.l.slots + (lane*s.l.perLane+slot)*slotSize
 }
-func (s *segment) keyOff(k int) int     { return s.l.keys + k*keySize }
-func (s *segment) laneOff(l int) int    { return s.l.lanes + l*laneSize }
-func (s *segment) headOff(l, k int) int { return s.l.heads + (l*s.l.nkeys+k)*4 }
-func (s *segment) waitOff(l, k int) int { return s.l.waits + (l*s.l.nkeys+k)*4 }
-func (s *segment) statOff(l, k int) int { return s.l.stats + (l*s.l.nkeys+k)*statSize }
+func (s *segment) keyOff(k int) int      { return s.l.keys + k*keySize }
+func (s *segment) laneOff(l int) int     { return s.l.lanes + l*laneSize }
+func (s *segment) headOff(l, k int) int  { return s.l.heads + (l*s.l.nkeys+k)*4 }
+func (s *segment) waitOff(l, k int) int  { return s.l.waits + (l*s.l.nkeys+k)*4 }
+func (s *segment) queueOff(l, k int) int { return s.l.queues + (l*s.l.nkeys+k)*queueSize }
+func (s *segment) statOff(l, k int) int  { return s.l.stats + (l*s.l.nkeys+k)*statSize }
 
 func (s *segment) count(l, k, field int, n uint64) {
 	atomic.AddUint64(s.u64(s.statOff(l, k)+field), n)
