@@ -55,6 +55,7 @@ func (p *Pool) SetCapacity(id ResourceID, capacity int) error {
 		return fmt.Errorf("orbitpool: resource %v names key entry %d: %w", id, k, ErrCorrupt)
 	}
 	if capacity > old {
+		p.setRoom(p.lane, k)
 		p.wake(k, uint64(capacity-old))
 	}
 	return nil
@@ -89,16 +90,19 @@ func (p *Pool) overCapacity(off int, w uint64) bool {
 	return wUse(w)+wPendN(w) > int(atomic.LoadUint32(p.seg.u32(off+slCapacity)))
 }
 
-// ungrant gives back a reservation that overCapacity refused: its ticket
-// first, so no Accept can take it, then its bit, and wakes the key for the
-// unit a waiter may have been refused because of it.
-func (p *Pool) ungrant(off int, gen uint64, bit int, ticket uint64) {
+// ungrant gives back a reservation on id that overCapacity refused: its
+// ticket first, so no Accept can take it, then its bit. It marks the owner's
+// lane as having room, since a scan may have cleared it while the reservation
+// filled the resource, and wakes the key for the unit a waiter may have been
+// refused because of it.
+func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
 	s := p.seg
 	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*bit), ticket, 0) {
 		return // the slot was freed meanwhile, or its owner aged the bit
 	}
-	if p.dropReservation(off, gen, 1<<bit) {
+	if p.dropReservation(off, id.Generation(), 1<<bit) {
 		if k, _, ok := p.slotKey(off); ok {
+			p.setRoom(id.Lane(), k)
 			p.wake(k, 1)
 		}
 	}

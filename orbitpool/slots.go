@@ -305,7 +305,7 @@ func (p *Pool) Reserve(id ResourceID) (Lease, error) {
 			}
 			if atomic.CompareAndSwapUint64(word, w, w|1<<bit) {
 				if p.overCapacity(off, w|1<<bit) {
-					p.ungrant(off, id.Generation(), bit, t)
+					p.ungrant(off, id, bit, t)
 					return Lease{}, ErrBusy
 				}
 				inc := Incarnation(atomic.LoadUint64(s.u64(s.laneOff(lane) + lnIncarnation)))
