@@ -79,8 +79,8 @@ type App struct {
 
 	// Processes is how many processes can be members of the fleet at once,
 	// counting old and new ones overlapping during an upgrade. Part of the
-	// table's size: every process must use the same value. Default: 64,
-	// which is also the maximum.
+	// table's size: every process must use the same value. Default: 64;
+	// at most 256, room for a fleet of 128 handing over to another.
 	Processes int `json:"processes,omitempty"`
 
 	// Keys is how many distinct upstreams (scheme, address and TLS

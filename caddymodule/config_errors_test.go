@@ -130,8 +130,8 @@ func TestValidateErrors(t *testing.T) {
 	}{
 		{"segment relative", appConfig(`{"segment": "orbit"}`), `segment must be an absolute path, got "orbit"`},
 		{"socket_dir relative", appConfig(`{"socket_dir": "run/orbit"}`), `socket_dir must be an absolute path, got "run/orbit"`},
-		{"processes high", appConfig(`{"processes": 65}`), "processes must be between 1 and 64, got 65"},
-		{"processes negative", appConfig(`{"processes": -1}`), "processes must be between 1 and 64, got -1"},
+		{"processes high", appConfig(`{"processes": 257}`), "processes must be between 1 and 256, got 257"},
+		{"processes negative", appConfig(`{"processes": -1}`), "processes must be between 1 and 256, got -1"},
 		{"keys", appConfig(`{"keys": -1}`), "keys must be at least 1, got -1"},
 		{"keys high", appConfig(`{"keys": 2000000}`), "table sizes: orbitpool: keys 2000000 out of range"},
 		{"conns_per_process", appConfig(`{"conns_per_process": -3}`), "conns_per_process must be between 1 and"},

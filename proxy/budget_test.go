@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -292,5 +293,49 @@ func TestLargeUploadBuffers(t *testing.T) {
 				return gov.Outstanding() == 0 && gov.ReservedBytes() == 0
 			})
 		})
+	}
+}
+
+// TestWaitingRequestsHoldNoWorker: an owner with one worker and one
+// connection runs a request of its own on it while another of its own and a
+// sibling's wait for it. A waiting request holds no worker, so whichever
+// gets the connection next runs: the sibling's lease is never refused as
+// busy for want of a worker that a waiting request of the owner's held, and
+// all three succeed.
+func TestWaitingRequestsHoldNoWorker(t *testing.T) {
+	u := newTestUpstream(t)
+	gov := governor.New(1, 0)
+	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: time.Second},
+		func(tr *Transport) { tr.MaxConnsPerKey = 1 })
+	warm(t, owner, u.url("/sink"))
+	errs := make(chan error, 3)
+	send := func(m *member, ms int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := get(t, ctx, m.tr, u.url(fmt.Sprintf("/slow?ms=%d", ms)))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != "ok" {
+				err = fmt.Errorf("body %q", b)
+			}
+		}
+		errs <- err
+	}
+	go send(owner, 300)
+	time.Sleep(50 * time.Millisecond)
+	go send(owner, 300)
+	time.Sleep(50 * time.Millisecond)
+	go send(client, 50)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("request failed: %v", err)
+		}
+	}
+	if st := owner.node.Stats(); st.RefusedBy["busy"] != 0 || st.ServedRemote != 1 {
+		t.Errorf("owner: refused %v, served %d for the sibling; want no refusal and one served", st.RefusedBy, st.ServedRemote)
+	}
+	if st := client.node.Stats(); st.Created != 0 {
+		t.Errorf("client dialed %d connections over a cap of 1", st.Created)
 	}
 }

@@ -80,9 +80,12 @@
 //
 // The Node's governor is the process's one budget: every exchange, through a
 // Transport or forwarded for a sibling, holds one worker for as long as it
-// runs and exchange buffers of 32 KiB charged to its memory limit: the
-// request body copy buffer and, on the owner, the relay buffer and the
-// stream's buffers. A request body of 1 MiB or more, or of unknown length,
+// runs and exchange buffers of 32 KiB charged to its memory limit. A request
+// takes its worker once it has a connection, a lease or a permit to dial,
+// not while it waits on the pool: an owner's waiting requests would otherwise
+// hold the workers its siblings' exchanges on its connections need. The
+// buffers are the request body copy buffer and, on the owner, the relay
+// buffer and the stream's buffers. A request body of 1 MiB or more, or of unknown length,
 // asks for 8 buffers and goes out in writes that large; when memory is short
 // it gets fewer, never fewer than one. A [governor.Admission] is asked before
 // a dial (in flight: the connections the process owns and is dialing) and

@@ -256,10 +256,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx := req.Context()
-	release, bufs, err := t.budget(ctx, req)
+	b, err := t.budget(ctx, req)
 	if err != nil {
 		closeBody()
 		return nil, err
+	}
+	var release func()
+	if b != nil {
+		release = b.release
 	}
 
 	r := req
@@ -279,7 +283,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var busyLanes []int // owners that rejected this request for want of room
 	for attempt := 0; ; attempt++ {
 		onDone, delivered := attemptRelease(release)
-		resp, err := t.once(r, e, bufs, &busyLanes, onDone)
+		resp, err := t.once(r, e, b, &busyLanes, onDone)
 		if err == nil {
 			delivered()
 			if tb != nil {
@@ -321,40 +325,67 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// budget takes what a request holds for its whole exchange: a permit of the
-// Limiter and a worker of the Node's governor with the exchange buffers it
-// wants (several for a large body, fewer when memory is short, never none).
-// Both waits end near the request's deadline. release gives both back, once.
-func (t *Transport) budget(ctx context.Context, req *http.Request) (release func(), bufs int, err error) {
-	var p *backpressure.Permit
+// exchangeBudget is what a request holds for its exchange: a permit of the
+// Limiter, from the start, and a worker of the Node's governor with the
+// exchange buffers it wants (several for a large body, fewer when memory is
+// short, never none), from the moment an attempt has a plan. A request that
+// waits for the pool holds no worker: on an owner, the workers its own
+// waiting requests held would be missing to the siblings' exchanges on its
+// connections, whose leases it would then refuse as busy.
+type exchangeBudget struct {
+	t      *Transport
+	req    *http.Request
+	permit *backpressure.Permit
+	ls     *governor.LeaseSet
+	bufs   int
+	done   atomic.Bool
+}
+
+// budget admits req through the Limiter, if there is one. Without a Limiter
+// or a governor there is nothing to hold, and the budget is nil.
+func (t *Transport) budget(ctx context.Context, req *http.Request) (*exchangeBudget, error) {
+	if t.Limiter == nil && t.Node.gov == nil {
+		return nil, nil
+	}
+	b := &exchangeBudget{t: t, req: req, bufs: 1}
 	if t.Limiter != nil {
-		if p, err = t.Limiter.Acquire(ctx); err != nil {
-			return nil, 0, &Error{Op: "admit", RetrySafe: true, Err: err}
-		}
-	}
-	bufs = 1
-	var ls *governor.LeaseSet
-	if g := t.Node.gov; g != nil {
-		hasBody := req.Body != nil && req.Body != http.NoBody
-		wctx, cancel := waitContext(ctx, t.nearWindow())
-		ls, err = g.AcquireManyContext(wctx, bufsFor(hasBody, req.ContentLength), exchangeBuf)
-		cancel()
+		p, err := t.Limiter.Acquire(ctx)
 		if err != nil {
-			p.Release()
-			return nil, 0, &Error{Op: "budget", RetrySafe: true, Err: waitEnd(ctx, err)}
+			return nil, &Error{Op: "admit", RetrySafe: true, Err: err}
 		}
-		bufs = ls.Workers()
+		b.permit = p
 	}
-	if p == nil && ls == nil {
-		return nil, bufs, nil
+	return b, nil
+}
+
+// workers takes the governor's worker and buffers, once per request (a
+// retry keeps them); the wait ends near the request's deadline. It returns
+// how many exchange buffers the request may use.
+func (b *exchangeBudget) workers(ctx context.Context) (int, error) {
+	if b == nil {
+		return 1, nil
 	}
-	var once atomic.Bool
-	return func() {
-		if once.CompareAndSwap(false, true) {
-			p.Release()
-			ls.Release()
-		}
-	}, bufs, nil
+	g := b.t.Node.gov
+	if g == nil || b.ls != nil {
+		return b.bufs, nil
+	}
+	hasBody := b.req.Body != nil && b.req.Body != http.NoBody
+	wctx, cancel := waitContext(ctx, b.t.nearWindow())
+	ls, err := g.AcquireManyContext(wctx, bufsFor(hasBody, b.req.ContentLength), exchangeBuf)
+	cancel()
+	if err != nil {
+		return 0, &Error{Op: "budget", RetrySafe: true, Err: waitEnd(ctx, err)}
+	}
+	b.ls, b.bufs = ls, ls.Workers()
+	return b.bufs, nil
+}
+
+// release gives back what the request holds, once.
+func (b *exchangeBudget) release() {
+	if b.done.CompareAndSwap(false, true) {
+		b.permit.Release()
+		b.ls.Release()
+	}
 }
 
 // nearWindow is how close to its deadline a request may still start work.
@@ -388,7 +419,7 @@ func attemptRelease(release func()) (onDone, delivered func()) {
 	return onDone, delivered
 }
 
-// once runs one attempt: acquire a plan and carry it out, with bufs exchange
+// once runs one attempt: acquire a plan and carry it out, on the worker and
 // buffers. An owner that rejects the request for want of room in time
 // (ErrOwnerBusy) is added to busyLanes, and later attempts do not reuse its
 // connections.
@@ -397,7 +428,7 @@ func attemptRelease(release func()) (onDone, delivered func()) {
 // claimVerdict): before the pool is asked, and before a dial; the wait on
 // the pool ends when the deadline comes within the near-window. A dial is
 // also put to the admission backstop.
-func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, busyLanes *[]int, release func()) (*http.Response, error) {
+func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget, busyLanes *[]int, release func()) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
 	lim := orbitpool.Limits{MaxResources: t.MaxConnsPerKey, MaxCreating: t.MaxDialingPerKey}
@@ -426,6 +457,17 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, bufs int, busyLane
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
 			}
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
+		}
+		bufs, err := b.workers(ctx)
+		if err != nil {
+			// A lease has no way back but its owner's aging.
+			if plan.Execution != nil {
+				plan.Execution.Complete()
+			}
+			if plan.Permit != nil {
+				plan.Permit.Close()
+			}
+			return nil, err
 		}
 		switch plan.Kind {
 		case orbitpool.PlanReuseLocal:
