@@ -337,7 +337,6 @@ type exchangeBudget struct {
 	req    *http.Request
 	permit *backpressure.Permit
 	ls     *governor.LeaseSet
-	bufs   int
 	done   atomic.Bool
 }
 
@@ -347,7 +346,7 @@ func (t *Transport) budget(ctx context.Context, req *http.Request) (*exchangeBud
 	if t.Limiter == nil && t.Node.gov == nil {
 		return nil, nil
 	}
-	b := &exchangeBudget{t: t, req: req, bufs: 1}
+	b := &exchangeBudget{t: t, req: req}
 	if t.Limiter != nil {
 		p, err := t.Limiter.Acquire(ctx)
 		if err != nil {
@@ -362,22 +361,21 @@ func (t *Transport) budget(ctx context.Context, req *http.Request) (*exchangeBud
 // retry keeps them); the wait ends near the request's deadline. It returns
 // how many exchange buffers the request may use.
 func (b *exchangeBudget) workers(ctx context.Context) (int, error) {
-	if b == nil {
+	if b == nil || b.t.Node.gov == nil {
 		return 1, nil
 	}
-	g := b.t.Node.gov
-	if g == nil || b.ls != nil {
-		return b.bufs, nil
+	if b.ls != nil {
+		return b.ls.Workers(), nil
 	}
 	hasBody := b.req.Body != nil && b.req.Body != http.NoBody
 	wctx, cancel := waitContext(ctx, b.t.nearWindow())
-	ls, err := g.AcquireManyContext(wctx, bufsFor(hasBody, b.req.ContentLength), exchangeBuf)
+	ls, err := b.t.Node.gov.AcquireManyContext(wctx, bufsFor(hasBody, b.req.ContentLength), exchangeBuf)
 	cancel()
 	if err != nil {
 		return 0, &Error{Op: "budget", RetrySafe: true, Err: waitEnd(ctx, err)}
 	}
-	b.ls, b.bufs = ls, ls.Workers()
-	return b.bufs, nil
+	b.ls = ls
+	return ls.Workers(), nil
 }
 
 // release gives back what the request holds, once.
