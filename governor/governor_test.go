@@ -212,6 +212,7 @@ func TestWaitersServedInArrivalOrder(t *testing.T) {
 				t.Fatalf("waiter %d served in position %d", got, want)
 			}
 		}
+		synctest.Wait() // the last waiter releases after it reports
 		checkIdle(t, g)
 	})
 }
