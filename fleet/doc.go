@@ -2,7 +2,8 @@
 // `caddy orbit-fleet` command's supervisor, which starts, restarts, reloads
 // and stops the workers, and the listening sockets it holds for them, which
 // outlive any one worker so that no queued client connection is reset when a
-// worker reloads or dies.
+// worker reloads or dies, and which a stopping worker drains before it lets
+// go of them.
 //
 // The workers are ordinary Caddy processes of the same binary. What makes
 // them share upstream connections is the orbit_pool app and transport in

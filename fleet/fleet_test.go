@@ -1,13 +1,19 @@
 package fleet
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestWorkerConfig(t *testing.T) {
@@ -198,5 +204,121 @@ func TestFleetSocketsRefuseTakenAddress(t *testing.T) {
 			fs.close()
 		}
 		other.Close()
+	}
+}
+
+// TestStopAcceptingServesTheQueue: a worker that stops accepting at exit
+// serves the connections already queued on its socket instead of leaving
+// them to be reset, and new connections are refused once the socket's last
+// descriptor closes.
+func TestStopAcceptingServesTheQueue(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	fl, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "test-drain/" + addr
+	l := newHandoffListener(key, fl.(*net.TCPListener))
+	// Queued: the handshakes complete, nobody accepts yet.
+	const queued = 5
+	var clients []net.Conn
+	for i := range queued {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "%d\n", i)
+		clients = append(clients, c)
+	}
+	v, _ := socketGroups.Load(key)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	rc.Control(func(f uintptr) { fd, err = unix.Dup(int(f)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	v.(*socketGroup).stopAccepting(fd)
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("a connection was accepted after the last descriptor closed")
+	}
+	// acceptSoon is l.Accept, bounded: with the queue lost, it would wait
+	// for a connection that never comes.
+	acceptSoon := func() (net.Conn, error) {
+		type accepted struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan accepted, 1)
+		go func() {
+			c, err := l.Accept()
+			ch <- accepted{c, err}
+		}()
+		select {
+		case a := <-ch:
+			return a.c, a.err
+		case <-time.After(3 * time.Second):
+			return nil, errors.New("nothing to accept")
+		}
+	}
+	seen := make(map[string]bool)
+	for range queued {
+		c, err := acceptSoon()
+		if err != nil {
+			t.Fatalf("accepting a queued connection: %v", err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading a queued connection: %v", err)
+		}
+		seen[line] = true
+		if _, err := c.Write([]byte("ok")); err != nil {
+			t.Fatalf("answering a queued connection: %v", err)
+		}
+		c.Close()
+	}
+	if len(seen) != queued {
+		t.Errorf("served %d distinct queued connections, want %d", len(seen), queued)
+	}
+	for _, c := range clients {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if b, err := io.ReadAll(c); err != nil || string(b) != "ok" {
+			t.Errorf("client read %q, %v; want the answer", b, err)
+		}
+	}
+	// Nothing is left: Accept waits until the listener closes.
+	errc := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if c != nil {
+			c.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		t.Fatalf("Accept returned %v with nothing queued", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := l.Close(); err != nil {
+		t.Errorf("closing the listener: %v", err)
+	}
+	if err := <-errc; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Accept after Close: %v, want net.ErrClosed", err)
 	}
 }

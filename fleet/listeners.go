@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,8 +78,49 @@ var inherited = sync.OnceValues(func() (*inheritedSockets, error) {
 	for key, fd := range fds {
 		is.files[key] = os.NewFile(uintptr(fd), key)
 	}
+	if len(fds) > 0 {
+		go is.drainOnExit()
+	}
 	return is, nil
 })
+
+// drainOnExit stops accepting once the worker is told to exit (SIGTERM, as
+// the supervisor and Pdeathsig send it, or SIGINT; Caddy's own handler stops
+// the servers). Caddy's servers go on accepting until their shutdown delay
+// has passed, and at their shutdown the kernel resets every connection still
+// queued on a socket that closes, and net/http drops unanswered every
+// connection it accepted but had not yet read a request from. Stopping at
+// the signal instead, with the queue taken in, leaves the shutdown delay to
+// read and serve what was accepted; new connections are refused at once, as
+// by a lone server that stops, or wait for this slot's replacement while the
+// supervisor still holds the socket.
+func (is *inheritedSockets) drainOnExit() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	<-sigs
+	signal.Stop(sigs)
+	is.mu.Lock()
+	files := maps.Clone(is.files)
+	is.mu.Unlock()
+	for key, f := range files {
+		// The socket's queue is taken in on a descriptor of its own, the
+		// last one this process holds, so that closing it follows the
+		// last accept call at once.
+		var fd int
+		var err error
+		if rc, rerr := f.SyscallConn(); rerr != nil {
+			err = rerr
+		} else if cerr := rc.Control(func(f uintptr) { fd, err = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
+			err = cerr
+		}
+		is.release(key)
+		if err != nil {
+			continue // its listeners close with their servers
+		}
+		v, _ := socketGroups.LoadOrStore(key, &socketGroup{changed: make(chan struct{})})
+		v.(*socketGroup).stopAccepting(fd)
+	}
+}
 
 // listener returns a new listener on the inherited socket key, or nil if
 // there is none (or no longer one).
@@ -152,9 +195,71 @@ type socketGroup struct {
 	lns     []*handoffListener
 	changed chan struct{} // closed when lns changes
 	// handed are connections an older listener accepted in the instant a
-	// newer one took over (its accept call was already under way); the
-	// newest listener serves them.
+	// newer one took over (its accept call was already under way), and
+	// those left queued on the socket when the process stopped accepting;
+	// the newest listener serves them.
 	handed []net.Conn
+	// draining: the process is exiting, and accepts no more from the
+	// socket.
+	draining bool
+	// accepting counts the listeners in an accept call on the socket.
+	accepting int
+}
+
+// stopAccepting closes the listeners' descriptors of the socket, takes in
+// the connections queued on it, for the newest listener to serve, and closes
+// fd, its last descriptor in this process, at once: a connection whose
+// handshake completes in between is reset. The listeners stay open, serving
+// what they were handed, until their servers close them.
+func (g *socketGroup) stopAccepting(fd int) {
+	g.mu.Lock()
+	g.draining = true
+	for _, l := range g.lns {
+		l.TCPListener.SetDeadline(time.Now()) // interrupt its Accept
+	}
+	// A descriptor closed under a blocked accept call is released only
+	// when that call returns: until then the socket would go on queueing
+	// connections, to reset them when it finally closes.
+	for g.accepting > 0 {
+		ch := g.changed
+		g.mu.Unlock()
+		<-ch
+		g.mu.Lock()
+	}
+	for _, l := range g.lns {
+		l.TCPListener.Close()
+	}
+	g.mu.Unlock()
+	queued := acceptQueuedAndClose(fd)
+	g.mu.Lock()
+	g.handed = append(g.handed, queued...)
+	g.notifyLocked()
+	g.mu.Unlock()
+}
+
+// acceptQueuedAndClose accepts, without waiting, every connection queued on
+// the listening socket fd, then closes fd.
+func acceptQueuedAndClose(fd int) []net.Conn {
+	var conns []net.Conn
+	if err := unix.SetNonblock(fd, true); err == nil {
+		for {
+			nfd, _, err := unix.Accept4(fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			if err == unix.EINTR || err == unix.ECONNABORTED {
+				continue
+			}
+			if err != nil {
+				break // EAGAIN: the queue is empty
+			}
+			cf := os.NewFile(uintptr(nfd), "accepted")
+			c, err := net.FileConn(cf)
+			cf.Close()
+			if err == nil {
+				conns = append(conns, c)
+			}
+		}
+	}
+	unix.Close(fd)
+	return conns
 }
 
 // handoffListener hands a socket over from one config to the next: once a
@@ -199,35 +304,45 @@ func (l *handoffListener) Accept() (net.Conn, error) {
 			g.mu.Unlock()
 			return nil, net.ErrClosed
 		}
-		if g.lns[len(g.lns)-1] != l {
-			ch := g.changed
-			g.mu.Unlock()
-			<-ch
-			continue
-		}
-		if len(g.handed) > 0 {
+		newest := g.lns[len(g.lns)-1] == l
+		if newest && len(g.handed) > 0 {
 			c := g.handed[0]
 			g.handed = g.handed[1:]
 			g.mu.Unlock()
 			return c, nil
 		}
+		if !newest || g.draining {
+			ch := g.changed
+			g.mu.Unlock()
+			<-ch
+			continue
+		}
 		// Under g.mu, so that a newer listener's interruption cannot
 		// come between this and the Accept below unnoticed.
 		l.TCPListener.SetDeadline(time.Time{})
+		g.accepting++
 		g.mu.Unlock()
 		c, err := l.TCPListener.Accept()
+		g.mu.Lock()
+		g.accepting--
+		if g.draining {
+			g.notifyLocked()
+		}
 		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			stopped := g.draining
+			g.mu.Unlock()
+			if ne, ok := err.(net.Error); stopped || ok && ne.Timeout() {
 				continue
 			}
 			return nil, err
 		}
-		g.mu.Lock()
-		if newest := g.lns[len(g.lns)-1]; newest != l && !l.closed {
+		if n := len(g.lns); n > 0 && g.lns[n-1] != l {
 			// The accept call was under way when a newer listener took
-			// over: the connection is the newer config's to serve.
+			// over, or this one closed: the connection is the newest
+			// one's to serve.
 			g.handed = append(g.handed, c)
-			newest.TCPListener.SetDeadline(time.Now()) // interrupt its Accept
+			g.lns[n-1].TCPListener.SetDeadline(time.Now()) // interrupt its Accept
+			g.notifyLocked()
 			g.mu.Unlock()
 			continue
 		}
@@ -256,8 +371,12 @@ func (l *handoffListener) Close() error {
 			g.handed = nil
 		}
 		g.notifyLocked()
+		drained := g.draining
 		g.mu.Unlock()
 		err := l.TCPListener.Close()
+		if drained {
+			err = nil // closed when the process stopped accepting
+		}
 		if last {
 			if is, _ := inherited(); is != nil {
 				is.release(l.key)
