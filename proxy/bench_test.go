@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/orbitproxy/orbit/orbitpool"
+	"golang.org/x/sys/unix"
 )
 
 // The benchmarks talk to an upstream in another process, so that what they
@@ -122,6 +123,15 @@ func startBenchUpstreamMode(b *testing.B, mode string) string {
 	return scheme + strings.TrimPrefix(sc.Text(), "addr ")
 }
 
+// cpuTime is the user and system CPU time this process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
@@ -131,11 +141,13 @@ func benchGet(b *testing.B, rt http.RoundTripper, req *http.Request) {
 	resp.Body.Close()
 }
 
-// BenchmarkThroughput compares requests per second and allocations per
+// BenchmarkThroughput compares requests per second, CPU time (user and
+// system, of this process: the upstream runs in another) and allocations per
 // request of the local path with net/http.Transport, serially and with
 // parallel clients, to the same upstream, over plain TCP and over TLS (where
 // the check that a reused connection holds no unread plaintext costs a read
-// attempt per request).
+// attempt per request). orbit-remote is the remote path, serially (its pair
+// has one connection): its CPU time is both ends of the unix leg.
 func BenchmarkThroughput(b *testing.B) {
 	url := startBenchUpstream(b) + "/ok"
 	tlsURL := startBenchUpstreamMode(b, "tls") + "/ok"
@@ -146,13 +158,18 @@ func BenchmarkThroughput(b *testing.B) {
 	b.Cleanup(refTLS.CloseIdleConnections)
 	local := localTransport(b, nil)
 	localTLS := localTransport(b, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} })
+	owner, client := remotePair(b, nil)
+	warm(b, owner, url)
 	for _, rt := range []struct {
 		name string
 		rt   http.RoundTripper
 		url  string
-	}{{"nethttp", ref, url}, {"orbit-local", local, url}, {"nethttp-tls", refTLS, tlsURL}, {"orbit-local-tls", localTLS, tlsURL}} {
+	}{{"nethttp", ref, url}, {"orbit-local", local, url}, {"orbit-remote", client.tr, url}, {"nethttp-tls", refTLS, tlsURL}, {"orbit-local-tls", localTLS, tlsURL}} {
 		url := rt.url
 		for _, par := range []bool{false, true} {
+			if par && rt.rt == client.tr {
+				continue
+			}
 			name := rt.name + "/serial"
 			if par {
 				name = rt.name + "/parallel"
@@ -161,6 +178,7 @@ func BenchmarkThroughput(b *testing.B) {
 				req, _ := http.NewRequest("GET", url, nil)
 				benchGet(b, rt.rt, req)
 				b.ReportAllocs()
+				cpu0 := cpuTime(b)
 				b.ResetTimer()
 				if par {
 					b.SetParallelism(4)
@@ -176,6 +194,7 @@ func BenchmarkThroughput(b *testing.B) {
 					}
 				}
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+				b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/1e3/float64(b.N), "cpu-us/req")
 			})
 		}
 	}
