@@ -36,6 +36,10 @@ type relay struct {
 	// bufs is how many exchange buffers the exchange was granted: the
 	// size of the body copy buffer.
 	bufs int
+	// scratch holds a head marker or a chunk header on its way to bw:
+	// bw may pass what it is given to the stream, so a buffer on the
+	// stack would be moved to the heap on every use.
+	scratch [20]byte
 
 	// mu orders the accept frame, which the exchange's writer may send
 	// (acceptBody), with the responses the serving goroutine writes after
@@ -44,6 +48,9 @@ type relay struct {
 	sentAccept bool
 }
 
+// acceptFrame is the accept frame, which has no payload.
+var acceptFrame = appendResponseFrame(nil, responseFrame{typ: frameAccept})
+
 // accept writes the accept frame ahead of the first response, unless it has
 // gone out already.
 func (r *relay) accept() {
@@ -51,7 +58,7 @@ func (r *relay) accept() {
 	defer r.mu.Unlock()
 	if !r.sentAccept {
 		r.sentAccept = true
-		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+		r.bw.Write(acceptFrame)
 	}
 }
 
@@ -64,7 +71,7 @@ func (r *relay) acceptBody() {
 	defer r.mu.Unlock()
 	if !r.sentAccept {
 		r.sentAccept = true
-		r.bw.Write(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+		r.bw.Write(acceptFrame)
 		r.bw.Flush()
 	}
 }
@@ -149,10 +156,10 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	}
 	bw := r.bw
 	if h2 && resp.ContentLength >= 0 && hasBody {
-		bw.Write(appendHeadLength(nil, hf, resp.ContentLength))
+		bw.Write(appendHeadLength(r.scratch[:0], hf, resp.ContentLength))
 		resp.Header.Del("Content-Length")
 	} else {
-		bw.Write(appendHead(nil, hf))
+		bw.Write(appendHead(r.scratch[:0], hf))
 	}
 	writeStatusLine(bw, resp)
 	resp.Header.Write(bw)
@@ -211,7 +218,6 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 	buf := *bp
 	bw := r.bw
 	src, _ := resp.Body.(buffered)
-	var hdr [20]byte
 	for {
 		if bw.Buffered() > 0 && (src == nil || src.buffered() == 0) {
 			if err := bw.Flush(); err != nil {
@@ -221,7 +227,7 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			if chunked {
-				h := strconv.AppendInt(hdr[:0], int64(n), 16)
+				h := strconv.AppendInt(r.scratch[:0], int64(n), 16)
 				h = append(h, '\r', '\n')
 				bw.Write(h)
 			}

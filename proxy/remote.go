@@ -135,7 +135,8 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		return nil, err
 	}
 	dl, _ := ctx.Deadline()
-	lg := &remoteLeg{lease: lease, deadline: dl, reqLength: -1}
+	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1}}
+	lg := &rx.leg
 	orig := req
 	if len(req.Trailer) > 0 && req.ContentLength > 0 {
 		// HTTP/1.1 carries trailers only in a chunked body: send it so,
@@ -146,7 +147,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		lg.reqLength = req.ContentLength
 		req = &r2
 	}
-	opts := &exchangeOpts{
+	rx.opts = exchangeOpts{
 		bufs:                  bufs,
 		maxHeaderBytes:        o.maxHeaderBytes,
 		expectContinueTimeout: o.expectContinueTimeout,
@@ -160,11 +161,17 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 			}
 		},
 	}
-	resp, err := c.roundTrip(req, opts)
+	resp, err := c.roundTrip(req, &rx.opts)
 	if resp != nil {
 		resp.Request = orig
 	}
 	return resp, err
+}
+
+// remoteExchange is a remote exchange's leg and options, allocated together.
+type remoteExchange struct {
+	leg  remoteLeg
+	opts exchangeOpts
 }
 
 // remoteLeg frames an exchange on a unix stream to an owner.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +48,10 @@ type leaseDropper interface{ drop(lease []byte) }
 // bufSetter is implemented by an execution that uses as many exchange
 // buffers as its budget granted.
 type bufSetter interface{ setBufs(k int) }
+
+// abortSetter is implemented by an execution that can be cancelled through
+// an abortHook; any other is cancelled through its request's context.
+type abortSetter interface{ setAbort(h *abortHook) }
 
 // rejectError is what an acceptor returns to refuse a lease with a reason.
 type rejectError struct {
@@ -220,16 +225,22 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	br := bufio.NewReaderSize(lr, readBufSize)
 	bw := bufio.NewWriterSize(nc, writeBufSize)
 	wait := peerHeadTimeout // a new stream comes with its first frame
+	// One frame for the stream's life: an exchange keeps a pointer to it,
+	// which would otherwise cost an allocation per frame.
+	var f requestFrame
 	for {
 		if !s.idle(pid, true) {
 			s.log.Info("peer stream closed: too many idle streams from one peer",
 				zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
 			return
 		}
+		// The deadline stays until readPeerHead replaces it: nothing
+		// reads the stream before then, and every exchange, refused or
+		// not, reads its request head.
 		nc.SetReadDeadline(time.Now().Add(wait))
-		f, err := readFrame(br, reqHeaderLen, decodeRequestFrame)
+		var err error
+		f, err = readFrame(br, reqHeaderLen, decodeRequestFrame)
 		s.idle(pid, false)
-		nc.SetReadDeadline(time.Time{})
 		wait = 2 * peerIdleTimeout
 		if err != nil {
 			switch {
@@ -265,18 +276,34 @@ func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufi
 // (what br had read ahead aside) and in time by deadline, or peerHeadTimeout
 // if that is sooner or deadline is zero. It leaves deadline as the stream's
 // read deadline, for the body: past it the caller has given up.
+//
+// A sibling writes the frame and the head at once, so the head is usually
+// in br already: then parsing it reads nothing from the stream, and the
+// head's own deadline, a timer change on the hot path, is not needed.
 func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.Time, limit int64) (*http.Request, error) {
-	headBy := time.Now().Add(peerHeadTimeout)
-	if !deadline.IsZero() && deadline.Before(headBy) {
-		headBy = deadline
+	if !headBuffered(br) {
+		headBy := time.Now().Add(peerHeadTimeout)
+		if !deadline.IsZero() && deadline.Before(headBy) {
+			headBy = deadline
+		}
+		nc.SetReadDeadline(headBy)
 	}
-	nc.SetReadDeadline(headBy)
 	lr.n = limit + int64(br.Size())
 	req, err := http.ReadRequest(br)
 	lr.n = math.MaxInt64
 	nc.SetReadDeadline(deadline)
 	return req, err
 }
+
+// headBuffered reports whether br holds the end of a request head, so that
+// reading the head needs no more bytes from the stream: the head ends at
+// its first empty line, which is at or before the first CRLF CRLF.
+func headBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, crlfcrlf)
+}
+
+var crlfcrlf = []byte("\r\n\r\n")
 
 var errOwnerLeaving = errors.New("the owner is leaving the fleet")
 
@@ -431,8 +458,19 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	if bs, ok := exec.(bufSetter); ok {
 		bs.setBufs(bufs)
 	}
-	w := &watch{cr: cr, cancel: cancel, start: time.Now(), deadline: deadline}
-	rl := &relay{bw: bw, log: s.log, bufs: bufs, stopWatch: func() { s.watcher.remove(w) }}
+	ox := new(ownerExchange)
+	w, rl := &ox.w, &ox.rl
+	w.cr, w.start, w.deadline = cr, time.Now(), deadline
+	w.cancel = cancel
+	if as, ok := exec.(abortSetter); ok {
+		ox.ctxCancel = cancel
+		as.setAbort(&ox.abort)
+		w.cancel = ox.cancel
+		// What is still running when serveOne returns is cancelled, as
+		// the deferred cancel does through the context.
+		defer ox.abort.cancel()
+	}
+	rl.bw, rl.log, rl.bufs, rl.stopWatch = bw, s.log, bufs, func() { s.watcher.remove(w) }
 	// What the peer wrote is exactly what it wants sent: Request.Write adds
 	// a default User-Agent only when the header is absent, and an absent
 	// header here means the peer chose to send none.
@@ -446,14 +484,15 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.ContentLength = f.length
 		req.TransferEncoding = nil
 	}
-	reqDone := &bodyDone{ReadCloser: req.Body, onFirstRead: rl.acceptBody}
+	reqDone := &ox.body
+	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, rl.acceptBody
 	if req.Body != http.NoBody {
 		req.Body = reqDone
 	} else {
 		reqDone.done = true
 	}
-	trace := &httptrace.ClientTrace{Got1xxResponse: rl.relay1xx}
-	ctx = httptrace.WithClientTrace(ctx, trace)
+	ox.trace.Got1xxResponse = rl.relay1xx
+	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
 	req = req.WithContext(ctx)
 
 	if reqDone.done {
@@ -495,6 +534,25 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	ok := rl.response(resp, req, nc, br)
 	s.watcher.remove(w)
 	return ok && rl.keepStream && reqDone.isDone() && !cr.peerGone()
+}
+
+// ownerExchange holds what the parts of one sibling's exchange share, so
+// that serving it costs one allocation rather than one for each.
+type ownerExchange struct {
+	w     watch
+	rl    relay
+	body  bodyDone
+	trace httptrace.ClientTrace
+	// abort cancels the exchange on an execution that takes it, beside
+	// the context's cancel, ctxCancel.
+	abort     abortHook
+	ctxCancel context.CancelFunc
+}
+
+// cancel cancels the exchange's context, then the exchange.
+func (ox *ownerExchange) cancel() {
+	ox.ctxCancel()
+	ox.abort.cancel()
 }
 
 // ownerDeadlineGrace is how long after the caller's deadline the owner gives
