@@ -114,7 +114,7 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 }
 `, port, up2.hostport(), up.hostport())
 	}
-	launchWith(f, "workers 1\n\t\tdeadline_near_window 50ms\n\t\treservation_timeout 1s\n\t\twait_timeout 2s", site(f.port))
+	launchWith(f, "workers 1\n\t\tdeadline_near_window 250ms\n\t\treservation_timeout 1s\n\t\twait_timeout 2s", site(f.port))
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	// The owner's lease wait is half the reservation timeout, 500ms; the
 	// wait timeout leaves a loaded machine room for that and a dial.
@@ -175,14 +175,16 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 	oi, _ := strconv.Atoi(owner)
 
 	// Requests reaching the sibling ask for the owner's idle connection.
-	// With a deadline of 400ms: the owner waits for its worker until the
-	// deadline is 50ms off, rejects, and the sibling refuses the request
-	// as deadline_near. Requests reaching the owner wait for its worker
-	// and are refused the same way.
+	// With a deadline of 600ms: the owner waits for its worker until the
+	// deadline is 250ms off (before its 500ms lease wait ends), rejects,
+	// and the sibling refuses the request as deadline_near; the window
+	// leaves a loaded machine time to pass the rejection on before the
+	// deadline itself passes. Requests reaching the owner wait for its
+	// worker and are refused the same way.
 	var sibDeadline, sibServed int
 	for try := 0; try < 40 && (sibDeadline < 2 || sibServed < 2); try++ {
 		if sibDeadline < 2 {
-			status, w, body := send("/", http.Header{"Request-Timeout": {"0.4"}})
+			status, w, body := send("/", http.Header{"Request-Timeout": {"0.6"}})
 			if status != 503 || body != "refused: deadline_near" {
 				t.Fatalf("with a deadline, worker %s answered %d %q; want 503 deadline_near", w, status, body)
 			}
