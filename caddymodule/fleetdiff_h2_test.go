@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/orbitproxy/orbit/internal/grpcmsg"
+	"github.com/orbitproxy/orbit/orbitpool"
 	"golang.org/x/net/http2"
 )
 
@@ -479,7 +480,8 @@ func holdAndCancel(t *testing.T, u *goAwayUpstream, base, id string) bool {
 //     reset (its handler's request ends) and keeps its one connection, also
 //     when the call went through a sibling;
 //   - GOAWAY while twelve calls are in flight: every call finishes with its
-//     message and grpc-status, and the next call goes to a new connection.
+//     message and grpc-status, and the next call goes to a new connection;
+//     the calls themselves open none, but for one case in the fleet (below).
 func TestFleetH2CCancelAndGoAway(t *testing.T) {
 	upStock, upFleet := newGoAwayUpstream(t), newGoAwayUpstream(t)
 	f := newTestFleet(t, 2)
@@ -530,27 +532,58 @@ func TestFleetH2CCancelAndGoAway(t *testing.T) {
 		conns := tc.up.conns.Load()
 		const n = 12
 		res := make(chan string, n)
+		worker := make(chan string, n) // which fleet worker took the call
 		for range n {
 			go func() {
-				o, err := serverStreamOutcome(h2cClient(), tc.base+"/slow")
+				req, _ := http.NewRequest("POST", tc.base+"/slow", http.NoBody)
+				req.Header.Set("Content-Type", "application/grpc")
+				resp, err := h2cClient().Do(req)
 				if err != nil {
+					worker <- ""
 					res <- err.Error()
 					return
 				}
-				res <- fmt.Sprint(o)
+				worker <- resp.Header.Get("X-Worker")
+				res <- fmt.Sprint(readOutcome(resp))
 			}()
 		}
 		waitFor(t, 10*time.Second, tc.name+"'s calls to reach the upstream", func() bool { return tc.up.active.Load() == n })
+		// Every connection open now carries calls, and gets the GOAWAY.
+		atGoAway := tc.up.conns.Load()
+		remote := f.remoteUses(upFleet.hostport()) - before
 		tc.up.goAway(t)
 		outcome[tc.name] = map[string]int{}
+		mostOnOne, perWorker := 0, map[string]int{}
 		for range n {
 			outcome[tc.name][<-res]++
+			w := <-worker
+			perWorker[w]++
+			mostOnOne = max(mostOnOne, perWorker[w])
 		}
 		if o := bidiCall(t, h2cClient(), tc.base+"/echo", [][]byte{[]byte("after")}); o.grpc != "0" || len(o.msgs) != 1 {
 			t.Errorf("%s: call after GOAWAY: %+v", tc.name, o)
 		}
-		if got := tc.up.conns.Load(); got != conns+1 {
-			t.Errorf("%s: %d connections after GOAWAY, want %d: the drained one and a new one", tc.name, got, conns+1)
+		if got := tc.up.conns.Load(); got != atGoAway+1 {
+			t.Errorf("%s: %d connections after GOAWAY, want %d: the drained ones and a new one", tc.name, got, atGoAway+1)
+		}
+		// The calls fit on the one connection (its stream limit is 100),
+		// and stock puts them there. So does the fleet, but for one case:
+		// a connection with all its orbitpool.PendingReservations reserved
+		// by a sibling and not yet accepted by its owner counts as full
+		// (proxy's TestH2CSiblingDialsOnceWhenOwnerBehind), so a worker
+		// that sends more than that many of the calls through its sibling
+		// before the owner accepts them dials one connection of its own
+		// for the rest. It takes the kernel handing that worker more than
+		// PendingReservations (8) of the 12 calls, and an owner slow to
+		// accept them, as on a loaded machine: then the GOAWAY drains two
+		// connections.
+		switch extra := atGoAway - conns; {
+		case extra == 0:
+		case extra == 1 && tc.name == "fleet" && mostOnOne > orbitpool.PendingReservations && remote >= orbitpool.PendingReservations:
+			t.Logf("fleet: a worker took %d of the %d calls, sent %d through its sibling and dialed for the rest", mostOnOne, n, remote)
+		default:
+			t.Errorf("%s: the %d calls opened %d connections (%d through a sibling, at most %d on one worker), want none; or, in the fleet, one when a worker took more than %d and sent that many through its sibling",
+				tc.name, n, extra, remote, mostOnOne, orbitpool.PendingReservations)
 		}
 		if tc.name == "fleet" && f.remoteUses(upFleet.hostport()) == before {
 			t.Errorf("none of the %d calls across GOAWAY went through a sibling", n)

@@ -45,6 +45,14 @@ func (p *Pool) candidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
 // was taken since) loses its bit: it is cleared, then the lane is looked at
 // again, and set back if it has room after all, for an owner that gives a
 // unit back sets the bit after the unit is visible.
+//
+// Room for the bit is a unit neither used nor reserved (withUnitRoom), even when
+// all of a resource's PendingReservations are taken, so that a sibling cannot
+// reserve it now: the bit is also what the owner's own uses read
+// (takeLocal), and they take no reservation; and the owner gives reservation
+// bits back as it accepts leases, which sets no bit. Cleared then, the bit
+// would hide the owner's room from the owner, and from every sibling once
+// the owner has caught up, until a unit came back.
 func (p *Pool) roomCandidates(ref keyRef, dst []Candidate) ([]Candidate, error) {
 	s := p.seg
 	var first error
@@ -58,7 +66,7 @@ func (p *Pool) roomCandidates(ref keyRef, dst []Candidate) ([]Candidate, error) 
 			var err error
 			p.checkRoom(l, ref.idx, func() bool {
 				dst, err = p.laneCandidates(l, ref, dst[:n])
-				return err != nil || withRoom(dst[n:])
+				return err != nil || withUnitRoom(dst[n:])
 			})
 			if err != nil && first == nil {
 				first = err
@@ -68,9 +76,11 @@ func (p *Pool) roomCandidates(ref keyRef, dst []Candidate) ([]Candidate, error) 
 	return dst, first
 }
 
-func withRoom(cs []Candidate) bool {
+// withUnitRoom reports whether one of cs has a unit neither used nor
+// reserved.
+func withUnitRoom(cs []Candidate) bool {
 	for _, c := range cs {
-		if c.Room() > 0 {
+		if c.Capacity-c.InUse-c.Pending > 0 {
 			return true
 		}
 	}

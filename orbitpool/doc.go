@@ -100,7 +100,9 @@
 // collected).
 //
 // Each key also has a room mask: a bit per lane that may have a resource of
-// the key with room. An owner sets its bit when it gives a unit back or
+// the key with room: a unit neither used nor reserved, whether or not one of
+// its reservation bits is free (the owner's own uses take none). An owner
+// sets its bit when it gives a unit back or
 // registers a resource; a process that walks a lane's list and finds no room
 // clears the bit and walks it once more, setting the bit back if it then finds
 // room, so a bit is never left clear over a resource with room. LocalFirst

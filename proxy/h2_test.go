@@ -416,6 +416,113 @@ func TestH2CGoAwayDrains(t *testing.T) {
 	waitFor(t, 5*time.Second, "the drained connection to leave the pool", func() bool { return owner.pool.Live(key) == 0 })
 }
 
+// TestH2CSiblingDialsOnceWhenOwnerBehind: a connection whose owner has
+// all its orbitpool.PendingReservations reserved by siblings and not yet
+// accepted counts as full, so a sibling's request then dials a connection
+// of its own, whatever room the stream limit leaves, and the sibling's next
+// requests use that one rather than dial again. With one reservation fewer
+// pending, the request goes to the owner's connection. The reservations
+// stand for an owner behind on its accepts, as on a loaded machine while a
+// burst of more than PendingReservations streams reaches one sibling.
+func TestH2CSiblingDialsOnceWhenOwnerBehind(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	ms := newFleet(t, 2, func(tr *Transport) {
+		tr.H2C = true
+		tr.MaxConnsPerKey = 4
+	})
+	owner, client := ms[0], ms[1]
+	warmH2(t, owner, up.url)
+	cands, err := client.pool.Candidates(mustKey(t, owner.tr, up.url), nil)
+	if err != nil || len(cands) != 1 || cands[0].Local || cands[0].Capacity != 100 {
+		t.Fatalf("candidates seen by the sibling: %+v, %v; want the owner's connection, capacity 100", cands, err)
+	}
+	id := cands[0].ID
+	reserve := func(n int) {
+		for range n {
+			if _, err := client.pool.Reserve(id); err != nil {
+				t.Fatalf("reserve: %v", err)
+			}
+		}
+	}
+	call := func() {
+		t.Helper()
+		resp, err := client.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("x")))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+		if resp.Trailer.Get("Grpc-Status") != "0" {
+			t.Fatalf("trailers %v", resp.Trailer)
+		}
+	}
+
+	reserve(orbitpool.PendingReservations - 1)
+	call()
+	if st := client.node.Stats(); st.ReusedRemote != 1 || st.Created != 0 || up.conns.Load() != 1 {
+		t.Fatalf("%d reservations pending: sibling %+v, %d connections; want the request on the owner's connection", orbitpool.PendingReservations-1, st, up.conns.Load())
+	}
+	// The request's own lease was accepted: one more makes them all.
+	reserve(1)
+	for range 3 {
+		call()
+	}
+	st := client.node.Stats()
+	if st.Created != 1 || st.ReusedLocal != 2 || st.ReusedRemote != 1 || up.conns.Load() != 2 {
+		t.Fatalf("%d reservations pending, three requests: sibling %+v, %d connections; want one dial and its connection reused", orbitpool.PendingReservations, st, up.conns.Load())
+	}
+	// The owner's own requests take no reservation: its connection is
+	// there for them, whatever the sibling found.
+	before := owner.node.Stats()
+	resp, err := owner.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("x")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if after := owner.node.Stats(); after.ReusedLocal != before.ReusedLocal+1 || after.ReusedRemote != before.ReusedRemote || after.Created != before.Created || up.conns.Load() != 2 {
+		t.Fatalf("owner's request: %+v before, %+v after, %d connections; want it on its own connection", before, after, up.conns.Load())
+	}
+}
+
+// TestH2COwnerUsesItsConnectionWhileSiblingsReservedAll: with every one of
+// the PendingReservations on the owner's HTTP/2 connection taken by a
+// sibling and not yet accepted, and no budget for another connection, a
+// sibling's request finds no room and waits; the owner's own requests,
+// which need no reservation, still run on the connection at once.
+func TestH2COwnerUsesItsConnectionWhileSiblingsReservedAll(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, h2cConf)
+	warmH2(t, owner, up.url)
+	cands, err := client.pool.Candidates(mustKey(t, owner.tr, up.url), nil)
+	if err != nil || len(cands) != 1 {
+		t.Fatalf("candidates seen by the sibling: %+v, %v", cands, err)
+	}
+	for range orbitpool.PendingReservations {
+		if _, err := client.pool.Reserve(cands[0].ID); err != nil {
+			t.Fatalf("reserve: %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if resp, err := client.tr.RoundTrip(grpcReq(t, ctx, up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("x"))))); err == nil {
+		drain(resp)
+		t.Fatalf("sibling's request ran with every reservation taken and no budget to dial: %+v", client.node.Stats())
+	}
+	// Well within the reservations' timeout (a second), which would give
+	// their room back.
+	ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	for i := range 3 {
+		resp, err := owner.tr.RoundTrip(grpcReq(t, ctx, up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("x")))))
+		if err != nil {
+			t.Fatalf("owner's request %d: %v; owner %+v", i, err, owner.node.Stats())
+		}
+		drain(resp)
+	}
+	if st := owner.node.Stats(); st.ReusedLocal != 3 || st.Created != 1 || up.conns.Load() != 1 {
+		t.Fatalf("owner %+v, %d connections; want its three requests on its one connection", st, up.conns.Load())
+	}
+}
+
 // TestH2CColdBurstDialsOnce: a burst of twelve concurrent requests from
 // two members to a cold h2c upstream opens one connection (the others wait
 // for it rather than dial their own), every request succeeds, and no lease
