@@ -75,9 +75,12 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/hold" {
 			heldBy.Store(r.Header.Get("X-Sender"))
+			// Held until the test ends: each request that reaches the
+			// owner without a deadline takes the 2s wait timeout, so the
+			// test may run for a while before two reach the sibling.
 			select {
 			case <-hold:
-			case <-time.After(20 * time.Second):
+			case <-time.After(2 * time.Minute):
 			}
 		}
 		io.Copy(io.Discard, r.Body)
@@ -123,12 +126,14 @@ func TestFleetOwnerWithoutRoom(t *testing.T) {
 		for k, v := range h {
 			req.Header[k] = v
 		}
+		start := time.Now()
 		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
+		t.Logf("%s %v: worker %s answered %d %q after %v", path, h, resp.Header.Get("X-Worker"), resp.StatusCode, b, time.Since(start).Round(time.Millisecond))
 		return resp.StatusCode, resp.Header.Get("X-Worker"), string(b)
 	}
 
