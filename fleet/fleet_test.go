@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,17 +49,8 @@ func TestWorkerConfig(t *testing.T) {
 // the newer accepts; the older resumes if the newer closes first, and the
 // socket outlives both.
 func TestHandoffListener(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ln.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, addr := listeningFile(t)
 	defer f.Close()
-	addr := ln.Addr().String()
-	ln.Close()
 	key := "test/" + addr
 	open := func() *handoffListener {
 		l, err := net.FileListener(f)
@@ -212,16 +204,7 @@ func TestFleetSocketsRefuseTakenAddress(t *testing.T) {
 // them to be reset, and new connections are refused once the socket's last
 // descriptor closes.
 func TestStopAcceptingServesTheQueue(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ln.(*net.TCPListener).File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	f, addr := listeningFile(t)
 	fl, err := net.FileListener(f)
 	if err != nil {
 		t.Fatal(err)
@@ -321,4 +304,20 @@ func TestStopAcceptingServesTheQueue(t *testing.T) {
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Accept after Close: %v, want net.ErrClosed", err)
 	}
+}
+
+// listeningFile returns a descriptor of a listening socket on loopback, as
+// a worker inherits one, and its address.
+func listeningFile(t *testing.T) (*os.File, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, ln.Addr().String()
 }
