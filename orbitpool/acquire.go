@@ -271,6 +271,10 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 				p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(plan.Waited))
 			}
 			return plan, nil
+		case err == errStaleView:
+			// A resource was made since try looked: look again. Each
+			// time follows another process's creation finishing.
+			continue
 		case err == errKeyGone:
 			if retries++; retries > maxKeyRetries {
 				return Plan{}, errKeyChurn(key)
@@ -404,9 +408,12 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 			}
 			c.InUse, c.Pending = c.Capacity, 0 // lost a race for it: full now
 		case ActionCreate:
-			cp, err := p.claimCreate(ref, lim, false)
+			cp, err := p.claimCreate(ref, lim, false, v.Total-v.Creating)
 			if err == nil {
 				return Plan{Kind: PlanCreate, Permit: cp}, ReasonNone, nil
+			}
+			if err == errStaleView {
+				return Plan{}, ReasonNone, err // look again
 			}
 			if !errors.Is(err, ErrBudget) {
 				return Plan{}, ReasonNone, err

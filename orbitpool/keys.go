@@ -15,6 +15,12 @@ type keyRef struct {
 // errKeyGone means a key entry was recycled under us; look the key up again.
 var errKeyGone = errors.New("orbitpool: key entry recycled")
 
+// errStaleView is a creation claim refused because a resource of the key
+// was made since the claimant looked for one with room: under MaxCreating 1
+// a creation that finished between the look and the claim would otherwise
+// be followed by a second one nobody needed.
+var errStaleView = errors.New("orbitpool: a resource was made since the view")
+
 // maxKeyRetries bounds how often an operation looks a key up again after its
 // entry was recycled under it. A correct table recycles an entry only when it
 // has no resources, claims or waiters, which an operation racing for it
@@ -252,8 +258,11 @@ func (p *Pool) sweepTombs() {
 }
 
 // keyClaim counts one more resource being created under key ref, within lim
-// unless force is set.
-func (p *Pool) keyClaim(ref keyRef, lim Limits, force bool) error {
+// unless force is set. seenLive, unless negative, is how many of the key's
+// resources were live (made, not being created) when the caller looked for
+// one with room: if more are now, one the caller has not seen may have room,
+// and the claim fails with errStaleView.
+func (p *Pool) keyClaim(ref keyRef, lim Limits, force bool, seenLive int) error {
 	ctl := p.seg.u64(p.seg.keyOff(ref.idx) + kfCtl)
 	for {
 		c := atomic.LoadUint64(ctl)
@@ -261,6 +270,9 @@ func (p *Pool) keyClaim(ref keyRef, lim Limits, force bool) error {
 			return errKeyGone
 		}
 		total, creating := kTotal(c), kCreating(c)
+		if seenLive >= 0 && total-creating > seenLive {
+			return errStaleView
+		}
 		if !force {
 			if lim.MaxResources > 0 && total >= lim.MaxResources {
 				return fmt.Errorf("orbitpool: key has %d of %d resources: %w", total, lim.MaxResources, ErrBudget)

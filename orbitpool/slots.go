@@ -21,7 +21,7 @@ func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
 		if err != nil {
 			return nil, err
 		}
-		cp, err := p.claimCreate(ref, lim, false)
+		cp, err := p.claimCreate(ref, lim, false, -1)
 		if err != errKeyGone {
 			return cp, err
 		}
@@ -33,13 +33,13 @@ func (p *Pool) ClaimCreate(key Key, lim Limits) (*CreationPermit, error) {
 // the structure lock shared, so that reclaiming a dead lane, which holds it
 // exclusively and recounts the keys from the slots, never sees half of one.
 
-func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool) (*CreationPermit, error) {
+func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool, seenLive int) (*CreationPermit, error) {
 	s := p.seg
 	if err := p.rlockOpen(); err != nil {
 		return nil, err
 	}
 	defer s.runlockStructure()
-	if err := p.keyClaim(ref, lim, force); err != nil {
+	if err := p.keyClaim(ref, lim, force, seenLive); err != nil {
 		return nil, err
 	}
 	p.laneMu.Lock()
@@ -166,7 +166,7 @@ func (p *Pool) Register(key Key, capacity int) (ResourceID, error) {
 		if err != nil {
 			return 0, err
 		}
-		cp, err := p.claimCreate(ref, Limits{}, true)
+		cp, err := p.claimCreate(ref, Limits{}, true, -1)
 		if err == errKeyGone {
 			continue
 		}
