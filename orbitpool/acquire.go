@@ -363,8 +363,10 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	// with its lane's room bit set, before its creation leaves the budget,
 	// so a creation that completes between the two reads shows in the
 	// candidates, and the policy never sees neither (and creates again
-	// under MaxCreating 1). A local one may have completed since takeLocal
-	// looked, so the built-in policies look once more.
+	// under MaxCreating 1). One that completes after both reads makes the
+	// creation claim fail as stale, and try is run again. A local one may
+	// have completed since takeLocal looked, so the built-in policies look
+	// once more.
 	p.readBudget(ref, v)
 	if builtin {
 		if plan, ok, err := p.tryLocal(ref); ok || err != nil {
