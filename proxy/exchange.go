@@ -12,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"net/textproto"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -50,51 +49,6 @@ type exchangeOpts struct {
 	// bufs is how many exchange buffers the exchange's budget granted: the
 	// size of its request body copy buffer. 0 counts as 1.
 	bufs int
-	// abort, if set, is how the exchange is cancelled, in place of its
-	// request's context: see abortHook.
-	abort *abortHook
-}
-
-// abortHook cancels an exchange as context.AfterFunc on its request's
-// context would, without the allocations AfterFunc makes on every exchange.
-// An owner runs each sibling's exchange under a context only it cancels,
-// and it cancels through the hook as well.
-type abortHook struct {
-	mu       sync.Mutex
-	c        *conn // the exchange's connection while it runs
-	canceled bool
-}
-
-// cancel aborts the running exchange, and one that starts later at once.
-// As with AfterFunc, the abort runs on a goroutine of its own: closing a
-// connection may block, and the caller may be serving other exchanges.
-func (h *abortHook) cancel() {
-	h.mu.Lock()
-	h.canceled = true
-	c := h.c
-	h.c = nil
-	h.mu.Unlock()
-	if c != nil {
-		go c.abort(context.Canceled)
-	}
-}
-
-// start ties the hook to c's exchange.
-func (h *abortHook) start(c *conn) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.canceled {
-		go c.abort(context.Canceled)
-		return
-	}
-	h.c = c
-}
-
-// stop unties the hook: the exchange no longer concerns c.
-func (h *abortHook) stop() {
-	h.mu.Lock()
-	h.c = nil
-	h.mu.Unlock()
 }
 
 // leg is what the unix leg adds around the HTTP/1.1 messages.
@@ -176,9 +130,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	x.keepAlive.Store(true)
 	ctx := req.Context()
 	x.trace = httptrace.ContextClientTrace(ctx)
-	if o.abort != nil {
-		o.abort.start(c)
-	} else if ctx.Done() != nil {
+	if ctx.Done() != nil {
 		x.stopCtx = context.AfterFunc(ctx, func() { c.abort(ctx.Err()) })
 	}
 
@@ -277,7 +229,9 @@ func (x *exchange) finishRead(ok bool) {
 	// may cancel the moment it has the response (a server cancels a
 	// request's context as its handler returns), no longer concerns this
 	// connection. What is left of the request write is bounded below.
-	x.stopCancel()
+	if x.stopCtx != nil {
+		x.stopCtx()
+	}
 	if x.writeState.Load() == 0 {
 		c := x.c
 		t := time.AfterFunc(maxWriteWait, func() {
@@ -288,17 +242,6 @@ func (x *exchange) finishRead(ok bool) {
 		x.writeTimer.Store(t)
 	}
 	x.finish(ok)
-}
-
-// stopCancel ends the exchange's cancellation: the connection is no longer
-// its own to abort.
-func (x *exchange) stopCancel() {
-	if x.stopCtx != nil {
-		x.stopCtx()
-	}
-	if h := x.o.abort; h != nil {
-		h.stop()
-	}
 }
 
 const (
@@ -316,7 +259,9 @@ func (x *exchange) finish(ok bool) {
 	if x.pending.Add(-1) != 0 {
 		return
 	}
-	x.stopCancel()
+	if x.stopCtx != nil {
+		x.stopCtx()
+	}
 	if t := x.headTimer.Load(); t != nil {
 		t.Stop()
 	}

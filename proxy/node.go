@@ -418,9 +418,8 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 
 // use runs req on oc under exec, with bufs exchange buffers. onDone runs when
 // the exchange is over; stopBody, if set, interrupts a pending read of the
-// request body; abort, if set, cancels the exchange in place of req's
-// context.
-func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs int, onDone, stopBody func(), abort *abortHook) (*http.Response, error) {
+// request body.
+func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs int, onDone, stopBody func()) (*http.Response, error) {
 	s := oc.s
 	opts := &exchangeOpts{
 		bufs:                  bufs,
@@ -428,7 +427,6 @@ func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs
 		expectContinueTimeout: s.expectContinueTimeout,
 		responseHeaderTimeout: s.responseHeaderTimeout,
 		stopBody:              stopBody,
-		abort:                 abort,
 		log:                   n.log,
 		done: func(_ *conn, o outcome) {
 			n.finish(oc, exec, o)
@@ -493,20 +491,17 @@ func (n *Node) drop(b []byte) {
 }
 
 type ownerExec struct {
-	n     *Node
-	oc    *owned
-	exec  *orbitpool.Execution
-	bufs  int
-	abort *abortHook
+	n    *Node
+	oc   *owned
+	exec *orbitpool.Execution
+	bufs int
 }
 
 func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
-	return e.n.use(e.oc, e.exec, req, e.bufs, nil, stopBody, e.abort)
+	return e.n.use(e.oc, e.exec, req, e.bufs, nil, stopBody)
 }
 
 func (e *ownerExec) setBufs(k int) { e.bufs = k }
-
-func (e *ownerExec) setAbort(h *abortHook) { e.abort = h }
 
 func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 

@@ -49,10 +49,6 @@ type leaseDropper interface{ drop(lease []byte) }
 // buffers as its budget granted.
 type bufSetter interface{ setBufs(k int) }
 
-// abortSetter is implemented by an execution that can be cancelled through
-// an abortHook; any other is cancelled through its request's context.
-type abortSetter interface{ setAbort(h *abortHook) }
-
 // rejectError is what an acceptor returns to refuse a lease with a reason.
 type rejectError struct {
 	code uint16
@@ -460,16 +456,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	ox := new(ownerExchange)
 	w, rl := &ox.w, &ox.rl
-	w.cr, w.start, w.deadline = cr, time.Now(), deadline
-	w.cancel = cancel
-	if as, ok := exec.(abortSetter); ok {
-		ox.ctxCancel = cancel
-		as.setAbort(&ox.abort)
-		w.cancel = ox.cancel
-		// What is still running when serveOne returns is cancelled, as
-		// the deferred cancel does through the context.
-		defer ox.abort.cancel()
-	}
+	w.cr, w.cancel, w.start, w.deadline = cr, cancel, time.Now(), deadline
 	rl.bw, rl.log, rl.bufs, rl.stopWatch = bw, s.log, bufs, func() { s.watcher.remove(w) }
 	// What the peer wrote is exactly what it wants sent: Request.Write adds
 	// a default User-Agent only when the header is absent, and an absent
@@ -543,16 +530,6 @@ type ownerExchange struct {
 	rl    relay
 	body  bodyDone
 	trace httptrace.ClientTrace
-	// abort cancels the exchange on an execution that takes it, beside
-	// the context's cancel, ctxCancel.
-	abort     abortHook
-	ctxCancel context.CancelFunc
-}
-
-// cancel cancels the exchange's context, then the exchange.
-func (ox *ownerExchange) cancel() {
-	ox.ctxCancel()
-	ox.abort.cancel()
 }
 
 // ownerDeadlineGrace is how long after the caller's deadline the owner gives

@@ -487,7 +487,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
-			return n.use(oc, plan.Execution, req, bufs, release, nil, nil)
+			return n.use(oc, plan.Execution, req, bufs, release, nil)
 
 		case orbitpool.PlanReuseRemote:
 			if n.peers == nil {
@@ -549,7 +549,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 			}
 			n.stats.created.Add(1)
-			return n.use(oc, exec, req, bufs, release, nil, nil)
+			return n.use(oc, exec, req, bufs, release, nil)
 
 		default:
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
