@@ -13,8 +13,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 func TestWorkerConfig(t *testing.T) {
@@ -224,12 +222,7 @@ func TestStopAcceptingServesTheQueue(t *testing.T) {
 		clients = append(clients, c)
 	}
 	v, _ := socketGroups.Load(key)
-	rc, err := f.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	rc.Control(func(f uintptr) { fd, err = unix.Dup(int(f)) })
+	fd, err := dupFD(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,13 +106,7 @@ func (is *inheritedSockets) drainOnExit() {
 		// The socket's queue is taken in on a descriptor of its own, the
 		// last one this process holds, so that closing it follows the
 		// last accept call at once.
-		var fd int
-		var err error
-		if rc, rerr := f.SyscallConn(); rerr != nil {
-			err = rerr
-		} else if cerr := rc.Control(func(f uintptr) { fd, err = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
-			err = cerr
-		}
+		fd, err := dupFD(f)
 		is.release(key)
 		if err != nil {
 			continue // its listeners close with their servers
@@ -235,6 +229,19 @@ func (g *socketGroup) stopAccepting(fd int) {
 	g.handed = append(g.handed, queued...)
 	g.notifyLocked()
 	g.mu.Unlock()
+}
+
+// dupFD returns a new descriptor, close-on-exec, of f's.
+func dupFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if cerr := rc.Control(func(old uintptr) { fd, err = unix.FcntlInt(old, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
+		return -1, cerr
+	}
+	return fd, err
 }
 
 // acceptQueuedAndClose accepts, without waiting, every connection queued on
