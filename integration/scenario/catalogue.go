@@ -16,6 +16,10 @@ import (
 	"github.com/orbitproxy/orbit/integration/upstream"
 )
 
+// largeBody is the large scenario's request, which the upstream echoes:
+// 1.25 MiB.
+var largeBody = bytes.Repeat([]byte("orbit"), 1<<18)
+
 // Catalogue is every scenario, with load bounded by d.
 func Catalogue(d time.Duration) []Scenario {
 	return []Scenario{
@@ -33,7 +37,7 @@ func Catalogue(d time.Duration) []Scenario {
 		// again.
 		{Name: "tls-churn", Duration: d, Upstream: upstream.Options{TLS: true, Delay: 5 * time.Millisecond}, During: churn},
 		{Name: "websocket", Duration: d, Conns: 64, Client: webSocketEcho},
-		{Name: "large", Duration: d, Conns: 16, Method: "POST", Path: "/echo", Body: bytes.Repeat([]byte("orbit"), 1<<18)},
+		{Name: "large", Duration: d, Conns: 16, Method: "POST", Path: "/echo", Body: largeBody, Moved: 2 * len(largeBody)},
 		// gRPC-style unary calls over h2c, clients to the fleet and the
 		// fleet to an upstream that allows 100 streams per connection:
 		// 64 client connections with 4 calls each in flight.

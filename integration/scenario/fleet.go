@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -127,6 +128,39 @@ func (f *Fleet) KillWorker(i int) (int, error) {
 
 // Reload asks the fleet to reload its configuration into every worker.
 func (f *Fleet) Reload() error { return f.cmd.Process.Signal(syscall.SIGHUP) }
+
+// reuse reads, from worker 0's metrics, how many requests the fleet served
+// on an open connection of their own worker and on a sibling's; false if the
+// fleet does not use orbit_pool.
+func (f *Fleet) reuse() (local, remote float64, ok bool) {
+	resp, err := f.Admin(0, "/metrics")
+	if err != nil {
+		return 0, 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "caddy_orbit_pool_fleet_reused_total{") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.Contains(line, `where="remote"`):
+			remote, ok = remote+v, true
+		case strings.Contains(line, `where="local"`):
+			local, ok = local+v, true
+		}
+	}
+	return local, remote, ok
+}
+
+// PID is the supervisor's process ID.
+func (f *Fleet) PID() int { return f.cmd.Process.Pid }
 
 // Stop stops the fleet gracefully, and kills it if it does not stop.
 func (f *Fleet) Stop() error {

@@ -41,6 +41,9 @@ type Proxy interface {
 	// KillWorker kills one worker process with SIGKILL and returns its
 	// pid; the proxy is expected to start another.
 	KillWorker(i int) (int, error)
+	// PID is the process that starts the workers (a supervisor or a
+	// master), whose tree's CPU time the row reports.
+	PID() int
 	Stop() error
 }
 
@@ -216,6 +219,8 @@ func (p *peer) KillWorker(i int) (int, error) {
 var errNoWorker = errors.New("no separate worker process to kill")
 
 // Stop stops the peer and every process of it.
+func (p *peer) PID() int { return p.cmd.Process.Pid }
+
 func (p *peer) Stop() error {
 	pgid := p.cmd.Process.Pid
 	syscall.Kill(-pgid, syscall.SIGTERM)

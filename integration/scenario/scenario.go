@@ -55,6 +55,10 @@ type Scenario struct {
 	// During runs while the load does, from its start; for killing or
 	// reloading a worker under load.
 	During func(ctx context.Context, p Proxy, row *Row) error
+	// Moved is how many bytes one request carries through the proxy,
+	// request and response bodies together, when that is what the
+	// scenario measures: the summary then gives CPU per MiB.
+	Moved int
 	// Client replaces the HTTP load, for traffic the load tool does not
 	// speak (WebSocket).
 	Client func(ctx context.Context, addr string, conns int, d time.Duration) (load.Result, error)
@@ -69,8 +73,30 @@ type Row struct {
 	// FirstSecond is the upstream connections accepted in the load's first
 	// second: the stampede a cold fleet puts on its upstream.
 	FirstSecond int64
-	Notes       []string
-	start       time.Time // when the load began
+	// CPU is the CPU time the proxy's processes used while the load ran;
+	// 0 if it could not be read.
+	CPU   time.Duration
+	Moved int // Scenario.Moved
+	Notes []string
+	start time.Time // when the load began
+}
+
+// CPUPerRequest is the proxy's CPU time per completed request.
+func (r Row) CPUPerRequest() time.Duration {
+	if r.Load.Requests == 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.Load.Requests)
+}
+
+// CPUPerMiB is the proxy's CPU time per MiB of bodies it carried, 0 unless
+// the scenario says what a request carries.
+func (r Row) CPUPerMiB() time.Duration {
+	mib := float64(r.Load.Requests) * float64(r.Moved) / (1 << 20)
+	if mib == 0 {
+		return 0
+	}
+	return time.Duration(float64(r.CPU) / mib)
 }
 
 // Reuse is 1 - new upstream connections / requests.
@@ -128,7 +154,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	}
 	defer proxy.Stop()
 
-	row := Row{Scenario: s.Name, Variant: v}
+	row := Row{Scenario: s.Name, Variant: v, Moved: s.Moved}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	base := up.Stats()
 	var firstSecond atomic.Int64
@@ -136,6 +162,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	timer := time.AfterFunc(time.Second, func() { firstSecond.Store(up.Stats().Accepted - base.Accepted) })
 	defer timer.Stop()
 	during := make(chan error, 1)
+	cpu0, cpuErr := treeCPU(proxy.PID())
 	row.start = time.Now()
 	if s.During != nil {
 		go func() { during <- s.During(ctx, proxy, &row) }()
@@ -158,10 +185,18 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	if err != nil {
 		return row, err
 	}
+	if cpu1, err := treeCPU(proxy.PID()); err == nil && cpuErr == nil {
+		row.CPU = cpu1 - cpu0
+	}
 	if err := <-during; err != nil {
 		return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 	}
 	row.Upstream = up.Stats()
+	if f, ok := proxy.(*Fleet); ok && v == Orbit {
+		if local, remote, ok := f.reuse(); ok && local+remote > 0 {
+			row.Notes = append(row.Notes, fmt.Sprintf("%.1f%% of the requests that reused a connection used a sibling's", 100*remote/(local+remote)))
+		}
+	}
 	if row.FirstSecond = firstSecond.Load(); row.FirstSecond < 0 { // the load took under a second
 		row.FirstSecond = row.Upstream.Accepted - base.Accepted
 	}
@@ -237,11 +272,12 @@ func freePort() (int, error) {
 // summary of what orbit saved.
 func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tpeak streams\tTLS hs\treuse\t")
+	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tpeak streams\tTLS hs\treuse\tcpu/req\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t%v\t\n",
 			r.Scenario, r.Variant, r.Load.RPS(), r.Load.P50.Round(10*time.Microsecond), r.Load.P99.Round(10*time.Microsecond),
-			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.PeakStreams, r.Upstream.Handshakes, 100*r.Reuse())
+			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.PeakStreams, r.Upstream.Handshakes, 100*r.Reuse(),
+			r.CPUPerRequest().Round(time.Microsecond))
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
@@ -254,6 +290,7 @@ func PrintTable(w io.Writer, rows []Row) {
   peak streams  most requests in progress at the upstream at once over HTTP/2
   TLS hs      TLS handshakes the upstream completed
   reuse       share of requests that did not cost the upstream a new connection
+  cpu/req     CPU time, user and system, of the proxy's processes per request
 
 `)
 	pairs := map[string]map[Variant]Row{}
@@ -292,6 +329,12 @@ func printSummary(w io.Writer, order []string, pairs map[string]map[Variant]Row)
 		line := fmt.Sprintf("  %-10s %s the requests/s; upstream connections %d vs %d; errors %d vs %d; p99 %v vs %v",
 			name, ratio(ro.Load.RPS(), rs.Load.RPS()), ro.Upstream.Accepted, rs.Upstream.Accepted,
 			ro.Load.ErrorCount(), rs.Load.ErrorCount(), ro.Load.P99.Round(100*time.Microsecond), rs.Load.P99.Round(100*time.Microsecond))
+		if ro.CPU > 0 && rs.CPU > 0 {
+			line += "; CPU per request " + ratio(float64(ro.CPUPerRequest()), float64(rs.CPUPerRequest()))
+			if m := ro.CPUPerMiB(); m > 0 {
+				line += fmt.Sprintf(" (per MiB of bodies %v vs %v)", m.Round(10*time.Microsecond), rs.CPUPerMiB().Round(10*time.Microsecond))
+			}
+		}
 		if ro.Upstream.Handshakes+rs.Upstream.Handshakes > 0 {
 			line += fmt.Sprintf("; TLS handshakes %d vs %d", ro.Upstream.Handshakes, rs.Upstream.Handshakes)
 		}
