@@ -94,6 +94,7 @@ type NodeView struct {
 	ReusedLocal      uint64 `json:"reused_local"`
 	ReusedRemote     uint64 `json:"reused_remote"`
 	ServedRemote     uint64 `json:"served_remote"`
+	SplicedBodies    uint64 `json:"spliced_bodies"`
 	LeasesRefused    uint64 `json:"leases_refused"`
 	Retired          uint64 `json:"retired"`
 	Retries          uint64 `json:"retries"`
@@ -182,6 +183,7 @@ func (f *fleet) view() (FleetView, error) {
 		ReusedLocal:      st.ReusedLocal,
 		ReusedRemote:     st.ReusedRemote,
 		ServedRemote:     st.ServedRemote,
+		SplicedBodies:    st.SplicedBodies,
 		LeasesRefused:    st.Refused,
 		Retired:          st.Retired,
 		Retries:          st.Retries,

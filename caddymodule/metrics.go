@@ -99,6 +99,7 @@ var (
 
 	descOwned          = newDesc("owned_connections", "Upstream connections this process owns.")
 	descServedRemote   = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
+	descSpliced        = newDesc("bodies_spliced_total", "Siblings' response bodies this process moved from an upstream connection to the sibling's stream with splice(2), without copying them through its memory.")
 	descLeaseRefused   = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time), admission (the admission backstop), other.", "reason")
 	descRetired        = newDesc("connections_retired_total", "Upstream connections this process closed.")
 	descRetries        = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
@@ -120,7 +121,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
-		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descLeaseRefused,
+		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
 		descRetired, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
 		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
 		descDialsRefused,
@@ -170,6 +171,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	st := f.node.Stats()
 	gauge(descOwned, float64(st.OpenConns))
 	counter(descServedRemote, float64(st.ServedRemote))
+	counter(descSpliced, float64(st.SplicedBodies))
 	for _, reason := range []string{"stale", "gone", "closing", "deadline", "busy", "admission", "other"} {
 		counter(descLeaseRefused, float64(st.RefusedBy[reason]), reason)
 	}

@@ -36,7 +36,7 @@ func init() {
 }
 
 // runBenchUpstream is a minimal HTTP/1.1 server: /ok answers at once, /hold
-// after ms milliseconds, /stream sends its head and one chunk, then stalls
+// after ms milliseconds, /echo with the request's body, /stream sends its head and one chunk, then stalls
 // until the connection closes.
 func runBenchUpstream() int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -63,6 +63,13 @@ func runBenchUpstream() int {
 				req, err := http.ReadRequest(br)
 				if err != nil {
 					return
+				}
+				if req.URL.Path == "/echo" {
+					body, _ := io.ReadAll(req.Body)
+					fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(body))
+					bw.Write(body)
+					bw.Flush()
+					continue
 				}
 				io.Copy(io.Discard, req.Body)
 				switch req.URL.Path {
@@ -197,6 +204,51 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/1e3/float64(b.N), "cpu-us/req")
 			})
 		}
+	}
+}
+
+// BenchmarkLargeBody sends the end-to-end large-body scenario's request, a
+// 1.25 MiB POST that the upstream echoes, serially through net/http.Transport,
+// the local path and the remote path, the last with the owner's bodies
+// spliced (the default) and copied. CPU time is this process's per MiB of
+// bodies (2.5 MiB a request); on the remote path it is both ends of the unix
+// leg.
+func BenchmarkLargeBody(b *testing.B) {
+	url := startBenchUpstream(b) + "/echo"
+	body := bytes.Repeat([]byte("orbit"), 1<<18)
+	ref := &http.Transport{}
+	b.Cleanup(ref.CloseIdleConnections)
+	local := localTransport(b, nil)
+	owner, client := remotePair(b, nil)
+	warm(b, owner, url)
+	for _, rt := range []struct {
+		name   string
+		rt     http.RoundTripper
+		splice int64
+	}{{"nethttp", ref, spliceMinBody}, {"orbit-local", local, spliceMinBody}, {"orbit-remote", client.tr, spliceMinBody}, {"orbit-remote-copied", client.tr, 1 << 62}} {
+		b.Run(rt.name, func(b *testing.B) {
+			defer func(v int64) { spliceMinBody = v }(spliceMinBody)
+			spliceMinBody = rt.splice
+			post := func() {
+				req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+				resp, err := rt.rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n, _ := io.Copy(io.Discard, resp.Body); n != int64(len(body)) {
+					b.Fatalf("echo of %d bytes", n)
+				}
+				resp.Body.Close()
+			}
+			post()
+			b.SetBytes(2 * int64(len(body)))
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				post()
+			}
+			mib := float64(b.N) * 2 * float64(len(body)) / (1 << 20)
+			b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/mib, "cpu-us/MiB")
+		})
 	}
 }
 

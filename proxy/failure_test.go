@@ -530,3 +530,50 @@ func mustRequest(t *testing.T, url string) *http.Request {
 	}
 	return req
 }
+
+// TestSiblingGoneMidRequestBody: a sibling that goes away in the middle of a
+// request body ends the owner's exchange at once, and the upstream
+// connection, which saw only part of the body, is closed rather than reused.
+func TestSiblingGoneMidRequestBody(t *testing.T) {
+	got := make(chan int64, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/sink" {
+			io.WriteString(w, "ok")
+			return
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		got <- n
+	}))
+	defer srv.Close()
+	owner, client := remotePair(t, nil)
+	warm(t, owner, srv.URL+"/warm")
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/sink", pr)
+	req.ContentLength = 1 << 20
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := client.tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	pw.Write(make([]byte, 200<<10))
+	cancel()
+	pw.CloseWithError(errors.New("client gone"))
+	if err := <-errc; err == nil {
+		t.Fatal("a request whose body was cut short succeeded")
+	}
+	select {
+	case n := <-got:
+		if n >= 1<<20 {
+			t.Fatalf("upstream read %d bytes of a body cut short", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream still waits for the rest of the body: the owner did not end the exchange")
+	}
+	waitFor(t, 2*time.Second, "the upstream connection to close", func() bool {
+		return owner.node.Stats().OpenConns == 0
+	})
+}

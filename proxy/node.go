@@ -93,7 +93,11 @@ type NodeStats struct {
 	ReusedLocal  uint64 // requests on a connection this process owns, reused
 	ReusedRemote uint64 // requests sent to a sibling's connection
 	ServedRemote uint64 // siblings' requests run on this process's connections
-	Refused      uint64 // siblings' leases refused, for any reason
+	// SplicedBodies counts siblings' response bodies that went from an
+	// upstream connection to the sibling's stream by splice(2), never
+	// entering this process.
+	SplicedBodies uint64
+	Refused       uint64 // siblings' leases refused, for any reason
 	// RefusedBy splits Refused by reason: "stale" (the lease named no live
 	// reservation), "gone" (the connection closed meanwhile), "closing"
 	// (this process is leaving), "deadline" (passed or too near),
@@ -250,6 +254,7 @@ func (n *Node) Stats() NodeStats {
 		DialsNotAdmitted: n.stats.dialsNotAdmitted.Load(),
 	}
 	if n.srv != nil {
+		s.SplicedBodies = n.srv.spliced.Load()
 		s.RefusedBy = make(map[string]uint64)
 		for i := range n.srv.refused {
 			if v := n.srv.refused[i].Load(); v != 0 {

@@ -32,7 +32,9 @@ type relay struct {
 	// keepStream is whether the stream carries another exchange after this
 	// response, as its head said (headStreamEnds).
 	keepStream bool
-	err        error
+	// spliced is whether the body went out by splice(2), whole.
+	spliced bool
+	err     error
 	// bufs is how many exchange buffers the exchange was granted: the
 	// size of the body copy buffer.
 	bufs int
@@ -191,6 +193,21 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 			r.fail(err)
 		}
 		return r.err == nil
+	}
+	if b, ok := resp.Body.(*body); ok && !chunked && resp.ContentLength >= spliceMinBody {
+		if uc, ok := nc.(*net.UnixConn); ok {
+			if handled, err := b.spliceTo(uc, bw, resp.ContentLength); handled {
+				if err != nil {
+					if errors.Is(err, errPeerWrite) {
+						r.err = err
+					}
+					r.log.Debug("relay ended early", zap.Error(err))
+					return false
+				}
+				r.spliced = true
+				return true
+			}
+		}
 	}
 	if err := r.copyBody(resp, chunked); err != nil {
 		r.log.Debug("relay ended early", zap.Error(err))

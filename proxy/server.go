@@ -83,6 +83,8 @@ type server struct {
 	// finish: see Node.Shutdown.
 	draining atomic.Bool
 	active   atomic.Int64
+	// spliced counts siblings' response bodies moved with splice(2).
+	spliced atomic.Uint64
 
 	// maxIdlePerPeer caps the streams of one peer process waiting for
 	// their next frame: what a sibling keeps idle costs a goroutine and a
@@ -520,6 +522,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
 	s.watcher.remove(w)
+	if rl.spliced {
+		s.spliced.Add(1)
+	}
 	return ok && rl.keepStream && reqDone.isDone() && !cr.peerGone()
 }
 

@@ -1,0 +1,202 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// echoBody answers with the request's body, of the same declared length.
+func echoBody(w http.ResponseWriter, r *http.Request) {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Write(b)
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(uint64(n), 7))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// postEcho sends body through rt and returns what came back.
+func postEcho(t *testing.T, rt http.RoundTripper, url string, body []byte) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("POST %d bytes: %v", len(body), err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("POST %d bytes: reading the echo: %v", len(body), err)
+	}
+	return got
+}
+
+// TestSiblingBodiesAreSpliced: a sibling's large response bodies from a
+// plain TCP upstream go through the owner by splice(2), byte for byte, with
+// the large request bodies that the upstream echoes copied the other way;
+// the upstream connection stays in step for the next exchange; small bodies
+// are copied.
+func TestSiblingBodiesAreSpliced(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(echoBody))
+	defer srv.Close()
+	owner, client := remotePair(t, nil)
+	warm(t, owner, srv.URL+"/warm")
+	var spliced uint64
+	for _, tc := range []struct {
+		size    int
+		spliced uint64
+	}{
+		{1<<20 + 1<<18, 1},
+		{int(spliceMinBody), 1}, // the threshold
+		{int(spliceMinBody) - 1, 0},
+		{5<<20 + 3, 1}, // the pipe's size many times over
+		{100, 0},
+	} {
+		before := owner.node.Stats()
+		body := randomBytes(tc.size)
+		if got := postEcho(t, client.tr, srv.URL+"/echo", body); !bytes.Equal(got, body) {
+			t.Fatalf("%d bytes: echo differs (%d bytes back)", tc.size, len(got))
+		}
+		// The owner counts a body once it has sent it, which may be
+		// after the sibling has read it.
+		spliced += tc.spliced
+		waitFor(t, 2*time.Second, "the owner to count what it spliced", func() bool {
+			return owner.node.Stats().SplicedBodies >= spliced
+		})
+		after := owner.node.Stats()
+		if after.SplicedBodies != spliced {
+			t.Errorf("%d bytes: %d bodies spliced in all, want %d", tc.size, after.SplicedBodies, spliced)
+		}
+		if after.ServedRemote != before.ServedRemote+1 {
+			t.Errorf("%d bytes: not served through the owner: %+v", tc.size, after)
+		}
+	}
+	if st := owner.node.Stats(); st.Created != 1 || st.OpenConns != 1 {
+		t.Errorf("the upstream connection was not kept across spliced bodies: %+v", st)
+	}
+}
+
+// TestTLSBodiesAreCopied: bytes on a TLS upstream connection are the
+// owner's to decrypt, so its sibling's bodies are copied, not spliced.
+func TestTLSBodiesAreCopied(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(echoBody))
+	defer srv.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	owner, client := remotePair(t, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: pool} })
+	warm(t, owner, srv.URL+"/warm")
+	body := randomBytes(1 << 20)
+	if got := postEcho(t, client.tr, srv.URL+"/echo", body); !bytes.Equal(got, body) {
+		t.Fatalf("echo differs (%d bytes back)", len(got))
+	}
+	if st := owner.node.Stats(); st.SplicedBodies != 0 || st.ServedRemote != 1 {
+		t.Errorf("%+v: want the body served through the owner and copied", st)
+	}
+}
+
+// TestSplicedResponseCutShort: an upstream that closes partway through a
+// spliced response body gives the sibling an error, never a short body that
+// looks whole, and the broken connection leaves the pool.
+func TestSplicedResponseCutShort(t *testing.T) {
+	const declared, sent = 1 << 20, 300 << 10
+	raw := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		if req.URL.Path != "/short" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return true
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(declared)+"\r\n\r\n")
+		c.Write(randomBytes(sent))
+		c.Close()
+		return false
+	})
+	owner, client := remotePair(t, nil)
+	warm(t, owner, raw+"/warm")
+	resp, err := get(t, context.Background(), client.tr, raw+"/short")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil || n >= declared {
+		t.Fatalf("read %d of %d bytes with error %v; want an error before the end", n, declared, err)
+	}
+	waitFor(t, 2*time.Second, "the broken connection to leave the pool", func() bool {
+		return owner.node.Stats().OpenConns == 0
+	})
+	// The owner and the sibling go on.
+	resp, err = get(t, context.Background(), client.tr, raw+"/after")
+	if err != nil {
+		t.Fatalf("next request: %v", err)
+	}
+	drain(resp)
+}
+
+// TestSplicedResponseSiblingGone: a sibling that stops reading and goes in
+// the middle of a spliced response body ends the owner's exchange, and the
+// upstream connection, with the rest of that body still on it, is closed
+// rather than reused.
+func TestSplicedResponseSiblingGone(t *testing.T) {
+	const size = 64 << 20
+	wrote := make(chan error, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/big" {
+			io.WriteString(w, "ok")
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		chunk := randomBytes(64 << 10)
+		var err error
+		for i := 0; i < size/len(chunk) && err == nil; i++ {
+			_, err = w.Write(chunk)
+		}
+		wrote <- err
+	}))
+	defer srv.Close()
+	owner, client := remotePair(t, nil)
+	warm(t, owner, srv.URL+"/warm")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := get(t, ctx, client.tr, srv.URL+"/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.CopyN(io.Discard, resp.Body, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatal("the upstream wrote the whole body to a sibling that had gone")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream is still writing: the owner did not end the exchange")
+	}
+	waitFor(t, 2*time.Second, "the upstream connection to close", func() bool {
+		return owner.node.Stats().OpenConns == 0
+	})
+}
