@@ -43,6 +43,11 @@
 // accept, the HTTP/1.1 response(s), each head preceded by a two-byte marker
 // carrying what the relay changed (a close-delimited body is re-framed as
 // chunked so the stream can persist; an HTTP/1.0 upstream is relayed as 1.1).
+// A response body of declared length, 64 KiB or more, from a plain TCP
+// upstream goes from the upstream socket to the stream with splice(2), so
+// its bytes never enter the owner (counted in NodeStats.SplicedBodies);
+// TLS and HTTP/2 bodies, and request bodies, are copied (BenchmarkLargeBody
+// measures both ways: splicing from a unix socket costs more than copying).
 // The caller holds the request body back until the accept, which the owner
 // sends when its writer first needs the body (or with the first response):
 // a reject, or an error before the upstream took anything, then leaves the
