@@ -94,8 +94,10 @@ type App struct {
 
 	// Policy decides where a request's connection comes from. "local_first"
 	// takes one of this process's connections with room, else a sibling's
-	// (least loaded first), else dials one within the budget, else waits.
-	// "local_only" never uses a sibling's connection. Default: local_first.
+	// (least loaded first), else dials one within the budget, else waits;
+	// a request whose body declares 1 MiB or more dials before it takes a
+	// sibling's, which would relay every byte of it. "local_only" never
+	// uses a sibling's connection. Default: local_first.
 	Policy string `json:"policy,omitempty"`
 
 	// MaxConnsPerHost caps the connections to one upstream across the whole

@@ -346,14 +346,15 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	}
 	builtin, remote := false, false
 	switch policy.(type) {
-	case LocalFirst, LocalOnly:
-		// Both start with the least loaded local resource with room; find
+	case LocalFirst, LocalOnly, CreateBeforeRemote:
+		// All start with the least loaded local resource with room; find
 		// it without building the fleet's candidate list.
 		if plan, ok, err := p.tryLocal(ref); ok || err != nil {
 			return plan, ReasonNone, err
 		}
 		builtin = true
-		_, remote = policy.(LocalFirst)
+		_, local := policy.(LocalOnly)
+		remote = !local
 	}
 	sc := scratches.Get().(*scratch)
 	defer scratches.Put(sc)
@@ -378,8 +379,9 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	case !builtin:
 		cands, err = p.candidates(ref, cands)
 	case remote:
-		// LocalFirst wants a sibling's resource with room next, and looks
-		// only in the lanes the key's room mask names; LocalOnly wants none.
+		// LocalFirst and CreateBeforeRemote may want a sibling's resource
+		// with room, and look only in the lanes the key's room mask names;
+		// LocalOnly wants none.
 		cands, err = p.roomCandidates(ref, cands)
 	}
 	sc.cands = cands[:0]

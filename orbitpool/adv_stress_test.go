@@ -75,11 +75,13 @@ func advChurn(t *testing.T, ps []*Pool) {
 				p := ps[rng.IntN(len(ps))]
 				k := keys[rng.IntN(len(keys))]
 				var pol Policy
-				switch rng.IntN(4) {
+				switch rng.IntN(5) {
 				case 0:
 					pol = LocalOnly{}
 				case 1:
 					pol = randomPolicy{rng}
+				case 2:
+					pol = CreateBeforeRemote{}
 				default:
 					pol = LocalFirst{}
 				}

@@ -175,8 +175,12 @@ func TestModelSequential(t *testing.T) {
 		case 7, 8: // acquire, checking the plan against what the policy may do
 			pi, k := pick(3), keys[pick(3)]
 			var policy Policy = LocalFirst{}
-			if op == 8 {
+			createFirst := op == 7 && pick(2) == 0
+			switch {
+			case op == 8:
 				policy = LocalOnly{}
+			case createFirst:
+				policy = CreateBeforeRemote{}
 			}
 			local, remote := false, false
 			for _, r := range m.res {
@@ -202,6 +206,12 @@ func TestModelSequential(t *testing.T) {
 				}
 				m.res[plan.Execution.ID()].inUse++
 				execs = append(execs, plan.Execution)
+			case createFirst && canCreate:
+				if err != nil || plan.Kind != PlanCreate {
+					t.Fatalf("step %d: CreateBeforeRemote with budget left but %v %v", step, plan.Kind, err)
+				}
+				m.creating[k]++
+				permits = append(permits, permit{plan.Permit, k, pi})
 			case remote:
 				if err != nil || plan.Kind != PlanReuseRemote {
 					t.Fatalf("step %d: remote room but %v %v", step, plan.Kind, err)

@@ -102,6 +102,24 @@ type LocalOnly struct{}
 // Decide implements Policy.
 func (LocalOnly) Decide(v *View) Decision { return decide(v, false) }
 
+// CreateBeforeRemote is LocalFirst with creation ahead of a sibling's
+// resource: a local resource with room, else create within the budget, else
+// a remote one with room, else wait. It is for work whose every byte a
+// sibling would have to relay (a large body), when that costs more than a
+// new resource does.
+type CreateBeforeRemote struct{}
+
+// Decide implements Policy.
+func (CreateBeforeRemote) Decide(v *View) Decision {
+	if i := leastLoaded(v.Candidates, true); i >= 0 {
+		return Decision{Action: ActionReuse, Candidate: i}
+	}
+	if v.CanCreate() {
+		return Decision{Action: ActionCreate}
+	}
+	return decide(v, true)
+}
+
 func decide(v *View, remote bool) Decision {
 	if i := leastLoaded(v.Candidates, true); i >= 0 {
 		return Decision{Action: ActionReuse, Candidate: i}

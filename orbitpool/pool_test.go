@@ -415,6 +415,53 @@ func TestAcquirePlans(t *testing.T) {
 	}
 }
 
+// TestCreateBeforeRemote: with a sibling's resource idle, CreateBeforeRemote
+// creates while the budget allows, then reserves the sibling's, and takes a
+// local resource with room before either.
+func TestCreateBeforeRemote(t *testing.T) {
+	ps := openShared(t, small, 2)
+	a, b := ps[0], ps[1]
+	ctx := context.Background()
+	k := Key{11, 11}
+	lim := Limits{MaxResources: 2}
+
+	plan, err := b.Acquire(ctx, k, nil, lim)
+	if err != nil || plan.Kind != PlanCreate {
+		t.Fatalf("empty key: %v %v, want a create plan", plan.Kind, err)
+	}
+	idB, err := plan.Permit.Register(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	plan, err = a.Acquire(ctx, k, CreateBeforeRemote{}, lim)
+	if err != nil || plan.Kind != PlanCreate {
+		t.Fatalf("idle remote, budget left: %v %v, want create", plan.Kind, err)
+	}
+	ea, err := plan.Permit.RegisterAndAccept(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ea.Complete()
+
+	plan, err = a.Acquire(ctx, k, CreateBeforeRemote{}, lim)
+	if err != nil || plan.Kind != PlanReuseLocal || plan.Execution.ID() != ea.ID() {
+		t.Fatalf("local idle resource: %v %v, want reuse-local of %v", plan.Kind, err, ea.ID())
+	}
+	held := plan.Execution
+	defer held.Complete()
+
+	plan, err = a.Acquire(ctx, k, CreateBeforeRemote{}, lim)
+	if err != nil || plan.Kind != PlanReuseRemote || plan.Lease.ID != idB {
+		t.Fatalf("budget spent, remote idle: %v %v, want reuse-remote of %v", plan.Kind, err, idB)
+	}
+	ex, err := b.Accept(plan.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex.Complete()
+}
+
 type refuseAll struct{}
 
 func (refuseAll) Decide(*View) Decision { return Decision{Action: ActionRefuse, Reason: ReasonPolicy} }

@@ -200,3 +200,35 @@ func TestSplicedResponseSiblingGone(t *testing.T) {
 		return owner.node.Stats().OpenConns == 0
 	})
 }
+
+// TestLargeBodyPrefersItsOwnConnection: under LocalFirst, a request that
+// declares a body of largeBody or more opens a connection of its own, within
+// the key's budget, rather than have a sibling relay every byte of it; with
+// the budget spent it goes through the sibling; a smaller body goes through
+// the sibling at once.
+func TestLargeBodyPrefersItsOwnConnection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(echoBody))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name             string
+		size, maxConns   int
+		created, remoter uint64
+	}{
+		{"large", largeBody, 2, 1, 0},
+		{"large, budget spent", largeBody, 1, 0, 1},
+		{"small", largeBody - 1, 2, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := newFleet(t, 2, func(tr *Transport) { tr.MaxConnsPerKey = tc.maxConns })
+			owner, client := ms[0], ms[1]
+			warm(t, owner, srv.URL+"/warm")
+			body := randomBytes(tc.size)
+			if got := postEcho(t, client.tr, srv.URL+"/echo", body); !bytes.Equal(got, body) {
+				t.Fatalf("echo differs (%d bytes back)", len(got))
+			}
+			if st := client.node.Stats(); st.Created != tc.created || st.ReusedRemote != tc.remoter {
+				t.Errorf("created %d, through the sibling %d; want %d, %d", st.Created, st.ReusedRemote, tc.created, tc.remoter)
+			}
+		})
+	}
+}
