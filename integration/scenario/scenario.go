@@ -31,6 +31,11 @@ type Variant string
 const (
 	Orbit Variant = "orbit"
 	Stock Variant = "stock"
+	// StockDefault is the stock transport as Caddy configures it when
+	// told nothing: 32 idle connections kept per upstream, so a load of
+	// more clients than that closes and opens connections all along.
+	// Stock is given room for the whole load instead.
+	StockDefault Variant = "stock-default"
 )
 
 // Scenario is one situation to put a fleet in.
@@ -142,7 +147,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	}
 	var proxy Proxy
 	switch v {
-	case Orbit, Stock:
+	case Orbit, Stock, StockDefault:
 		seg := filepath.Join("/dev/shm", fmt.Sprintf("orbit-scenario-%d-%s", os.Getpid(), filepath.Base(dir)))
 		defer os.Remove(seg)
 		proxy, err = StartFleet(ctx, r.Caddy, Caddyfile(s, v, port, up.URL, seg, filepath.Join(dir, "sock"), workers), workers, dir)
@@ -243,10 +248,14 @@ func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir st
 	if v == Orbit {
 		b.WriteString("\t\ttransport orbit_pool {\n")
 	} else {
-		// The stock transport keeps 32 idle connections per host unless
-		// told otherwise; give it room for the whole load, so that what
-		// the table shows is sharing, not a small idle pool.
-		b.WriteString("\t\ttransport http {\n\t\t\tkeepalive_idle_conns_per_host 1024\n")
+		b.WriteString("\t\ttransport http {\n")
+		if v == Stock {
+			// The stock transport keeps 32 idle connections per host
+			// unless told otherwise; give it room for the whole load,
+			// so that what the table shows is sharing, not a small
+			// idle pool.
+			b.WriteString("\t\t\tkeepalive_idle_conns_per_host 1024\n")
+		}
 		if s.MaxConns > 0 {
 			fmt.Fprintf(&b, "\t\t\tmax_conns_per_host %d\n", int(math.Ceil(float64(s.MaxConns)/float64(workers))))
 		}

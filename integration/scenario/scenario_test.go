@@ -231,6 +231,13 @@ func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
 	if strings.Contains(stock, "orbit_pool") {
 		t.Errorf("stock config names orbit_pool:\n%s", stock)
 	}
+	// Stock has room for the load's idle connections; stock-default is
+	// Caddy's transport as configured by nothing else.
+	def := Caddyfile(Scenario{}, StockDefault, 8080, "http://127.0.0.1:9000", "/dev/shm/x", "/tmp/s", 4)
+	if !strings.Contains(Caddyfile(Scenario{}, Stock, 8080, "http://127.0.0.1:9000", "/dev/shm/x", "/tmp/s", 4), "keepalive_idle_conns_per_host 1024") ||
+		strings.Contains(def, "keepalive") || !strings.Contains(def, "transport http {") {
+		t.Errorf("stock-default config:\n%s", def)
+	}
 }
 
 // TestPrintTableSummary: the summary adds up each variant's connections,

@@ -7,6 +7,7 @@
 //	go run ./integration/cmd/orbit-demo -all -d 30s      # every scenario, longer
 //	go run ./integration/cmd/orbit-demo -scenarios fast,slow
 //	go run ./integration/cmd/orbit-demo -peers           # nginx and HAProxy too, if on PATH
+//	go run ./integration/cmd/orbit-demo -stock-default   # and Caddy's stock transport untuned
 //
 // By default it runs the scenarios where sharing matters most: an upstream
 // that refuses connections past 16 (capped), a cold start of 256 clients
@@ -38,11 +39,15 @@ func main() {
 		names   = flag.String("scenarios", "capped,stampede,tls-churn", "scenarios to run, comma-separated")
 		all     = flag.Bool("all", false, "run every scenario")
 		peers   = flag.Bool("peers", false, "also run nginx and HAProxy, if on PATH, in the same table")
+		defs    = flag.Bool("stock-default", false, "also run the stock transport with Caddy's default idle pool (32 per upstream)")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	variants := []scenario.Variant{scenario.Orbit, scenario.Stock}
+	if *defs {
+		variants = append(variants, scenario.StockDefault)
+	}
 	if *peers {
 		found := scenario.Peers()
 		if len(found) == 0 {
@@ -83,7 +88,7 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 			s.Conns = conns
 		}
 		for _, v := range variants {
-			if s.Client != nil && v != scenario.Orbit && v != scenario.Stock {
+			if s.Client != nil && v != scenario.Orbit && v != scenario.Stock && v != scenario.StockDefault {
 				fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
 				continue
 			}
