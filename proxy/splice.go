@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,28 +53,10 @@ func spliceResponse(dst *net.UnixConn, src *net.TCPConn, n int64) (written int64
 	// The default pipe (64 KiB) did as well as 256 KiB and 1 MiB ones
 	// in BenchmarkLargeBody.
 	const size = 64 << 10
-	const flags = unix.SPLICE_F_MOVE | unix.SPLICE_F_NONBLOCK
 	for n > 0 {
 		// The pipe is empty here, so EAGAIN means the socket has
 		// nothing to read yet.
-		var inPipe int
-		var serr error
-		err := rs.Read(func(fd uintptr) bool {
-			for {
-				m, err := unix.Splice(int(fd), nil, p[1], nil, int(min(n, size)), flags)
-				switch err {
-				case unix.EINTR:
-					continue
-				case unix.EAGAIN:
-					return false
-				}
-				inPipe, serr = int(m), err
-				return true
-			}
-		})
-		if err == nil && serr != nil {
-			err = os.NewSyscallError("splice", serr)
-		}
+		inPipe, err := spliceStep(rs, false, p[1], int(min(n, size)))
 		if err != nil {
 			return written, err
 		}
@@ -84,23 +67,7 @@ func spliceResponse(dst *net.UnixConn, src *net.TCPConn, n int64) (written int64
 		// The pipe holds data here, so EAGAIN means the stream's send
 		// buffer is full.
 		for inPipe > 0 {
-			var out int
-			err := ws.Write(func(fd uintptr) bool {
-				for {
-					m, err := unix.Splice(p[0], nil, int(fd), nil, inPipe, flags)
-					switch err {
-					case unix.EINTR:
-						continue
-					case unix.EAGAIN:
-						return false
-					}
-					out, serr = int(m), err
-					return true
-				}
-			})
-			if err == nil && serr != nil {
-				err = os.NewSyscallError("splice", serr)
-			}
+			out, err := spliceStep(ws, true, p[0], inPipe)
 			if err == nil && out == 0 {
 				err = io.ErrShortWrite
 			}
@@ -112,6 +79,40 @@ func spliceResponse(dst *net.UnixConn, src *net.TCPConn, n int64) (written int64
 		}
 	}
 	return written, nil
+}
+
+// spliceStep moves up to n bytes with one splice(2) between the socket
+// under c and a pipe end: from the socket into the pipe, or with toSocket
+// from the pipe into the socket. While the socket would block it waits on
+// c's poller, for reading or for writing.
+func spliceStep(c syscall.RawConn, toSocket bool, pipe, n int) (moved int, err error) {
+	var serr error
+	step := func(fd uintptr) bool {
+		in, out := int(fd), pipe
+		if toSocket {
+			in, out = pipe, int(fd)
+		}
+		for {
+			m, err := unix.Splice(in, nil, out, nil, n, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			switch err {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			}
+			moved, serr = int(m), err
+			return true
+		}
+	}
+	if toSocket {
+		err = c.Write(step)
+	} else {
+		err = c.Read(step)
+	}
+	if err == nil && serr != nil {
+		err = os.NewSyscallError("splice", serr)
+	}
+	return moved, err
 }
 
 // spliceTo relays the whole of a response body of length n, which nothing
