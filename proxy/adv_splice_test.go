@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -126,7 +127,6 @@ func TestAdvSpliceFraming(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("spliced %d, conns %d", owner.node.Stats().SplicedBodies, conns.Load())
 		})
 	}
 }
@@ -409,5 +409,122 @@ func testSpliceAtFdLimit(t *testing.T) {
 	}
 	if st := owner.node.Stats(); st.ServedRemote != 2 {
 		t.Fatalf("not served by the owner: %+v", st)
+	}
+}
+
+// TestAdvSpliceEarlyResponse: the upstream answers a sibling's large
+// upload with a large body before reading the upload, and keeps its
+// connection: the body reaches the sibling whole, and the next exchanges
+// on the key get their own responses.
+func TestAdvSpliceEarlyResponse(t *testing.T) {
+	want := randomBytes(advBig)
+	base := rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		if req.URL.Path == "/early" {
+			c.Write(append([]byte("HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(advBig)+"\r\n\r\n"), want...))
+		} else {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+		}
+		// Read the upload only after answering.
+		io.Copy(io.Discard, req.Body)
+		return true
+	})
+	owner, client := remotePair(t, nil)
+	client.tr.Policy = remoteOnlyPolicy{}
+	for i := range 5 {
+		warm(t, owner, base+"/warm")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/early", bytes.NewReader(randomBytes(512<<10)))
+		resp, err := client.tr.RoundTrip(req)
+		if err != nil {
+			cancel()
+			t.Fatalf("%d: %v", i, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%d: %d bytes, %v", i, len(got), err)
+		}
+		// The owner may have closed the connection (the upload was still
+		// going out when the response ended): it dials again if so.
+		warm(t, owner, base+"/warm")
+		if got, _, err := advDo(t, client.tr, "GET", base+"/next"); err != nil || string(got) != "fresh" {
+			t.Fatalf("%d: next: %.40q %v", i, got, err)
+		}
+	}
+	if st := owner.node.Stats(); st.SplicedBodies == 0 {
+		t.Fatalf("nothing spliced: %+v", st)
+	}
+}
+
+// TestAdvSpliceConcurrent: members reading bodies at once, spliced when a
+// sibling's connection serves them, some giving up partway, over a key with
+// two connections: every body read whole is byte-exact.
+func TestAdvSpliceConcurrent(t *testing.T) {
+	var conns atomic.Int32
+	base := advUpstream(t, &conns)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
+	owner := newMember(t, spec, conf)
+	var clients []*member
+	for range 2 {
+		clients = append(clients, newMember(t, spec, conf))
+	}
+	// Two owner connections.
+	done := make(chan struct{})
+	for range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			req, _ := http.NewRequest("GET", base+"/big", nil)
+			if resp, err := owner.tr.RoundTrip(req); err == nil {
+				drain(resp)
+			}
+		}()
+	}
+	<-done
+	<-done
+	want := randomBytes(advBig)
+	errs := make(chan string, 100)
+	for w := range 6 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			c := clients[w%2]
+			for i := range 8 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				req, _ := http.NewRequestWithContext(ctx, "GET", base+"/big", nil)
+				resp, err := c.tr.RoundTrip(req)
+				if err != nil {
+					cancel()
+					continue // a connection cut by another's abandon
+				}
+				if (w+i)%3 == 0 {
+					io.CopyN(io.Discard, resp.Body, int64(w+1)*50<<10)
+					resp.Body.Close()
+					cancel()
+					continue
+				}
+				got, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				cancel()
+				if err == nil && !bytes.Equal(got, want) {
+					errs <- "body differs"
+				}
+			}
+		}()
+	}
+	for range 6 {
+		<-done
+	}
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	var spliced uint64
+	for _, m := range append(clients, owner) {
+		spliced += m.node.Stats().SplicedBodies
+	}
+	if spliced == 0 {
+		t.Error("nothing spliced")
 	}
 }
