@@ -35,7 +35,8 @@ var spliceMinBody int64 = 64 << 10
 // the connections' pollers, so their deadlines and Close apply as to any
 // read or write. A short body (the upstream closing early) is
 // io.ErrUnexpectedEOF; an error writing to dst is wrapped in errPeerWrite.
-func spliceResponse(dst *net.UnixConn, src *net.TCPConn, n int64) (written int64, err error) {
+// p is an empty pipe, which the caller closes.
+func spliceResponse(dst *net.UnixConn, src *net.TCPConn, p *[2]int, n int64) (written int64, err error) {
 	rs, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -44,12 +45,6 @@ func spliceResponse(dst *net.UnixConn, src *net.TCPConn, n int64) (written int64
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", errPeerWrite, err)
 	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return 0, os.NewSyscallError("pipe2", err)
-	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
 	// The default pipe (64 KiB) did as well as 256 KiB and 1 MiB ones
 	// in BenchmarkLargeBody.
 	const size = 64 << 10
@@ -126,6 +121,15 @@ func (b *body) spliceTo(dst *net.UnixConn, bw *bufio.Writer, n int64) (handled b
 	if !ok || b.h2 != nil {
 		return false, nil
 	}
+	// The pipe before anything goes out: a process with no descriptor to
+	// spare copies the body, as it would a smaller one, rather than fail
+	// the exchange after its head has gone to the peer.
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return false, nil
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
 	if k := min(int64(c.br.Buffered()), n); k > 0 {
 		head, _ := c.br.Peek(int(k))
 		bw.Write(head)
@@ -133,7 +137,7 @@ func (b *body) spliceTo(dst *net.UnixConn, bw *bufio.Writer, n int64) (handled b
 		n -= k
 	}
 	if err = bw.Flush(); err == nil {
-		_, err = spliceResponse(dst, src, n)
+		_, err = spliceResponse(dst, src, &p, n)
 	} else {
 		err = fmt.Errorf("%w: %w", errPeerWrite, err)
 	}

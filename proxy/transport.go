@@ -64,7 +64,8 @@ type Transport struct {
 	// within the key's budget before it has a sibling relay every byte
 	// (the remote path costs about 1.7 times the local path's CPU per
 	// MiB, BenchmarkLargeBody), and uses a sibling's once the budget is
-	// spent.
+	// spent or when that dial fails (the admission backstop refuses it, or
+	// the upstream takes no new connection).
 	Policy orbitpool.Policy
 	// MaxResponseHeaderBytes limits the response header. Default 10 MiB.
 	MaxResponseHeaderBytes int64
@@ -440,11 +441,26 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	if policy == nil {
 		policy = orbitpool.LocalFirst{}
 	}
+	// createFirst is whether the policy is CreateBeforeRemote in place of
+	// LocalFirst: its dial is a preference, and a dial that fails (refused
+	// by admission or by the upstream) falls back to LocalFirst, which may
+	// have a sibling's connection with room, rather than fail the request.
+	base, createFirst := policy, false
 	if _, ok := policy.(orbitpool.LocalFirst); ok && req.ContentLength >= largeBody {
-		policy = orbitpool.CreateBeforeRemote{}
+		policy, createFirst = orbitpool.CreateBeforeRemote{}, true
 	}
 	if len(*busyLanes) > 0 {
 		policy = &avoidLanes{inner: policy, lanes: *busyLanes}
+	}
+	fallBack := func() bool {
+		if !createFirst || ctx.Err() != nil {
+			return false
+		}
+		createFirst, policy = false, base
+		if len(*busyLanes) > 0 {
+			policy = &avoidLanes{inner: policy, lanes: *busyLanes}
+		}
+		return true
 	}
 	near := t.nearWindow()
 	for {
@@ -528,6 +544,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			if !n.admitDial() {
 				plan.Permit.Close()
+				if fallBack() {
+					continue
+				}
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
 			}
 			n.dialing.Add(1)
@@ -535,6 +554,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			n.dialing.Add(-1)
 			if err != nil {
 				plan.Permit.Close()
+				if fallBack() {
+					continue
+				}
 				return nil, err
 			}
 			h2 := h2Wanted(&e.u, c)
