@@ -111,10 +111,7 @@ type CreateBeforeRemote struct{}
 
 // Decide implements Policy.
 func (CreateBeforeRemote) Decide(v *View) Decision {
-	if i := leastLoaded(v.Candidates, true); i >= 0 {
-		return Decision{Action: ActionReuse, Candidate: i}
-	}
-	if v.CanCreate() {
+	if leastLoaded(v.Candidates, true) < 0 && v.CanCreate() {
 		return Decision{Action: ActionCreate}
 	}
 	return decide(v, true)

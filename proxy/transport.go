@@ -449,17 +449,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	if _, ok := policy.(orbitpool.LocalFirst); ok && req.ContentLength >= largeBody {
 		policy, createFirst = orbitpool.CreateBeforeRemote{}, true
 	}
-	if len(*busyLanes) > 0 {
-		policy = &avoidLanes{inner: policy, lanes: *busyLanes}
+	avoidBusy := func(p orbitpool.Policy) orbitpool.Policy {
+		if len(*busyLanes) > 0 {
+			return &avoidLanes{inner: p, lanes: *busyLanes}
+		}
+		return p
 	}
+	policy = avoidBusy(policy)
 	fallBack := func() bool {
 		if !createFirst || ctx.Err() != nil {
 			return false
 		}
-		createFirst, policy = false, base
-		if len(*busyLanes) > 0 {
-			policy = &avoidLanes{inner: policy, lanes: *busyLanes}
-		}
+		createFirst, policy = false, avoidBusy(base)
 		return true
 	}
 	near := t.nearWindow()
