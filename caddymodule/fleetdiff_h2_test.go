@@ -383,8 +383,14 @@ func newGoAwayUpstream(t *testing.T) *goAwayUpstream {
 			u.wg.Add(1)
 			go func() {
 				defer u.wg.Done()
+				// Each connection's server registers its GOAWAY with
+				// the generation's http.Server, whose fields
+				// ConfigureServer writes: one connection at a time.
 				h2s := &http2.Server{MaxConcurrentStreams: 100}
-				if err := http2.ConfigureServer(hs, h2s); err != nil {
+				u.mu.Lock()
+				err := http2.ConfigureServer(hs, h2s)
+				u.mu.Unlock()
+				if err != nil {
 					return
 				}
 				h2s.ServeConn(c, &http2.ServeConnOpts{Handler: hs.Handler, BaseConfig: hs})
