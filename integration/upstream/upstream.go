@@ -68,6 +68,10 @@ type Stats struct {
 	Requests    int64 // HTTP requests served
 	Streams     int64 // requests in progress now
 	PeakStreams int64 // most requests in progress at once (HTTP/2 streams, for H2C)
+	// Busy is the time requests spent in the server's handlers, summed
+	// over requests: against the time connections were open, how much of
+	// it they carried a request.
+	Busy time.Duration
 }
 
 // Server is a running upstream.
@@ -83,7 +87,7 @@ type Server struct {
 	max   int64
 	stats struct {
 		accepted, refused, open, peak, handshakes, resumed, requests atomic.Int64
-		streams, peakStreams                                         atomic.Int64
+		streams, peakStreams, busy                                   atomic.Int64
 	}
 	ln   net.Listener
 	srv  *http.Server
@@ -155,6 +159,7 @@ func (s *Server) Stats() Stats {
 		Requests:    s.stats.requests.Load(),
 		Streams:     s.stats.streams.Load(),
 		PeakStreams: s.stats.peakStreams.Load(),
+		Busy:        time.Duration(s.stats.busy.Load()),
 	}
 }
 
@@ -171,7 +176,11 @@ func (s *Server) routes() http.Handler {
 		return func(w http.ResponseWriter, r *http.Request) {
 			s.stats.requests.Add(1)
 			n := s.stats.streams.Add(1)
-			defer s.stats.streams.Add(-1)
+			start := time.Now()
+			defer func() {
+				s.stats.streams.Add(-1)
+				s.stats.busy.Add(int64(time.Since(start)))
+			}()
 			for p := s.stats.peakStreams.Load(); n > p && !s.stats.peakStreams.CompareAndSwap(p, n); p = s.stats.peakStreams.Load() {
 			}
 			h(w, r)
