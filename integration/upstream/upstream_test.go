@@ -155,3 +155,28 @@ func TestWebSocketEcho(t *testing.T) {
 		t.Fatalf("echo %q", b)
 	}
 }
+
+// TestBusyIsTimeInHandlers: Busy sums the time requests spent in the
+// handlers, concurrent ones each counted.
+func TestBusyIsTimeInHandlers(t *testing.T) {
+	const delay = 20 * time.Millisecond
+	s := start(t, Options{Delay: delay})
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			resp, err := c.Get(s.URL + "/")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	if got := s.Stats().Busy; got < 3*delay || got > 3*delay+2*time.Second {
+		t.Errorf("busy %v after 3 requests of %v each", got, delay)
+	}
+}
