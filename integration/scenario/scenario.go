@@ -197,13 +197,13 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 	}
 	row.Upstream = up.Stats()
-	if m := s.Upstream.MaxConns; m > 0 && row.Load.Requests > 0 {
+	if m, served := s.Upstream.MaxConns, row.Upstream.Requests-base.Requests; m > 0 && served > 0 {
 		// Under a cap every connection has a request waiting for it: the
 		// time it carries none is what the proxy takes to hand it on.
 		busy := row.Upstream.Busy - base.Busy
 		idle := time.Duration(m)*row.Load.Elapsed - busy
 		row.Notes = append(row.Notes, fmt.Sprintf("the %d upstream connections carried a request %.1f%% of the time; between two requests a connection sat idle %v on average",
-			m, 100*float64(busy)/float64(time.Duration(m)*row.Load.Elapsed), (idle/time.Duration(row.Load.Requests)).Round(time.Microsecond)))
+			m, 100*float64(busy)/float64(time.Duration(m)*row.Load.Elapsed), (idle/time.Duration(served)).Round(time.Microsecond)))
 	}
 	if f, ok := proxy.(*Fleet); ok && v == Orbit {
 		if local, remote, ok := f.reuse(); ok && local+remote > 0 {
