@@ -518,6 +518,77 @@ func normalJSON(o observation) string {
 	return string(b)
 }
 
+// TestOwnerKilledMidSplice kills -9 the owner while it splices a large
+// response body to this process: the body must fail within 100ms, never end
+// as if whole, and the dead owner's connection must come back to the budget.
+func TestOwnerKilledMidSplice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	u := newTestUpstream(t)
+	seg := filepath.Join(t.TempDir(), "seg")
+	owner := startChild(t, seg, u.srv.URL, 0, 1)
+	owner.send(t, "warm 1")
+	if got := owner.expect(t, "warmed"); got != "1" {
+		t.Fatalf("owner made %s connections, want 1", got)
+	}
+	spec := testSpec
+	spec.Path = seg
+	me := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
+	// A whole body first, to see that the owner splices.
+	whole, err := get(t, context.Background(), me.tr, u.url("/big?cl=1&n=2097152"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(whole)
+	// The owner counts the body once it has sent it, which may be after
+	// this process has read it.
+	var st NodeStats
+	waitFor(t, 2*time.Second, "the owner to count one body spliced", func() bool {
+		owner.send(t, "stats")
+		err := json.Unmarshal([]byte(owner.expect(t, "stats")), &st)
+		return err == nil && st.SplicedBodies == 1
+	})
+	resp, err := get(t, context.Background(), me.tr, u.url("/stall-cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if me.node.Stats().ReusedRemote != 2 || resp.ContentLength != 4<<20 {
+		t.Fatalf("not a large body through the owner: %+v, length %d", me.node.Stats(), resp.ContentLength)
+	}
+	if n, err := io.CopyN(io.Discard, resp.Body, 1<<20); err != nil {
+		t.Fatalf("the first MiB: %d bytes, %v", n, err)
+	}
+	failed := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		failed <- err
+	}()
+	killedAt := time.Now()
+	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-failed:
+		if err == nil {
+			t.Fatal("the body ended as if whole after its owner was killed")
+		}
+		if d := time.Since(killedAt); d > 100*time.Millisecond {
+			t.Errorf("the body failed %v after the kill", d)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the body hung after its owner was killed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp2, err := get(t, ctx, me.tr, u.url("/cl"))
+	if err != nil {
+		t.Fatalf("after the owner died: %v", err)
+	}
+	drain(resp2)
+}
+
 // TestOwnerKilledDuringStreams kills -9 the process that owns the
 // connections while this process streams responses through it: every stream
 // must fail within 100ms, and the dead owner's budget must come back.

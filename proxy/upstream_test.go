@@ -154,6 +154,16 @@ func (u *testUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 		case <-time.After(10 * time.Second):
 		}
+	case "/stall-cl":
+		// A declared 4 MiB, of which 1 MiB comes at once and the rest
+		// never, until the client goes.
+		h.Set("Content-Length", strconv.Itoa(4<<20))
+		writePattern(w, 1<<20)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
 	case "/slow":
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 		time.Sleep(time.Duration(max(ms, 2)) * time.Millisecond)
