@@ -22,16 +22,13 @@ func start(t *testing.T, o Options) *Server {
 	return s
 }
 
-func TestCountsConnectionsAndRequests(t *testing.T) {
-	s := start(t, Options{})
-	// Idle room for all three, or net/http closes the third as it comes
-	// back idle and dials again: more than 3 accepted, none at fault here.
-	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 3, MaxIdleConnsPerHost: 3}}
-	defer c.CloseIdleConnections()
+// getConcurrently sends n GETs to url at once and reads their bodies.
+func getConcurrently(t *testing.T, c *http.Client, url string, n int) {
+	t.Helper()
 	var wg sync.WaitGroup
-	for range 30 {
+	for range n {
 		wg.Go(func() {
-			resp, err := c.Get(s.URL + "/")
+			resp, err := c.Get(url)
 			if err != nil {
 				t.Error(err)
 				return
@@ -41,6 +38,15 @@ func TestCountsConnectionsAndRequests(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func TestCountsConnectionsAndRequests(t *testing.T) {
+	s := start(t, Options{})
+	// Idle room for all three, or net/http closes the third as it comes
+	// back idle and dials again: more than 3 accepted, none at fault here.
+	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 3, MaxIdleConnsPerHost: 3}}
+	defer c.CloseIdleConnections()
+	getConcurrently(t, c, s.URL+"/", 30)
 	st := s.Stats()
 	if st.Requests != 30 || st.Accepted < 1 || st.Accepted > 3 || st.Peak > st.Accepted || st.Refused != 0 {
 		t.Fatalf("stats %+v: want 30 requests over at most 3 connections", st)
@@ -163,19 +169,7 @@ func TestBusyIsTimeInHandlers(t *testing.T) {
 	s := start(t, Options{Delay: delay})
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Go(func() {
-			resp, err := c.Get(s.URL + "/")
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		})
-	}
-	wg.Wait()
+	getConcurrently(t, c, s.URL+"/", 3)
 	if got := s.Stats().Busy; got < 3*delay || got > 3*delay+2*time.Second {
 		t.Errorf("busy %v after 3 requests of %v each", got, delay)
 	}
