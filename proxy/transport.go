@@ -441,27 +441,19 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	if policy == nil {
 		policy = orbitpool.LocalFirst{}
 	}
-	// createFirst is whether the policy is CreateBeforeRemote in place of
-	// LocalFirst: its dial is a preference, and a dial that fails (refused
-	// by admission or by the upstream) falls back to LocalFirst, which may
-	// have a sibling's connection with room, rather than fail the request.
-	base, createFirst := policy, false
+	// A request with a large body prefers a connection of its own to a
+	// sibling relaying every byte of it; that dial is only a preference,
+	// and one that fails (refused by admission or by the upstream) goes
+	// back to the policy it replaced, which may find a sibling's.
+	var fallback orbitpool.Policy
 	if _, ok := policy.(orbitpool.LocalFirst); ok && req.ContentLength >= largeBody {
-		policy, createFirst = orbitpool.CreateBeforeRemote{}, true
+		fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 	}
-	avoidBusy := func(p orbitpool.Policy) orbitpool.Policy {
-		if len(*busyLanes) > 0 {
-			return &avoidLanes{inner: p, lanes: *busyLanes}
+	if len(*busyLanes) > 0 {
+		policy = &avoidLanes{inner: policy, lanes: *busyLanes}
+		if fallback != nil {
+			fallback = &avoidLanes{inner: fallback, lanes: *busyLanes}
 		}
-		return p
-	}
-	policy = avoidBusy(policy)
-	fallBack := func() bool {
-		if !createFirst || ctx.Err() != nil {
-			return false
-		}
-		createFirst, policy = false, avoidBusy(base)
-		return true
 	}
 	near := t.nearWindow()
 	for {
@@ -545,7 +537,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			if !n.admitDial() {
 				plan.Permit.Close()
-				if fallBack() {
+				if fallback != nil && ctx.Err() == nil {
+					policy, fallback = fallback, nil
 					continue
 				}
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
@@ -555,7 +548,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			n.dialing.Add(-1)
 			if err != nil {
 				plan.Permit.Close()
-				if fallBack() {
+				if fallback != nil && ctx.Err() == nil {
+					policy, fallback = fallback, nil
 					continue
 				}
 				return nil, err
