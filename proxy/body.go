@@ -53,13 +53,19 @@ func (b *body) Read(p []byte) (int, error) {
 			err = rerr
 		}
 	}
+	b.stop(err, eof)
+	return n, err
+}
+
+// stop records how the body ended, err for every later Read, and releases
+// the read side: for reuse if eof.
+func (b *body) stop(err error, eof bool) {
 	b.mu.Lock()
 	if b.rerr == nil {
 		b.rerr = err
 	}
 	b.mu.Unlock()
 	b.end(eof)
-	return n, err
 }
 
 // streamResetTrailer ends the relayed body of an HTTP/2 response whose

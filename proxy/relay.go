@@ -194,19 +194,17 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		}
 		return r.err == nil
 	}
-	if b, ok := resp.Body.(*body); ok && !chunked && resp.ContentLength >= spliceMinBody {
-		if uc, ok := nc.(*net.UnixConn); ok {
-			if handled, err := b.spliceTo(uc, bw, resp.ContentLength); handled {
-				if err != nil {
-					if errors.Is(err, errPeerWrite) {
-						r.err = err
-					}
-					r.log.Debug("relay ended early", zap.Error(err))
-					return false
+	if b, ok := resp.Body.(*body); ok && !chunked {
+		if handled, err := b.spliceTo(nc, bw, resp.ContentLength); handled {
+			if err != nil {
+				if errors.Is(err, errPeerWrite) {
+					r.err = err
 				}
-				r.spliced = true
-				return true
+				r.log.Debug("relay ended early", zap.Error(err))
+				return false
 			}
+			r.spliced = true
+			return true
 		}
 	}
 	if err := r.copyBody(resp, chunked); err != nil {

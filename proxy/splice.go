@@ -111,14 +111,15 @@ func spliceStep(c syscall.RawConn, toSocket bool, pipe, n int) (moved int, err e
 }
 
 // spliceTo relays the whole of a response body of length n, which nothing
-// has read yet, to the peer stream dst: what the head's reader buffered
-// through bw, the rest with spliceResponse. handled is false, and nothing
-// is done, unless the upstream connection is plain TCP with HTTP/1.x on
-// it. The body then ends as a Read to EOF (or a failure) would end it.
-func (b *body) spliceTo(dst *net.UnixConn, bw *bufio.Writer, n int64) (handled bool, err error) {
+// has read yet, to the peer stream: what the head's reader buffered through
+// bw, the rest with spliceResponse. handled is false, and nothing is done,
+// unless the body is spliceMinBody or more, the stream a unix socket, and
+// the upstream connection plain TCP with HTTP/1.x on it. The body then ends as a Read to EOF (or a failure) would end it.
+func (b *body) spliceTo(stream net.Conn, bw *bufio.Writer, n int64) (handled bool, err error) {
 	c := b.x.c
 	src, ok := c.nc.(*net.TCPConn)
-	if !ok || b.h2 != nil {
+	dst, ok2 := stream.(*net.UnixConn)
+	if !ok || !ok2 || b.h2 != nil || n < spliceMinBody {
 		return false, nil
 	}
 	// The pipe before anything goes out: a process with no descriptor to
@@ -141,24 +142,16 @@ func (b *body) spliceTo(dst *net.UnixConn, bw *bufio.Writer, n int64) (handled b
 	} else {
 		err = fmt.Errorf("%w: %w", errPeerWrite, err)
 	}
-	if err == nil {
-		b.mu.Lock()
-		b.rerr = io.EOF
-		b.mu.Unlock()
-		b.end(true)
+	switch {
+	case err == nil:
+		b.stop(io.EOF, true)
 		return true, nil
-	}
-	if !errors.Is(err, errPeerWrite) {
-		err = b.mapErr(err)
-	} else {
+	case errors.Is(err, errPeerWrite):
 		// Mid-body, the upstream connection is out of step.
 		c.abort(err)
+	default:
+		err = b.mapErr(err)
 	}
-	b.mu.Lock()
-	if b.rerr == nil {
-		b.rerr = err
-	}
-	b.mu.Unlock()
-	b.end(false)
+	b.stop(err, false)
 	return true, err
 }
