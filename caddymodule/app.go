@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,10 @@ const (
 	// ever stops a runaway. The name is kept from when only forwarded
 	// exchanges counted.
 	DefaultForwardingWorkers = 1024
+	// DefaultOrderWindow is how many tickets a waiter may be passed by, so
+	// that a connection that comes free stays with its own process's
+	// waiter (see App.OrderWindow).
+	DefaultOrderWindow = 16
 )
 
 // App is the `orbit_pool` app: this process's membership of a fleet of Caddy
@@ -173,6 +178,19 @@ type App struct {
 	// 1s.
 	ReservationTimeout caddy.Duration `json:"reservation_timeout,omitempty"`
 
+	// OrderWindow bounds how far waiting requests may be served out of
+	// arrival order. Requests that wait for a connection (a cap reached)
+	// are served in the order they arrived across the whole fleet; a
+	// connection that comes free in one process would then mostly go to a
+	// request waiting in another, which costs both processes a wake-up and
+	// relays the request through the connection's owner. Within the
+	// window, the connection goes to its own process's oldest waiter
+	// instead, if that one is at most this many arrivals behind the
+	// fleet's oldest: no waiter is ever passed by one that arrived more
+	// than order_window requests after it. 0 means strict arrival order.
+	// Default: 16.
+	OrderWindow *int `json:"order_window,omitempty"`
+
 	// KeepSegment leaves the segment file in place when the last process
 	// of the fleet leaves, so that the next fleet inherits its counters as
 	// lifetime totals. Default: false; the last process to leave removes
@@ -244,6 +262,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		n := backpressure.DefaultCap
 		a.MaxInFlight = &n
 	}
+	if a.OrderWindow == nil {
+		n := DefaultOrderWindow
+		a.OrderWindow = &n
+	}
 	if a.Workers == 0 {
 		a.Workers = DefaultForwardingWorkers
 	}
@@ -304,6 +326,9 @@ func (a *App) Validate() error {
 	}
 	if *a.MaxInFlight < 0 {
 		return fmt.Errorf("max_in_flight must not be negative, got %d", *a.MaxInFlight)
+	}
+	if *a.OrderWindow < 0 || *a.OrderWindow > math.MaxInt32 {
+		return fmt.Errorf("order_window must be between 0 and %d, got %d", math.MaxInt32, *a.OrderWindow)
 	}
 	if a.Workers < 0 {
 		return fmt.Errorf("workers must not be negative, got %d", a.Workers)
@@ -461,6 +486,9 @@ func (a *App) fleetConfig() fleetConfig {
 	}
 	if a.MaxInFlight != nil {
 		cfg.MaxInFlight = *a.MaxInFlight
+	}
+	if a.OrderWindow != nil {
+		cfg.OrderWindow = uint32(*a.OrderWindow)
 	}
 	return cfg
 }

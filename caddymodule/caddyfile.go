@@ -50,6 +50,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    admission_ceiling    <count>
 //	    reconcile_interval   <duration>
 //	    reservation_timeout  <duration>
+//	    order_window         <count>
 //	    keep_segment
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -98,6 +99,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.ReconcileInterval, err = durationArg(d, false)
 		case "reservation_timeout":
 			a.ReservationTimeout, err = durationArg(d, false)
+		case "order_window":
+			var n int
+			n, err = intArg(d, 0)
+			a.OrderWindow = &n
 		case "keep_segment":
 			if d.NextArg() {
 				return d.ArgErr()

@@ -51,6 +51,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"admission_ceiling bad", appBlock("admission_ceiling lots"), "bad admission_ceiling value 'lots': not an integer"},
 		{"reconcile_interval", appBlock("reconcile_interval 0"), "bad reconcile_interval value '0': must be positive"},
 		{"reservation_timeout", appBlock("reservation_timeout x"), "bad reservation_timeout value 'x'"},
+		{"order_window negative", appBlock("order_window -1"), "bad order_window value '-1': must be at least 0"},
+		{"order_window bad", appBlock("order_window wide"), "bad order_window value 'wide': not an integer"},
 
 		{"transport argument", ":8080 {\n\treverse_proxy 127.0.0.1:9000 {\n\t\ttransport orbit_pool extra\n\t}\n}\n", "wrong argument count"},
 		{"transport unknown", transportBlock("bogus"), "unrecognized orbit_pool transport option 'bogus'"},
@@ -145,6 +147,8 @@ func TestValidateErrors(t *testing.T) {
 		{"admission_ceiling", appConfig(`{"admission_ceiling": -1}`), "admission_ceiling must not be negative, got -1"},
 		{"reconcile_interval", appConfig(`{"reconcile_interval": "-1s"}`), "reconcile_interval must be positive, got -1s"},
 		{"reservation_timeout", appConfig(`{"reservation_timeout": "-1s"}`), "reservation_timeout must be positive, got -1s"},
+		{"order_window negative", appConfig(`{"order_window": -1}`), "order_window must be between 0 and 2147483647, got -1"},
+		{"order_window high", appConfig(`{"order_window": 4294967296}`), "order_window must be between 0 and 2147483647, got 4294967296"},
 
 		{"versions", transportConfig(`{"protocol": "orbit_pool", "versions": ["1.1", "3"]}`), `unsupported HTTP version "3": the orbit_pool transport does not speak HTTP/3`},
 		{"dial_timeout", transportConfig(`{"protocol": "orbit_pool", "dial_timeout": "-1s"}`), "dial_timeout must be positive, got -1s"},
@@ -203,6 +207,16 @@ func TestValidateDefaults(t *testing.T) {
 	}
 	if *a.MaxInFlight != 1024 || a.Workers < 1 || a.MemoryLimit == 0 || a.AdmissionCeiling != 4096 {
 		t.Errorf("max_in_flight %d, workers %d, memory %d, admission_ceiling %d", *a.MaxInFlight, a.Workers, a.MemoryLimit, a.AdmissionCeiling)
+	}
+	if cfg := a.fleetConfig(); *a.OrderWindow != 16 || cfg.OrderWindow != 16 {
+		t.Errorf("order_window %d, given to the pool as %d; want 16", *a.OrderWindow, cfg.OrderWindow)
+	}
+	strict := App{OrderWindow: new(0)}
+	if err := strict.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cfg := strict.fleetConfig(); cfg.OrderWindow != 0 || cfg.usageKey() == a.fleetConfig().usageKey() {
+		t.Errorf("order_window 0 is given to the pool as %d, or opens the same membership as the default", cfg.OrderWindow)
 	}
 	// Nothing is opened before Start, and Stop and Cleanup without a Start
 	// (or after a failed Provision) are harmless.

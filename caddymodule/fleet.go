@@ -44,6 +44,7 @@ type fleetConfig struct {
 	ReconcileInterval  time.Duration `json:"reconcile_interval"`
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
 	KeepSegment        bool          `json:"keep_segment"`
+	OrderWindow        uint32        `json:"order_window"`
 }
 
 func (c fleetConfig) usageKey() string {
@@ -87,6 +88,7 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		ReconcileInterval:  cfg.ReconcileInterval,
 		ReservationTimeout: cfg.ReservationTimeout,
 		KeepSegment:        cfg.KeepSegment,
+		OrderWindow:        cfg.OrderWindow,
 		OnReclaim: func(li orbitpool.LaneInfo) {
 			f.logger().Warn("reclaimed the connections of a dead process",
 				zap.Int("pid", li.PID),

@@ -83,6 +83,12 @@
 // handed it has the next waiter look too, so a unit returned while waiters
 // were still registering is never left idle behind a sleeping queue.
 //
+// A process may keep a unit it gives back for its own oldest waiter, when
+// that one is at most [Options.OrderWindow] tickets younger than the fleet's
+// oldest: no waiter is then passed by one more than the window younger, and
+// a turn that stays in the process spares two processes a wake-up. The
+// window is 0, strict order, unless the embedder sets it.
+//
 // What is not strict: once a process has delivered a unit to a goroutine, a
 // younger waiter that finds itself the oldest still waiting can take that
 // unit before the goroutine runs; the older one keeps its ticket and is first
@@ -142,7 +148,8 @@
 // 2.5 ms, one acquisition in ten with a deadline of a few milliseconds) and
 // reports the wait p50/p99/max, how far service order strays from arrival
 // order (rank displacement p99 and max) and the share of acquisitions served
-// after one that arrived 5 ms later.
+// after one that arrived 5 ms later; -orbitpool.window N gives the processes
+// an order window.
 //
 //	go test -run '^$' -bench StructuralOps -benchtime 1x ./orbitpool/
 //

@@ -19,10 +19,19 @@ import (
 // it and another process joins in its place. Each step waits until the table
 // is quiet, and then the model says exactly who must have been served: a unit
 // that comes back goes to the oldest waiter of the fleet, a newcomer queues
-// behind waiters, and a waiter that leaves takes nobody's turn.
+// behind waiters, and a waiter that leaves takes nobody's turn. With an
+// order window, a unit given back goes instead to the oldest waiter of the
+// lane that gave it back, if that one is at most the window's tickets behind
+// the fleet's oldest.
 func TestModelTicketOrder(t *testing.T) {
-	for seed := range uint64(4) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { modelTicketOrder(t, seed) })
+	for _, window := range []uint32{0, 2} {
+		passed := 0
+		for seed := range uint64(4) {
+			t.Run(fmt.Sprintf("window=%d/seed=%d", window, seed), func(t *testing.T) { passed += modelTicketOrder(t, seed, window) })
+		}
+		if window > 0 && passed == 0 && !t.Failed() {
+			t.Errorf("window %d: no unit was kept in its lane past an older waiter: the window went untested", window)
+		}
 	}
 }
 
@@ -36,6 +45,7 @@ func removeAt[T any](s *[]T, i int) T {
 type fairWaiter struct {
 	id     int
 	lane   int
+	ticket int // the model's: waiters that queued before it, plus one
 	cancel context.CancelFunc
 	res    chan fairResult
 }
@@ -50,10 +60,12 @@ type fairHeld struct {
 	cp   *CreationPermit
 }
 
-func modelTicketOrder(t *testing.T, seed uint64) {
+// modelTicketOrder returns how many units the window kept in their lane past
+// an older waiter.
+func modelTicketOrder(t *testing.T, seed uint64, window uint32) int {
 	const lanes, capacity, steps = 4, 3, 250
 	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: lanes, Keys: 8, ResourcesPerLane: 16}
-	opts := Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour}
+	opts := Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour, OrderWindow: window}
 	ps := make([]*Pool, lanes)
 	for i := range ps {
 		p, err := Open(spec, opts)
@@ -71,9 +83,11 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 	lim := Limits{MaxResources: capacity}
 	rng := rand.New(rand.NewPCG(seed, 99))
 	var (
-		queue []*fairWaiter // the model's waiters, oldest first
-		held  []fairHeld
-		next  int
+		queue   []*fairWaiter // the model's waiters, oldest first
+		held    []fairHeld
+		next    int
+		tickets int
+		passed  int // units the window kept in their lane, past an older waiter
 	)
 	waiting := func() int {
 		n := 0
@@ -159,6 +173,8 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 				served(step, w, "arrival with room")
 				continue
 			}
+			tickets++
+			w.ticket = tickets
 			queue = append(queue, w)
 			settle(step, "arrival")
 		case op < 7 && len(held) > 0: // give a unit back
@@ -168,8 +184,19 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 				t.Fatal(err)
 			}
 			if len(queue) > 0 {
-				w := queue[0]
-				queue = queue[1:]
+				i := 0
+				for j, x := range queue {
+					if x.lane == h.lane {
+						if x.ticket-queue[0].ticket <= int(window) {
+							i = j
+						}
+						break
+					}
+				}
+				if i > 0 {
+					passed++
+				}
+				w := removeAt(&queue, i)
 				served(step, w, "give back")
 				w.cancel()
 			}
@@ -264,4 +291,5 @@ func modelTicketOrder(t *testing.T, seed uint64) {
 	for _, h := range held {
 		h.cp.Close()
 	}
+	return passed
 }

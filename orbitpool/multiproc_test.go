@@ -100,6 +100,7 @@ type mpArgs struct {
 	Peer       int // a sibling child's lane
 	Dur        time.Duration
 	Lifetime   time.Duration // the child exits by itself after this long
+	Window     uint32        // Options.OrderWindow
 }
 
 // mpMsg is one line of the protocol, in either direction.
@@ -244,7 +245,7 @@ func (c *mpChildCtx) untilParentLeaves() {
 }
 
 func (c *mpChildCtx) open() (*Pool, error) {
-	return Open(c.args.Spec, Options{ReconcileInterval: c.args.Reconcile, ReservationTimeout: c.args.ResTimeout})
+	return Open(c.args.Spec, Options{ReconcileInterval: c.args.Reconcile, ReservationTimeout: c.args.ResTimeout, OrderWindow: c.args.Window})
 }
 
 // mpWaitSnap polls p's snapshot until cond holds, at most d.

@@ -39,6 +39,14 @@ type Options struct {
 	// fleet starts from an empty table, its counters included; a kept
 	// segment carries the counters over, as lifetime totals.
 	KeepSegment bool
+	// OrderWindow is how many tickets younger than the oldest waiter of the
+	// fleet a waiter of this process may be and still be handed a unit that
+	// this process gives back. Keeping a unit in the process that returned
+	// it spares the cross-process wake-ups of handing it to a sibling (and,
+	// for a connection, the relay through its owner), at the price of
+	// strict order: a waiter can be passed by waiters at most OrderWindow
+	// tickets younger than itself. Default 0: strict arrival order.
+	OrderWindow uint32
 }
 
 // Pool is one process's membership of the fleet's pool table: a lane in a
@@ -403,6 +411,7 @@ func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
 	base := s.keyOff(k) + kfMasks
 	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
 		best, bq, bt := -1, uint64(0), uint32(0)
+		own, oq, ot := false, uint64(0), uint32(0)
 		for i := range p.l.maskWords {
 			for m := atomic.LoadUint64(s.u64(base + 8*i)); m != 0; m &= m - 1 {
 				l := i*64 + trailingZeros(m)
@@ -413,6 +422,9 @@ func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
 				if !ok || qGrants(q) == qGrantMask {
 					continue
 				}
+				if l == p.lane {
+					own, oq, ot = true, q, t
+				}
 				if best < 0 || ticketBefore(t, bt) {
 					best, bq, bt = l, q, t
 				}
@@ -420,6 +432,11 @@ func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
 		}
 		if best < 0 {
 			break
+		}
+		if own && best != p.lane && ot-bt <= p.opts.OrderWindow {
+			// This process's own waiter is close enough behind: the
+			// unit stays here, sparing two processes a wake-up each.
+			best, bq, bt = p.lane, oq, ot
 		}
 		if !atomic.CompareAndSwapUint64(s.u64(s.queueOff(best, k)), bq, bq+1) {
 			fails++

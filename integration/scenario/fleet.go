@@ -133,30 +133,55 @@ func (f *Fleet) Reload() error { return f.cmd.Process.Signal(syscall.SIGHUP) }
 // on an open connection of their own worker and on a sibling's; false if the
 // fleet does not use orbit_pool.
 func (f *Fleet) reuse() (local, remote float64, ok bool) {
-	resp, err := f.Admin(0, "/metrics")
-	if err != nil {
-		return 0, 0, false
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "caddy_orbit_pool_fleet_reused_total{") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
+	err := f.metrics(0, "caddy_orbit_pool_fleet_reused_total{", func(line string, v float64) {
 		switch {
 		case strings.Contains(line, `where="remote"`):
 			remote, ok = remote+v, true
 		case strings.Contains(line, `where="local"`):
 			local, ok = local+v, true
 		}
+	})
+	return local, remote, ok && err == nil
+}
+
+// owned reads how many upstream connections each worker owns now.
+func (f *Fleet) owned() ([]int, error) {
+	n := make([]int, f.n)
+	for i := range n {
+		found := false
+		err := f.metrics(i, "caddy_orbit_pool_owned_connections ", func(_ string, v float64) {
+			n[i], found = int(v), true
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			return nil, fmt.Errorf("worker %d reports no caddy_orbit_pool_owned_connections", i)
+		}
 	}
-	return local, remote, ok
+	return n, nil
+}
+
+// metrics calls fn with each of worker i's metric lines that start with
+// prefix, and the line's value.
+func (f *Fleet) metrics(i int, prefix string, fn func(line string, v float64)) error {
+	resp, err := f.Admin(i, "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		j := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[j+1:], 64); err == nil {
+			fn(line, v)
+		}
+	}
+	return sc.Err()
 }
 
 // PID is the supervisor's process ID.

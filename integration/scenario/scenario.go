@@ -30,13 +30,23 @@ type Variant string
 // Variants.
 const (
 	Orbit Variant = "orbit"
-	Stock Variant = "stock"
+	// OrbitStrict is orbit serving waiters in strict arrival order across
+	// the fleet (order_window 0): what the default window saves shows
+	// under a cap.
+	OrbitStrict Variant = "orbit-strict"
+	Stock       Variant = "stock"
 	// StockDefault is the stock transport as Caddy configures it when
 	// told nothing: 32 idle connections kept per upstream, so a load of
 	// more clients than that closes and opens connections all along.
 	// Stock is given room for the whole load instead.
 	StockDefault Variant = "stock-default"
 )
+
+// orbit reports whether v runs the orbit_pool transport.
+func (v Variant) orbit() bool { return v == Orbit || v == OrbitStrict }
+
+// Caddy reports whether v is a fleet of Caddy workers, rather than a peer.
+func (v Variant) Caddy() bool { return v.orbit() || v == Stock || v == StockDefault }
 
 // Scenario is one situation to put a fleet in.
 type Scenario struct {
@@ -82,6 +92,10 @@ type Row struct {
 	// 0 if it could not be read.
 	CPU   time.Duration
 	Moved int // Scenario.Moved
+	// Owned is how many upstream connections each worker owned when the
+	// load ended, for orbit under a cap: a worker that owns fewer than
+	// its share sends its requests through siblings.
+	Owned []int
 	Notes []string
 	start time.Time // when the load began
 }
@@ -146,12 +160,11 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		return Row{}, err
 	}
 	var proxy Proxy
-	switch v {
-	case Orbit, Stock, StockDefault:
+	if v.Caddy() {
 		seg := filepath.Join("/dev/shm", fmt.Sprintf("orbit-scenario-%d-%s", os.Getpid(), filepath.Base(dir)))
 		defer os.Remove(seg)
 		proxy, err = StartFleet(ctx, r.Caddy, Caddyfile(s, v, port, up.URL, seg, filepath.Join(dir, "sock"), workers), workers, dir)
-	default:
+	} else {
 		proxy, err = startPeer(ctx, v, s, port, up.URL, workers, dir)
 	}
 	if err != nil {
@@ -205,9 +218,15 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		row.Notes = append(row.Notes, fmt.Sprintf("the %d upstream connections carried a request %.1f%% of the time; between two requests a connection sat idle %v on average",
 			m, 100*float64(busy)/float64(time.Duration(m)*row.Load.Elapsed), (idle/time.Duration(served)).Round(time.Microsecond)))
 	}
-	if f, ok := proxy.(*Fleet); ok && v == Orbit {
+	if f, ok := proxy.(*Fleet); ok && v.orbit() {
 		if local, remote, ok := f.reuse(); ok && local+remote > 0 {
 			row.Notes = append(row.Notes, fmt.Sprintf("%.1f%% of the requests that reused a connection used a sibling's", 100*remote/(local+remote)))
+		}
+		if s.MaxConns > 0 {
+			if row.Owned, err = f.owned(); err != nil {
+				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+			}
+			row.Notes = append(row.Notes, fmt.Sprintf("upstream connections owned by each worker at the end: %v", row.Owned))
 		}
 	}
 	if row.FirstSecond = firstSecond.Load(); row.FirstSecond < 0 { // the load took under a second
@@ -242,8 +261,11 @@ func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir st
 		b.WriteString("\tservers {\n\t\tprotocols h1 h2c\n\t}\n")
 		upstreamURL = "h2c://" + strings.TrimPrefix(upstreamURL, "http://")
 	}
-	if v == Orbit {
+	if v.orbit() {
 		fmt.Fprintf(&b, "\torbit_pool {\n\t\tsegment %s\n\t\tsocket_dir %s\n\t\twait_timeout 10s\n", segment, sockDir)
+		if v == OrbitStrict {
+			b.WriteString("\t\torder_window 0\n")
+		}
 		if s.MaxConns > 0 {
 			fmt.Fprintf(&b, "\t\tmax_conns_per_host %d\n", s.MaxConns)
 		}
@@ -253,7 +275,7 @@ func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir st
 		b.WriteString("\t}\n")
 	}
 	fmt.Fprintf(&b, "}\n\n:%d {\n\tbind 127.0.0.1\n\treverse_proxy %s {\n", port, upstreamURL)
-	if v == Orbit {
+	if v.orbit() {
 		b.WriteString("\t\ttransport orbit_pool {\n")
 	} else {
 		b.WriteString("\t\ttransport http {\n")

@@ -36,8 +36,9 @@ func TestMain(m *testing.M) {
 
 // short bounds the scenarios CI runs: seconds each, a modest load.
 const (
-	shortLoad  = 2 * time.Second
-	shortConns = 64
+	shortLoad    = 2 * time.Second
+	shortConns   = 64
+	shortWorkers = 3
 )
 
 func runOrbit(t *testing.T, s Scenario) Row {
@@ -48,7 +49,7 @@ func runOrbit(t *testing.T, s Scenario) Row {
 	if s.Conns == 0 {
 		s.Conns = shortConns
 	}
-	r := &Runner{Caddy: caddyBin, Workers: 3, Dir: t.TempDir()}
+	r := &Runner{Caddy: caddyBin, Workers: shortWorkers, Dir: t.TempDir()}
 	row, err := r.Run(context.Background(), s, Orbit)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +88,13 @@ func TestCapHoldsFleetWide(t *testing.T) {
 	noErrors(t, row)
 	if row.Upstream.Peak > limit || row.Upstream.Refused != 0 {
 		t.Fatalf("upstream saw %d connections at peak and refused %d, cap %d", row.Upstream.Peak, row.Upstream.Refused, limit)
+	}
+	owned := 0
+	for _, n := range row.Owned {
+		owned += n
+	}
+	if len(row.Owned) != shortWorkers || owned == 0 || owned > limit {
+		t.Fatalf("workers owned %v upstream connections at the end, cap %d", row.Owned, limit)
 	}
 }
 
@@ -230,6 +238,11 @@ func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
 	}
 	if strings.Contains(stock, "orbit_pool") {
 		t.Errorf("stock config names orbit_pool:\n%s", stock)
+	}
+	// orbit-strict is orbit with strict arrival order, and only that.
+	strict := Caddyfile(s, OrbitStrict, 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4)
+	if strings.Contains(orbit, "order_window") || strings.Replace(strict, "\t\torder_window 0\n", "", 1) != orbit {
+		t.Errorf("orbit-strict config is not orbit's with order_window 0:\n%s", strict)
 	}
 	// Stock has room for the load's idle connections; stock-default is
 	// Caddy's transport as configured by nothing else.

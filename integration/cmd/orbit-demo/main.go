@@ -40,11 +40,16 @@ func main() {
 		all     = flag.Bool("all", false, "run every scenario")
 		peers   = flag.Bool("peers", false, "also run nginx and HAProxy, if on PATH, in the same table")
 		defs    = flag.Bool("stock-default", false, "also run the stock transport with Caddy's default idle pool (32 per upstream)")
+		strict  = flag.Bool("strict", false, "also run orbit with waiters served in strict arrival order (order_window 0)")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	variants := []scenario.Variant{scenario.Orbit, scenario.Stock}
+	variants := []scenario.Variant{scenario.Orbit}
+	if *strict {
+		variants = append(variants, scenario.OrbitStrict)
+	}
+	variants = append(variants, scenario.Stock)
 	if *defs {
 		variants = append(variants, scenario.StockDefault)
 	}
@@ -88,7 +93,7 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 			s.Conns = conns
 		}
 		for _, v := range variants {
-			if s.Client != nil && v != scenario.Orbit && v != scenario.Stock && v != scenario.StockDefault {
+			if s.Client != nil && !v.Caddy() {
 				fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
 				continue
 			}
