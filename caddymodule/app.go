@@ -187,8 +187,10 @@ type App struct {
 	// window, the connection goes to its own process's oldest waiter
 	// instead, if that one is at most this many arrivals behind the
 	// fleet's oldest: no waiter is ever passed by one that arrived more
-	// than order_window requests after it. 0 means strict arrival order.
-	// Default: 16.
+	// than order_window requests after it. The dial budget a closed
+	// connection gives back goes in strict order whatever the window, so
+	// that ownership of the connections follows demand. 0 means strict
+	// arrival order. Default: 16.
 	OrderWindow *int `json:"order_window,omitempty"`
 
 	// KeepSegment leaves the segment file in place when the last process

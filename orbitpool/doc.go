@@ -83,18 +83,25 @@
 // handed it has the next waiter look too, so a unit returned while waiters
 // were still registering is never left idle behind a sleeping queue.
 //
-// A process may keep a unit it gives back for its own oldest waiter, when
-// that one is at most [Options.OrderWindow] tickets younger than the fleet's
-// oldest: no waiter is then passed by one more than the window younger, and
-// a turn that stays in the process spares two processes a wake-up. The
-// window is 0, strict order, unless the embedder sets it.
+// A process may keep the room a use of its own resource gives back for its
+// own oldest waiter, when that one is at most [Options.OrderWindow] tickets
+// younger than the fleet's oldest: no waiter is then passed by one more than
+// the window younger, and a turn that stays in the process spares two
+// processes a wake-up and the waiter's relay through the owner. Creation
+// budget always goes in strict order, so the process whose waiters wait
+// longest creates the next resource. The window is 0, strict order, unless
+// the embedder sets it.
 //
 // What is not strict: once a process has delivered a unit to a goroutine, a
 // younger waiter that finds itself the oldest still waiting can take that
 // unit before the goroutine runs; the older one keeps its ticket and is first
-// for the next unit. And a return announced as more units than are there (a
+// for the next unit. A return announced as more units than are there (a
 // creation claim is counted with its resource) lets the grantees race for the
-// units that are.
+// units that are. And a lane publishes only its three oldest tickets: while a
+// sibling's dispatcher has not yet delivered three or more grants, a return
+// of several units at once (a capacity raised, a lane reclaimed) ranks that
+// lane by its third waiter, which can pass a waiter elsewhere by the lane's
+// undelivered grants. A process delivers its own lane's grants at once.
 //
 // # Finding a key and a sibling's room
 //
@@ -148,8 +155,7 @@
 // 2.5 ms, one acquisition in ten with a deadline of a few milliseconds) and
 // reports the wait p50/p99/max, how far service order strays from arrival
 // order (rank displacement p99 and max) and the share of acquisitions served
-// after one that arrived 5 ms later; -orbitpool.window N gives the processes
-// an order window.
+// after one that arrived 5 ms later.
 //
 //	go test -run '^$' -bench StructuralOps -benchtime 1x ./orbitpool/
 //

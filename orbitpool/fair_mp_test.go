@@ -25,10 +25,7 @@ import (
 
 var mpKeyFair = Key{Hi: 0x6d70, Lo: 13}
 
-var (
-	mpFairDuration = flag.Duration("orbitpool.fair", 5*time.Second, "how long BenchmarkMultiProcessFairness runs")
-	mpFairWindow   = flag.Uint("orbitpool.window", 0, "the order window (Options.OrderWindow) of BenchmarkMultiProcessFairness's processes")
-)
+var mpFairDuration = flag.Duration("orbitpool.fair", 5*time.Second, "how long BenchmarkMultiProcessFairness runs")
 
 func init() { mpMoreRoles["fair"] = mpRoleFair }
 
@@ -178,12 +175,12 @@ func fairSummary(recs []int64) fairStats {
 
 // mpFairRun runs the scenario with procs children of workers goroutines each
 // on a key capped at cap units, for d, and returns every child's records.
-func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration, window uint32) []int64 {
+func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration) []int64 {
 	p, spec := mpOpenParent(t, Options{ReconcileInterval: 100 * time.Millisecond})
 	_ = p
 	var kids []*mpChild
 	for i := range procs {
-		kids = append(kids, mpStart(t, "fair", mpArgs{Spec: spec, Reconcile: 100 * time.Millisecond, Workers: workers, Cap: cap, Dur: d, Seed: uint64(i + 1), Window: window}))
+		kids = append(kids, mpStart(t, "fair", mpArgs{Spec: spec, Reconcile: 100 * time.Millisecond, Workers: workers, Cap: cap, Dur: d, Seed: uint64(i + 1)}))
 	}
 	for _, c := range kids {
 		c.expect("ready", 30*time.Second)
@@ -209,13 +206,7 @@ func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration, window ui
 // order they arrived, whichever process they are in, while one acquisition in
 // ten times out in the queue.
 func TestMultiProcessFairOrder(t *testing.T) {
-	t.Run("strict", func(t *testing.T) { multiProcessFairOrder(t, 0) })
-	// A window of 16 tickets is well under 5ms of arrivals here.
-	t.Run("window=16", func(t *testing.T) { multiProcessFairOrder(t, 16) })
-}
-
-func multiProcessFairOrder(t *testing.T, window uint32) {
-	st := fairSummary(mpFairRun(t, 4, 12, 16, mpScale(3*time.Second, 2*time.Second), window))
+	st := fairSummary(mpFairRun(t, 4, 12, 16, mpScale(3*time.Second, 2*time.Second)))
 	t.Logf("served %d, timed out %d; wait p50 %v p99 %v max %v; order displacement p99 %d max %d; overtaken by a 5ms-later arrival %.2f%%",
 		st.served, st.timedOut, st.p50, st.p99, st.max, st.dispP99, st.dispMax, 100*st.overtaken)
 	if st.served < 500 {
@@ -235,7 +226,7 @@ func multiProcessFairOrder(t *testing.T, window uint32) {
 // key capped at 16 units, each held 0.5 to 2.5 ms.
 func BenchmarkMultiProcessFairness(b *testing.B) {
 	for b.Loop() {
-		st := fairSummary(mpFairRun(b, 4, 16, 16, *mpFairDuration, uint32(*mpFairWindow)))
+		st := fairSummary(mpFairRun(b, 4, 16, 16, *mpFairDuration))
 		b.ReportMetric(float64(st.served)/mpFairDuration.Seconds(), "served/s")
 		b.ReportMetric(float64(st.p50.Microseconds()), "wait-p50-µs")
 		b.ReportMetric(float64(st.p99.Microseconds()), "wait-p99-µs")

@@ -40,12 +40,15 @@ type Options struct {
 	// segment carries the counters over, as lifetime totals.
 	KeepSegment bool
 	// OrderWindow is how many tickets younger than the oldest waiter of the
-	// fleet a waiter of this process may be and still be handed a unit that
-	// this process gives back. Keeping a unit in the process that returned
-	// it spares the cross-process wake-ups of handing it to a sibling (and,
-	// for a connection, the relay through its owner), at the price of
-	// strict order: a waiter can be passed by waiters at most OrderWindow
-	// tickets younger than itself. Default 0: strict arrival order.
+	// fleet a waiter of this process may be and still be handed a unit
+	// that a use of this process's own resources gives back. Keeping such
+	// a unit here spares the cross-process wake-ups of handing it to a
+	// sibling (and, for a connection, the relay through its owner), at the
+	// price of strict order: a waiter can be passed by waiters at most
+	// OrderWindow tickets younger than itself. Creation budget has no
+	// place to stay, and goes in strict order: a process whose waiters
+	// are passed over gets the budget a closed resource gives back, so
+	// ownership follows demand. Default 0: strict arrival order.
 	OrderWindow uint32
 }
 
@@ -368,13 +371,16 @@ func (p *Pool) wake(k int, n uint64) {
 	if n == 0 || !p.queued(k) {
 		return
 	}
-	p.grant(k, n)
+	p.grant(k, n, false)
 }
 
-// grant is wake's work once the key has waiters.
-func (p *Pool) grant(k int, n uint64) {
+// grant is wake's work once the key has waiters. keep says the units are
+// room on this process's own resources, which the order window may keep
+// here; the others (creation budget, grants passed on) have no place to
+// stay, and go in strict order.
+func (p *Pool) grant(k int, n uint64, keep bool) {
 	var rung [MaxLanes / 64]uint64
-	if n = p.grantLanes(k, n, &rung); n > 0 {
+	if n = p.grantLanes(k, n, keep, &rung); n > 0 {
 		// No waiter to hand these to: every one the scan saw has a unit
 		// on its way. A waiter that published itself since may have
 		// deferred to those; it finds these as unclaimed, or the scan
@@ -386,7 +392,7 @@ func (p *Pool) grant(k int, n uint64) {
 			if u == 0 || !atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
 				break
 			}
-			if p.grantLanes(k, 1, &rung) != 0 {
+			if p.grantLanes(k, 1, false, &rung) != 0 {
 				atomic.AddUint64(unclaimed, 1)
 				break
 			}
@@ -394,19 +400,16 @@ func (p *Pool) grant(k int, n uint64) {
 	}
 	for i, m := range rung[:p.l.maskWords] {
 		for ; m != 0; m &= m - 1 {
-			if l := i*64 + trailingZeros(m); l == p.lane {
-				p.waiters.deliver(p, k)
-			} else {
-				p.ring(l)
-			}
+			p.ring(i*64 + trailingZeros(m))
 		}
 	}
 }
 
 // grantLanes adds up to n grants to the lanes of key k, each to the lane
-// whose next waiter is the oldest, marks the lanes in rung, and returns how
-// many it could not give.
-func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
+// whose next waiter is the oldest (or, if keep, to this lane's within the
+// order window), delivers this lane's, marks the other lanes in rung, and
+// returns how many it could not give.
+func (p *Pool) grantLanes(k int, n uint64, keep bool, rung *[MaxLanes / 64]uint64) uint64 {
 	s := p.seg
 	base := s.keyOff(k) + kfMasks
 	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
@@ -433,17 +436,26 @@ func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
 		if best < 0 {
 			break
 		}
-		if own && best != p.lane && ot-bt <= p.opts.OrderWindow {
+		// Past its second undelivered grant, laneNext names a lane's
+		// third waiter, not the one the grant is for (siblings' grants
+		// to this lane wait for its dispatcher).
+		if keep && own && best != p.lane && qGrants(oq) <= 2 && ot-bt <= p.opts.OrderWindow {
 			// This process's own waiter is close enough behind: the
 			// unit stays here, sparing two processes a wake-up each.
-			best, bq, bt = p.lane, oq, ot
+			best, bq = p.lane, oq
 		}
 		if !atomic.CompareAndSwapUint64(s.u64(s.queueOff(best, k)), bq, bq+1) {
 			fails++
 			continue
 		}
 		n--
-		rung[best>>6] |= laneBit(best)
+		if best == p.lane {
+			// Delivered at once, so that this lane's word names its next
+			// waiter exactly for the units still to hand out.
+			p.waiters.deliver(p, k)
+		} else {
+			rung[best>>6] |= laneBit(best)
+		}
 	}
 	return n
 }
@@ -453,7 +465,9 @@ func (p *Pool) grantLanes(k int, n uint64, rung *[MaxLanes / 64]uint64) uint64 {
 func (p *Pool) unitBack(k int) {
 	if p.l.maskWords != 1 {
 		p.setRoom(p.lane, k)
-		p.wake(k, 1)
+		if p.queued(k) {
+			p.grant(k, 1, true)
+		}
 		return
 	}
 	off := p.seg.keyOff(k) + kfMasks
@@ -462,7 +476,7 @@ func (p *Pool) unitBack(k int) {
 		atomic.OrUint64(room, bit)
 	}
 	if atomic.LoadUint64(p.seg.u64(off)) != 0 {
-		p.grant(k, 1)
+		p.grant(k, 1, true)
 	}
 }
 

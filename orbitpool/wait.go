@@ -372,4 +372,4 @@ func (r *Readiness) Ready() <-chan struct{} { return r.w.ch }
 // Close ends the registration. A unit it was handed is passed on to the next
 // waiter on the key, so capacity is never left idle behind a caller that went
 // away; a caller that used the capacity costs another waiter a re-check at most.
-func (r *Readiness) Close() { r.p.waiters.leave(r.p, r.w, false) }
+func (r *Readiness) Close() { r.p.waiters.leave(r.p, r.w, true) }

@@ -79,6 +79,17 @@ func (c *conn) close() {
 	}
 }
 
+// closeAfterPeer half-closes the connection and reads, discarding it, what
+// the peer still sends until the peer closes its side too, at most d; then
+// it closes the connection.
+func (c *conn) closeAfterPeer(d time.Duration) {
+	if c.closeWrite() == nil {
+		c.nc.SetReadDeadline(time.Now().Add(d))
+		io.Copy(io.Discard, c.nc)
+	}
+	c.close()
+}
+
 // closeWrite half-closes the connection's write side.
 func (c *conn) closeWrite() error {
 	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {

@@ -83,6 +83,7 @@ type Node struct {
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
 	isClosed bool
+	closing  sync.WaitGroup // connections retireInOrder is closing; Adds under closeMu while !isClosed
 	draining atomic.Bool
 	caps     sync.Map // orbitpool.Key -> int: see setCap
 }
@@ -231,6 +232,7 @@ func (n *Node) Close() error {
 		n.peers.close()
 	}
 	n.wg.Wait()
+	n.closing.Wait()
 	for i := range n.slots {
 		if oc := n.slots[i].Load(); oc != nil {
 			oc.c.close()
@@ -384,18 +386,68 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 	return oc, nil
 }
 
-// retire unregisters oc and closes its connection (unless a 101 body owns
-// it now), once.
+// retire takes oc out of the pool, once: it unregisters it, giving its unit
+// of the key's budget back. Its caller closes the connection (unless a 101
+// body owns it now).
 func (n *Node) retire(oc *owned) {
+	if n.unslot(oc) {
+		n.unregister(oc)
+	}
+}
+
+// unslot takes oc out of this process's slots, and reports whether it was
+// there (a connection leaves once).
+func (n *Node) unslot(oc *owned) bool {
 	if !n.slots[oc.id.Slot()].CompareAndSwap(oc, nil) {
-		return
+		return false
 	}
 	n.open.Add(-1)
 	oc.state.Store(stDead)
+	return true
+}
+
+func (n *Node) unregister(oc *owned) {
 	if err := n.pool.Unregister(oc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
+}
+
+// closeWait bounds how long a connection retired in good order keeps its
+// place in the fleet's budget while the upstream closes its side.
+const closeWait = 250 * time.Millisecond
+
+// retireInOrder closes oc, a healthy connection that leaves the pool after
+// exec by policy (its request or lifetime limit, a lowered cap, a drain), and
+// only then gives its unit of the key's budget back: it half-closes the
+// connection and waits, at most closeWait, for the upstream to close its
+// side. An upstream that caps its connections counts this one until it has
+// read the close, and the unit goes at once to a waiter, maybe a sibling's,
+// that dials a replacement: sent before the upstream has read the close, that
+// dial finds the cap full and is refused. exec completes last, so that
+// nobody is handed the connection in between.
+func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
+	if !n.unslot(oc) {
+		oc.c.close()
+		exec.Complete()
+		return
+	}
+	n.closeMu.Lock()
+	if n.isClosed {
+		n.closeMu.Unlock()
+		oc.c.close()
+		n.unregister(oc)
+		exec.Complete()
+		return
+	}
+	n.closing.Add(1)
+	n.closeMu.Unlock()
+	go func() {
+		defer n.closing.Done()
+		oc.c.closeAfterPeer(closeWait)
+		n.unregister(oc)
+		exec.Complete()
+	}()
 }
 
 // finish is an exchange's end on an owned connection: the connection goes
@@ -406,9 +458,8 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	case outcomeReusable:
 		now := time.Now()
 		if oc.expired(now) || n.lookup(oc.id) != oc || n.draining.Load() || n.overCap(oc.key) {
-			oc.c.close()
-			n.retire(oc)
-			break
+			n.retireInOrder(oc, exec)
+			return
 		}
 		oc.idle.Store(now.UnixNano())
 		oc.state.Store(stIdle)
