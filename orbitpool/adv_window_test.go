@@ -53,18 +53,7 @@ func newWinFleet(t *testing.T, lanes, pools int, windows func(i int) uint32) *wi
 }
 
 // registered is how many waiters the table shows on the key, all lanes.
-func (f *winFleet) registered() int {
-	p := f.ps[0]
-	ref, ok := p.lookupKey(f.k)
-	if !ok {
-		return 0
-	}
-	n := 0
-	for l := range p.l.nlanes {
-		n += int(atomic.LoadUint32(p.seg.u32(p.seg.waitOff(l, ref.idx))))
-	}
-	return n
-}
+func (f *winFleet) registered() int { return registeredWaiters(f.ps[0], f.k) }
 
 func (f *winFleet) waitRegistered(want int) {
 	f.t.Helper()

@@ -29,6 +29,20 @@ func TestModelTicketOrder(t *testing.T) {
 	}
 }
 
+// registeredWaiters is how many waiters the table shows on key k, over every
+// lane: one process's view of the shared table is the fleet's.
+func registeredWaiters(p *Pool, k Key) int {
+	ref, ok := p.lookupKey(k)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for l := range p.l.nlanes {
+		n += int(atomic.LoadUint32(p.seg.u32(p.seg.waitOff(l, ref.idx))))
+	}
+	return n
+}
+
 // removeAt removes and returns the i-th element of *s.
 func removeAt[T any](s *[]T, i int) T {
 	x := (*s)[i]
@@ -39,8 +53,31 @@ func removeAt[T any](s *[]T, i int) T {
 type fairWaiter struct {
 	id     int
 	lane   int
+	ticket int // the model's, where it needs one
 	cancel context.CancelFunc
 	res    chan fairResult
+}
+
+// startWaiter starts an acquisition in p, of lane lane, as waiter id.
+func startWaiter(p *Pool, id, lane int, k Key, pol Policy, lim Limits) *fairWaiter {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &fairWaiter{id: id, lane: lane, cancel: cancel, res: make(chan fairResult, 1)}
+	go func() {
+		plan, err := p.Acquire(ctx, k, pol, lim)
+		w.res <- fairResult{plan, err}
+	}()
+	return w
+}
+
+// servedInstead names the waiters of queue whose acquisition ended.
+func servedInstead(queue []*fairWaiter) []string {
+	var others []string
+	for _, x := range queue {
+		if len(x.res) > 0 {
+			others = append(others, fmt.Sprintf("%d (lane %d)", x.id, x.lane))
+		}
+	}
+	return others
 }
 
 type fairResult struct {
@@ -78,18 +115,7 @@ func modelTicketOrder(t *testing.T, seed uint64, window uint32) {
 		held  []fairHeld
 		next  int
 	)
-	waiting := func() int {
-		n := 0
-		for _, p := range ps {
-			for l := range lanes {
-				if ref, ok := p.lookupKey(k); ok {
-					n += int(atomic.LoadUint32(p.seg.u32(p.seg.waitOff(l, ref.idx))))
-				}
-			}
-			break // one view of the shared table is enough
-		}
-		return n
-	}
+	waiting := func() int { return registeredWaiters(ps[0], k) }
 	quiet := func(step int, want int) {
 		deadline := time.Now().Add(5 * time.Second)
 		for waiting() != want {
@@ -108,13 +134,7 @@ func modelTicketOrder(t *testing.T, seed uint64, window uint32) {
 			}
 			held = append(held, fairHeld{w.lane, r.plan.Permit})
 		case <-time.After(5 * time.Second):
-			var others []string
-			for _, x := range queue {
-				if len(x.res) > 0 {
-					others = append(others, fmt.Sprintf("%d (lane %d)", x.id, x.lane))
-				}
-			}
-			t.Fatalf("step %d (%s): the oldest waiter %d (lane %d) was not served; served instead: %v", step, why, w.id, w.lane, others)
+			t.Fatalf("step %d (%s): the oldest waiter %d (lane %d) was not served; served instead: %v", step, why, w.id, w.lane, servedInstead(queue))
 		}
 	}
 	// nobodyElse checks that no waiter still in the model was served.
@@ -150,13 +170,8 @@ func modelTicketOrder(t *testing.T, seed uint64, window uint32) {
 		switch op := rng.IntN(10); {
 		case op < 4 && len(queue) < 10: // arrive
 			l := rng.IntN(lanes)
-			ctx, cancel := context.WithCancel(context.Background())
-			w := &fairWaiter{id: next, lane: l, cancel: cancel, res: make(chan fairResult, 1)}
+			w := startWaiter(ps[l], next, l, k, LocalOnly{}, lim)
 			next++
-			go func(p *Pool) {
-				plan, err := p.Acquire(ctx, k, LocalOnly{}, lim)
-				w.res <- fairResult{plan, err}
-			}(ps[l])
 			trace = append(trace, fmt.Sprintf("  arrive %d lane %d", w.id, l))
 			if len(held) < capacity && len(queue) == 0 {
 				served(step, w, "arrival with room")

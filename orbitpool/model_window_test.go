@@ -1,14 +1,12 @@
 package orbitpool
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,12 +33,6 @@ func TestModelOrderWindow(t *testing.T) {
 	}
 }
 
-type windowWaiter struct {
-	id, lane, ticket int
-	cancel           context.CancelFunc
-	res              chan fairResult
-}
-
 // windowUse is a use of the resource lane owner owns.
 type windowUse struct {
 	owner int
@@ -65,7 +57,7 @@ func modelOrderWindow(t *testing.T, seed uint64, window uint32) int {
 	k := Key{0x6f77, seed}
 	lim := Limits{MaxResources: owners}
 	var (
-		queue   []*windowWaiter // the model's waiters, oldest first
+		queue   []*fairWaiter // the model's waiters, oldest first
 		used    []windowUse
 		idle    []int // owners of resources with no use
 		next    int
@@ -89,21 +81,11 @@ func modelOrderWindow(t *testing.T, seed uint64, window uint32) int {
 		}
 		used = append(used, windowUse{o, e})
 	}
-	waiting := func() int {
-		ref, ok := ps[0].lookupKey(k)
-		if !ok {
-			return 0
-		}
-		n := 0
-		for l := range lanes {
-			n += int(atomic.LoadUint32(ps[0].seg.u32(ps[0].seg.waitOff(l, ref.idx))))
-		}
-		return n
-	}
+	waiting := func() int { return registeredWaiters(ps[0], k) }
 	// served expects w's acquisition to end with the resource of owner
 	// (any idle one if owner < 0): a local use in its own lane, a
 	// reservation its owner accepts in any other.
-	served := func(step int, w *windowWaiter, owner int, why string) {
+	served := func(step int, w *fairWaiter, owner int, why string) {
 		select {
 		case r := <-w.res:
 			if r.err != nil {
@@ -138,13 +120,7 @@ func modelOrderWindow(t *testing.T, seed uint64, window uint32) int {
 				t.Fatalf("step %d (%s): waiter %d (lane %d) got %v (lease %+v), want the resource of lane %d", step, why, w.id, w.lane, r.plan.Kind, r.plan.Lease, owner)
 			}
 		case <-time.After(5 * time.Second):
-			var others []string
-			for _, x := range queue {
-				if len(x.res) > 0 {
-					others = append(others, fmt.Sprintf("%d (lane %d)", x.id, x.lane))
-				}
-			}
-			t.Fatalf("step %d (%s): waiter %d (lane %d) was not served; served instead: %v", step, why, w.id, w.lane, others)
+			t.Fatalf("step %d (%s): waiter %d (lane %d) was not served; served instead: %v", step, why, w.id, w.lane, servedInstead(queue))
 		}
 	}
 	// settle waits until the table shows the model's waiters, and checks
@@ -170,13 +146,8 @@ func modelOrderWindow(t *testing.T, seed uint64, window uint32) int {
 		switch op := rng.IntN(10); {
 		case op < 4 && len(queue) < 12: // arrive
 			l := rng.IntN(lanes)
-			ctx, cancel := context.WithCancel(context.Background())
-			w := &windowWaiter{id: next, lane: l, cancel: cancel, res: make(chan fairResult, 1)}
+			w := startWaiter(ps[l], next, l, k, LocalFirst{}, lim)
 			next++
-			go func(p *Pool) {
-				plan, err := p.Acquire(ctx, k, LocalFirst{}, lim)
-				w.res <- fairResult{plan, err}
-			}(ps[l])
 			trace = append(trace, fmt.Sprintf("step %d: arrive %d lane %d", step, w.id, l))
 			if len(idle) > 0 {
 				// No waiter, since a use that ended found none: the
@@ -249,7 +220,7 @@ func modelOrderWindow(t *testing.T, seed uint64, window uint32) int {
 	return kept
 }
 
-func windowQueue(q []*windowWaiter) string {
+func windowQueue(q []*fairWaiter) string {
 	var b strings.Builder
 	for _, w := range q {
 		fmt.Fprintf(&b, " %d/l%d/t%d", w.id, w.lane, w.ticket)
