@@ -86,6 +86,10 @@ func (c *conn) closeAfterPeer(d time.Duration) {
 	if c.closeWrite() == nil {
 		c.nc.SetReadDeadline(time.Now().Add(d))
 		io.Copy(io.Discard, c.nc)
+		// A TLS peer sends close_notify before it closes the socket: wait for the socket.
+		if c.raw != c.nc {
+			io.Copy(io.Discard, c.raw)
+		}
 	}
 	c.close()
 }
