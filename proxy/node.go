@@ -86,6 +86,7 @@ type Node struct {
 	closing  sync.WaitGroup // connections retireInOrder is closing; Adds under closeMu while !isClosed
 	draining atomic.Bool
 	caps     sync.Map // orbitpool.Key -> int: see setCap
+	leaving  sync.Map // orbitpool.Key -> *atomic.Int64: see retireOverCap
 }
 
 // NodeStats counts what a node did since it started.
@@ -193,8 +194,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	}
 	for i := range n.slots {
 		if oc := n.slots[i].Load(); oc != nil && oc.state.CompareAndSwap(stIdle, stDead) {
-			oc.c.close()
-			n.retire(oc)
+			n.retireInOrder(oc, nil)
 		}
 	}
 	n.closeIdleH2()
@@ -417,19 +417,25 @@ func (n *Node) unregister(oc *owned) {
 // place in the fleet's budget while the upstream closes its side.
 const closeWait = 250 * time.Millisecond
 
-// retireInOrder closes oc, a healthy connection that leaves the pool after
-// exec by policy (its request or lifetime limit, a lowered cap, a drain), and
-// only then gives its unit of the key's budget back: it half-closes the
-// connection and waits, at most closeWait, for the upstream to close its
-// side. An upstream that caps its connections counts this one until it has
-// read the close, and the unit goes at once to a waiter, maybe a sibling's,
-// that dials a replacement: sent before the upstream has read the close, that
-// dial finds the cap full and is refused. exec completes last, so that
-// nobody is handed the connection in between.
+// retireInOrder closes oc, a healthy connection that leaves the pool by
+// policy (its request limit or lifetime, a drain), and only then gives its
+// unit of the key's budget back: it half-closes the connection and waits, at
+// most closeWait, for the upstream to close its side. An upstream that caps
+// its connections counts this one until it has read the close, and the unit
+// goes at once to a waiter, maybe a sibling's, that dials a replacement:
+// sent before the upstream has read the close, that dial finds the cap full
+// and is refused. Meanwhile nobody may be handed the connection: exec, the
+// use that retires it, completes last; an idle one (exec nil) takes no new
+// reservation.
 func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
+	complete := func() {
+		if exec != nil {
+			exec.Complete()
+		}
+	}
 	if !n.unslot(oc) {
 		oc.c.close()
-		exec.Complete()
+		complete()
 		return
 	}
 	n.closeMu.Lock()
@@ -437,17 +443,33 @@ func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
 		n.closeMu.Unlock()
 		oc.c.close()
 		n.unregister(oc)
-		exec.Complete()
+		complete()
 		return
 	}
 	n.closing.Add(1)
 	n.closeMu.Unlock()
+	if exec == nil {
+		n.pool.SetCapacity(oc.id, 0)
+	}
 	go func() {
 		defer n.closing.Done()
 		oc.c.closeAfterPeer(closeWait)
 		n.unregister(oc)
-		exec.Complete()
+		complete()
 	}()
+}
+
+// dispose takes oc, which take found unfit, out of the pool and completes
+// exec: in good order if the upstream still holds it open (it is past its
+// limits), at once if the upstream closed it.
+func (n *Node) dispose(oc *owned, exec *orbitpool.Execution) {
+	if oc.c.idleAlive(n.log) {
+		n.retireInOrder(oc, exec)
+		return
+	}
+	oc.c.close()
+	n.retire(oc)
+	exec.Complete()
 }
 
 // finish is an exchange's end on an owned connection: the connection goes
@@ -457,12 +479,17 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	switch o {
 	case outcomeReusable:
 		now := time.Now()
-		if oc.expired(now) || n.lookup(oc.id) != oc || n.draining.Load() || n.overCap(oc.key) {
+		switch {
+		case n.lookup(oc.id) != oc:
+			oc.c.close() // out of the pool already
+		case n.retireOverCap(oc):
+		case oc.expired(now) || n.draining.Load():
 			n.retireInOrder(oc, exec)
 			return
+		default:
+			oc.idle.Store(now.UnixNano())
+			oc.state.Store(stIdle)
 		}
-		oc.idle.Store(now.UnixNano())
-		oc.state.Store(stIdle)
 	case outcomeHijacked:
 		n.retire(oc)
 	default:
@@ -523,10 +550,10 @@ func (n *Node) accept(b []byte) (execution, error) {
 	}
 	if oc == nil || !oc.take(n.log) {
 		if oc != nil && oc.state.Load() == stDead {
-			oc.c.close()
-			n.retire(oc)
+			n.dispose(oc, exec)
+		} else {
+			exec.Complete()
 		}
-		exec.Complete()
 		return nil, &rejectError{code: rejectGone, err: errors.New("connection closed")}
 	}
 	n.stats.servedRemote.Add(1)
@@ -592,10 +619,17 @@ func (n *Node) sweepOnce() {
 		if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
 			continue
 		}
-		if oc.expired(now) || n.overCap(oc.key) || !oc.c.idleAlive(n.log) {
+		switch {
+		case !oc.c.idleAlive(n.log):
 			oc.state.Store(stDead)
 			oc.c.close()
 			n.retire(oc)
+			continue
+		case n.retireOverCap(oc):
+			continue
+		case oc.expired(now):
+			oc.state.Store(stDead)
+			n.retireInOrder(oc, nil)
 			continue
 		}
 		oc.state.Store(stIdle)
@@ -616,4 +650,34 @@ func (n *Node) overCap(key orbitpool.Key) bool {
 	}
 	max := v.(int)
 	return max > 0 && n.pool.Live(key) > max
+}
+
+// retireOverCap closes and retires oc, at once, if its key holds more
+// connections than its cap allows, not counting those of this process
+// already leaving for the same reason: exchanges that end together must not
+// all retire their connections for one excess. No replacement follows such a
+// connection, so it need not wait for the upstream's close. It reports
+// whether it retired oc.
+func (n *Node) retireOverCap(oc *owned) bool {
+	v, ok := n.caps.Load(oc.key)
+	if !ok || v.(int) <= 0 {
+		return false
+	}
+	max := int64(v.(int))
+	c, _ := n.leaving.LoadOrStore(oc.key, new(atomic.Int64))
+	leaving := c.(*atomic.Int64)
+	for {
+		l := leaving.Load()
+		if int64(n.pool.Live(oc.key))-l <= max {
+			return false
+		}
+		if leaving.CompareAndSwap(l, l+1) {
+			break
+		}
+	}
+	oc.state.Store(stDead)
+	oc.c.close()
+	n.retire(oc)
+	leaving.Add(-1)
+	return true
 }

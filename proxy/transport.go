@@ -44,7 +44,10 @@ type Transport struct {
 	// means no limit.
 	MaxRequestsPerConn int
 	// MaxConnsPerKey caps the connections to one upstream Key across the
-	// whole fleet, live and being dialed. Zero means no cap.
+	// whole fleet, live and being dialed. Zero means no cap. A connection
+	// that leaves by its limits or a drain counts until the upstream has
+	// closed its side too (at most 250ms after the half-close), so that an
+	// upstream enforcing the same cap never sees its replacement early.
 	MaxConnsPerKey int
 	// MaxDialingPerKey caps the connections to one Key being dialed at once
 	// across the fleet, so a cold upstream is not stampeded. Zero means no
@@ -498,10 +501,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			oc := n.lookup(plan.Execution.ID())
 			if oc == nil || !oc.take(n.log) {
 				if oc != nil && oc.state.Load() == stDead {
-					oc.c.close()
-					n.retire(oc)
+					n.dispose(oc, plan.Execution)
+				} else {
+					plan.Execution.Complete()
 				}
-				plan.Execution.Complete()
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
@@ -594,8 +597,7 @@ func (t *Transport) CloseIdleConnections() {
 		if oc == nil || !oc.state.CompareAndSwap(stIdle, stDead) {
 			continue
 		}
-		oc.c.close()
-		n.retire(oc)
+		n.retireInOrder(oc, nil)
 	}
 }
 
