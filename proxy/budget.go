@@ -99,39 +99,52 @@ func isRefusal(err error) bool {
 		errors.Is(err, ErrNotAdmitted)
 }
 
-// avoidLanes is a policy that reuses no connection of the lanes it names:
-// owners that have just rejected this request for want of room in time. A
-// retry then dials or uses another sibling's connection, as the inner policy
-// decides over what is left; when what is left would only make it wait, the
-// inner policy decides over everything, since a busy owner may have room
-// again sooner than anything else.
+// avoided is what one request's attempts keep off: owners that rejected it
+// for want of room in time (busy), and owners leaving the fleet.
+type avoided struct {
+	busy, leaving []int
+}
+
+// avoidLanes is a policy that reuses no connection of the lanes a request's
+// earlier attempts were rejected by. A retry then dials or uses another
+// sibling's connection, as the inner policy decides over what is left; when
+// what is left would only make it wait, the inner policy decides over
+// everything but the leaving owners, since a busy owner may have room again
+// sooner than anything else, and a leaving one never will.
 type avoidLanes struct {
 	inner orbitpool.Policy
-	lanes []int
+	avoid *avoided
 	keep  []orbitpool.Candidate
 	index []int // of keep's candidates in the full view
 }
 
 // Decide implements orbitpool.Policy.
 func (p *avoidLanes) Decide(v *orbitpool.View) orbitpool.Decision {
+	d, filtered := p.decideWithout(v, p.avoid.busy, p.avoid.leaving)
+	if filtered && d.Action == orbitpool.ActionWait && len(p.avoid.busy) > 0 {
+		d, _ = p.decideWithout(v, p.avoid.leaving)
+	}
+	return d
+}
+
+// decideWithout is the inner policy's decision over v's candidates outside
+// the lanes named, and whether any were left out.
+func (p *avoidLanes) decideWithout(v *orbitpool.View, lanes ...[]int) (orbitpool.Decision, bool) {
 	p.keep, p.index = p.keep[:0], p.index[:0]
 	for i, c := range v.Candidates {
-		if !slices.Contains(p.lanes, c.Lane) {
+		if !slices.ContainsFunc(lanes, func(ls []int) bool { return slices.Contains(ls, c.Lane) }) {
 			p.keep = append(p.keep, c)
 			p.index = append(p.index, i)
 		}
 	}
 	if len(p.keep) == len(v.Candidates) {
-		return p.inner.Decide(v)
+		return p.inner.Decide(v), false
 	}
 	w := *v
 	w.Candidates = p.keep
 	d := p.inner.Decide(&w)
-	switch {
-	case d.Action == orbitpool.ActionWait:
-		return p.inner.Decide(v)
-	case d.Action == orbitpool.ActionReuse && d.Candidate >= 0 && d.Candidate < len(p.index):
+	if d.Action == orbitpool.ActionReuse && d.Candidate >= 0 && d.Candidate < len(p.index) {
 		d.Candidate = p.index[d.Candidate]
 	}
-	return d
+	return d, true
 }

@@ -44,6 +44,10 @@ var (
 	ErrClosed = errors.New("proxy: closed")
 )
 
+// errOwnerClosing marks a lease the owner refused because it is leaving the
+// fleet: the request's later attempts keep off its connections.
+var errOwnerClosing = errors.New("owner leaving")
+
 // Error describes a failed round trip.
 //
 // RetrySafe reports that nothing of the request could have reached the

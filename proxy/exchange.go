@@ -169,7 +169,9 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	resp, err := x.readResponseSafe()
 	if err != nil {
 		var pe *Error
-		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept
+		// A refusal leaves the stream in step, except one as closing,
+		// which may be the leaving owner's last word, unasked.
+		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerClosing)
 		if refused {
 			x.refused.Store(true)
 		}

@@ -204,8 +204,11 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 		return nil
 	case frameReject:
 		err := fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)
-		if f.code == rejectOverload {
+		switch f.code {
+		case rejectOverload:
 			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, ErrOwnerBusy, f.msg)
+		case rejectClosing:
+			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, errOwnerClosing, f.msg)
 		}
 		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:

@@ -145,7 +145,6 @@ func (s *server) serve() error {
 			c.Close()
 			return ErrClosed
 		}
-		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			defer s.track(c, false)
@@ -163,6 +162,9 @@ func (s *server) serve() error {
 	}
 }
 
+// track adds c to the open streams, and to those close waits for (under mu,
+// so that the Add comes before close's Wait), unless the server is closed;
+// or takes it out.
 func (s *server) track(c net.Conn, add bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -171,11 +173,16 @@ func (s *server) track(c net.Conn, add bool) bool {
 			return false
 		}
 		s.conns[c] = struct{}{}
+		s.wg.Add(1)
 	} else {
 		delete(s.conns, c)
 	}
 	return true
 }
+
+// leavingWriteWait bounds the write of the refusal a drained server leaves
+// on each stream as it closes (see close).
+const leavingWriteWait = 10 * time.Millisecond
 
 // close stops accepting, closes every peer stream and waits for their
 // goroutines; in-flight exchanges end with an error on both sides.
@@ -187,7 +194,20 @@ func (s *server) close() error {
 	}
 	s.closed = true
 	err := s.ln.Close()
+	var leaving []byte
+	if s.draining.Load() {
+		// Drained: no exchange runs, and any frame a peer sent since is
+		// unread. Refuse it, unasked, before the stream goes, so that
+		// the peer sends the request elsewhere instead of losing it
+		// with the stream (it cannot tell whether a lost one was acted
+		// on). A peer drops a stream once refused as closing.
+		leaving = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectClosing, msg: errOwnerLeaving.Error()})
+	}
 	for c := range s.conns {
+		if leaving != nil {
+			c.SetWriteDeadline(time.Now().Add(leavingWriteWait))
+			c.Write(leaving)
+		}
 		c.Close()
 	}
 	s.mu.Unlock()

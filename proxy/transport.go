@@ -290,10 +290,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if maxRetries <= 0 {
 		maxRetries = 3
 	}
-	var busyLanes []int // owners that rejected this request for want of room
+	var avoid avoided // owners that rejected this request
 	for attempt := 0; ; attempt++ {
 		onDone, delivered := attemptRelease(release)
-		resp, err := t.once(r, e, b, &busyLanes, onDone)
+		resp, err := t.once(r, e, b, &avoid, onDone)
 		if err == nil {
 			delivered()
 			if tb != nil {
@@ -429,14 +429,14 @@ func attemptRelease(release func()) (onDone, delivered func()) {
 
 // once runs one attempt: acquire a plan and carry it out, on the worker and
 // buffers. An owner that rejects the request for want of room in time
-// (ErrOwnerBusy) is added to busyLanes, and later attempts do not reuse its
-// connections.
+// (ErrOwnerBusy), or because it is leaving the fleet, is added to avoid, and
+// later attempts do not reuse its connections.
 //
 // Each claim point judges the request's deadline as the Limiter did (see
 // claimVerdict): before the pool is asked, and before a dial; the wait on
 // the pool ends when the deadline comes within the near-window. A dial is
 // also put to the admission backstop.
-func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget, busyLanes *[]int, release func()) (*http.Response, error) {
+func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget, avoid *avoided, release func()) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
 	lim := orbitpool.Limits{MaxResources: t.MaxConnsPerKey, MaxCreating: t.MaxDialingPerKey}
@@ -452,10 +452,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	if _, ok := policy.(orbitpool.LocalFirst); ok && req.ContentLength >= largeBody {
 		fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 	}
-	if len(*busyLanes) > 0 {
-		policy = &avoidLanes{inner: policy, lanes: *busyLanes}
+	if len(avoid.busy)+len(avoid.leaving) > 0 {
+		policy = &avoidLanes{inner: policy, avoid: avoid}
 		if fallback != nil {
-			fallback = &avoidLanes{inner: fallback, lanes: *busyLanes}
+			fallback = &avoidLanes{inner: fallback, avoid: avoid}
 		}
 	}
 	near := t.nearWindow()
@@ -522,8 +522,12 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
 			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, bufs, release)
-			if err != nil && errors.Is(err, ErrOwnerBusy) {
-				*busyLanes = append(*busyLanes, lane)
+			switch {
+			case err == nil:
+			case errors.Is(err, ErrOwnerBusy):
+				avoid.busy = append(avoid.busy, lane)
+			case errors.Is(err, errOwnerClosing):
+				avoid.leaving = append(avoid.leaving, lane)
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
 				// Let the pool learn of a dead sibling now rather than at
