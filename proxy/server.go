@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/orbitproxy/orbit/backpressure"
 	"github.com/orbitproxy/orbit/governor"
@@ -142,6 +143,9 @@ func (s *server) serve() error {
 			continue
 		}
 		if !s.track(c, true) {
+			if s.draining.Load() {
+				s.refuse(c)
+			}
 			c.Close()
 			return ErrClosed
 		}
@@ -184,6 +188,33 @@ func (s *server) track(c net.Conn, add bool) bool {
 // on each stream as it closes (see close).
 const leavingWriteWait = 10 * time.Millisecond
 
+// leavingFrame is that refusal.
+var leavingFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectClosing, msg: errOwnerLeaving.Error()})
+
+func (s *server) refuse(c net.Conn) {
+	c.SetWriteDeadline(time.Now().Add(leavingWriteWait))
+	c.Write(leavingFrame)
+}
+
+// refuseQueued accepts the streams queued on the socket, without blocking,
+// and refuses and closes each.
+func (s *server) refuseQueued() {
+	rc, err := s.ln.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		for {
+			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+			if err != nil {
+				return // EAGAIN: none left
+			}
+			unix.Write(nfd, leavingFrame)
+			unix.Close(nfd)
+		}
+	})
+}
+
 // close stops accepting, closes every peer stream and waits for their
 // goroutines; in-flight exchanges end with an error on both sides.
 func (s *server) close() error {
@@ -193,20 +224,20 @@ func (s *server) close() error {
 		return nil
 	}
 	s.closed = true
-	err := s.ln.Close()
-	var leaving []byte
-	if s.draining.Load() {
-		// Drained: no exchange runs, and any frame a peer sent since is
-		// unread. Refuse it, unasked, before the stream goes, so that
-		// the peer sends the request elsewhere instead of losing it
-		// with the stream (it cannot tell whether a lost one was acted
-		// on). A peer drops a stream once refused as closing.
-		leaving = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectClosing, msg: errOwnerLeaving.Error()})
+	// Drained, no exchange runs, and any frame a peer sent since is
+	// unread: it is refused, unasked, before its stream goes, so that the
+	// peer sends the request elsewhere instead of losing it with the
+	// stream (it cannot tell whether a lost one was acted on). That goes
+	// for the streams still queued on the socket too, which closing it
+	// would reset. A peer drops a stream once refused as closing.
+	drained := s.draining.Load()
+	if drained {
+		s.refuseQueued()
 	}
+	err := s.ln.Close()
 	for c := range s.conns {
-		if leaving != nil {
-			c.SetWriteDeadline(time.Now().Add(leavingWriteWait))
-			c.Write(leaving)
+		if drained {
+			s.refuse(c)
 		}
 		c.Close()
 	}
