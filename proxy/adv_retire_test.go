@@ -32,6 +32,7 @@ const (
 )
 
 type retireUpstream struct {
+	mode     string // what it does with our half-close: onEOFClose and the like
 	url      string
 	roots    *x509.CertPool
 	accepted atomic.Int64
@@ -48,7 +49,7 @@ func startRetireUpstream(t testing.TB, mode string, useTLS bool) *retireUpstream
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &retireUpstream{url: "http://" + ln.Addr().String()}
+	u := &retireUpstream{mode: mode, url: "http://" + ln.Addr().String()}
 	var cfg *tls.Config
 	if useTLS {
 		ts := httptest.NewTLSServer(http.NotFoundHandler())
@@ -202,122 +203,121 @@ func settle(d time.Duration, want int, f func() int) int {
 	}
 }
 
+// forEachRetireUpstream runs f against each kind of upstream, plain and TLS.
+func forEachRetireUpstream(t *testing.T, f func(t *testing.T, u *retireUpstream)) {
+	for _, useTLS := range []bool{false, true} {
+		for _, mode := range []string{onEOFClose, onEOFSilent, onEOFFlood, onEOFRST} {
+			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, mode), func(t *testing.T) { f(t, startRetireUpstream(t, mode, useTLS)) })
+		}
+	}
+}
+
 // TestAdvRetireBudgetBackWithinCloseWait: whatever the upstream does with
 // our half-close (closes, stays silent, keeps sending, resets), plain or
 // TLS, a connection retired by MaxRequestsPerConn gives its unit back
 // within about closeWait, the caller is not held for it, and an upstream
 // that closes at once gets it back well before closeWait.
 func TestAdvRetireBudgetBackWithinCloseWait(t *testing.T) {
-	for _, useTLS := range []bool{false, true} {
-		for _, mode := range []string{onEOFClose, onEOFSilent, onEOFFlood, onEOFRST} {
-			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, mode), func(t *testing.T) {
-				u := startRetireUpstream(t, mode, useTLS)
-				m := newFleet(t, 1, func(tr *Transport) {
-					u.conf(tr)
-					tr.MaxConnsPerKey = 1
-					tr.MaxRequestsPerConn = 1
-				})[0]
-				key := retireKey(t, m.tr, u.url+"/")
-				const rounds = 6
-				var releases []time.Duration
-				for i := range rounds {
-					start := time.Now()
-					if err := getBody(context.Background(), m.tr, u.url+"/"); err != nil {
-						t.Fatalf("request %d: %v", i, err)
-					}
-					if d := time.Since(start); d > closeWait*4/5 {
-						t.Errorf("request %d took %v: the caller waited on the retirement", i, d)
-					}
-					done := time.Now()
-					for m.pool.Live(key) != 0 {
-						if time.Since(done) > 3*time.Second {
-							t.Fatalf("round %d: the retired connection kept its unit for %v", i, time.Since(done))
-						}
-						time.Sleep(time.Millisecond)
-					}
-					releases = append(releases, time.Since(done))
+	forEachRetireUpstream(t, func(t *testing.T, u *retireUpstream) {
+		m := newFleet(t, 1, func(tr *Transport) {
+			u.conf(tr)
+			tr.MaxConnsPerKey = 1
+			tr.MaxRequestsPerConn = 1
+		})[0]
+		key := retireKey(t, m.tr, u.url+"/")
+		const rounds = 6
+		var releases []time.Duration
+		for i := range rounds {
+			start := time.Now()
+			if err := getBody(context.Background(), m.tr, u.url+"/"); err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			if d := time.Since(start); d > closeWait*4/5 {
+				t.Errorf("request %d took %v: the caller waited on the retirement", i, d)
+			}
+			done := time.Now()
+			for m.pool.Live(key) != 0 {
+				if time.Since(done) > 3*time.Second {
+					t.Fatalf("round %d: the retired connection kept its unit for %v", i, time.Since(done))
 				}
-				sort.Slice(releases, func(i, j int) bool { return releases[i] < releases[j] })
-				med, worst := releases[rounds/2], releases[rounds-1]
-				if worst > closeWait+400*time.Millisecond {
-					t.Errorf("unit came back after %v at worst (closeWait %v): %v", worst, closeWait, releases)
-				}
-				switch mode {
-				case onEOFClose, onEOFRST:
-					if med >= closeWait*3/4 {
-						t.Errorf("the upstream closed at once, yet the unit came back after %v (median): %v", med, releases)
-					}
-				case onEOFSilent, onEOFFlood:
-					if releases[0] < closeWait*4/5 {
-						t.Errorf("the upstream kept its side open, yet the unit came back after %v: %v", releases[0], releases)
-					}
-				}
-				if got := u.eofs.Load(); got < rounds-1 {
-					t.Errorf("the upstream saw %d half-closes for %d retirements", got, rounds)
-				}
-			})
+				time.Sleep(time.Millisecond)
+			}
+			releases = append(releases, time.Since(done))
 		}
-	}
+		sort.Slice(releases, func(i, j int) bool { return releases[i] < releases[j] })
+		med, worst := releases[rounds/2], releases[rounds-1]
+		if worst > closeWait+400*time.Millisecond {
+			t.Errorf("unit came back after %v at worst (closeWait %v): %v", worst, closeWait, releases)
+		}
+		switch u.mode {
+		case onEOFClose, onEOFRST:
+			if med >= closeWait*3/4 {
+				t.Errorf("the upstream closed at once, yet the unit came back after %v (median): %v", med, releases)
+			}
+		case onEOFSilent, onEOFFlood:
+			if releases[0] < closeWait*4/5 {
+				t.Errorf("the upstream kept its side open, yet the unit came back after %v: %v", releases[0], releases)
+			}
+		}
+		if got := u.eofs.Load(); got < rounds-1 {
+			t.Errorf("the upstream saw %d half-closes for %d retirements", got, rounds)
+		}
+	})
 }
 
 // TestAdvRetireNoLeaks: many retirements, several at once, against each
 // kind of upstream: afterwards goroutines and descriptors go back to where
 // they were, and every unit of the budget is back.
 func TestAdvRetireNoLeaks(t *testing.T) {
-	for _, useTLS := range []bool{false, true} {
-		for _, mode := range []string{onEOFClose, onEOFSilent, onEOFFlood, onEOFRST} {
-			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, mode), func(t *testing.T) {
-				u := startRetireUpstream(t, mode, useTLS)
-				ms := newFleet(t, 2, func(tr *Transport) {
-					u.conf(tr)
-					tr.MaxConnsPerKey = 6
-					tr.MaxRequestsPerConn = 1
-				})
-				key := retireKey(t, ms[0].tr, u.url+"/")
-				// One round first, so that lazily started goroutines exist.
-				if err := getBody(context.Background(), ms[0].tr, u.url+"/"); err != nil {
-					t.Fatal(err)
-				}
-				settle(3*time.Second, 0, func() int { return ms[0].pool.Live(key) })
-				settle(3*time.Second, 0, func() int { return int(u.open.Load()) })
-				time.Sleep(50 * time.Millisecond)
-				g0, f0 := runtime.NumGoroutine(), openFDs(t)
+	forEachRetireUpstream(t, func(t *testing.T, u *retireUpstream) {
+		ms := newFleet(t, 2, func(tr *Transport) {
+			u.conf(tr)
+			tr.MaxConnsPerKey = 6
+			tr.MaxRequestsPerConn = 1
+		})
+		key := retireKey(t, ms[0].tr, u.url+"/")
+		// One round first, so that lazily started goroutines exist.
+		if err := getBody(context.Background(), ms[0].tr, u.url+"/"); err != nil {
+			t.Fatal(err)
+		}
+		settle(3*time.Second, 0, func() int { return ms[0].pool.Live(key) })
+		settle(3*time.Second, 0, func() int { return int(u.open.Load()) })
+		time.Sleep(50 * time.Millisecond)
+		g0, f0 := runtime.NumGoroutine(), openFDs(t)
 
-				per := 10
-				if mode == onEOFSilent || mode == onEOFFlood {
-					per = 5 // each retirement holds its unit for closeWait
-				}
-				var wg sync.WaitGroup
-				var errs atomic.Int64
-				for i := range 8 {
-					m := ms[i%2]
-					wg.Go(func() {
-						for range per {
-							if err := getBody(context.Background(), m.tr, u.url+"/"); err != nil {
-								errs.Add(1)
-								t.Log(err)
-							}
-						}
-					})
-				}
-				wg.Wait()
-				if errs.Load() != 0 {
-					t.Errorf("%d requests failed", errs.Load())
-				}
-				if live := settle(2*time.Second, 0, func() int { return ms[0].pool.Live(key) }); live != 0 {
-					t.Errorf("%d units still held 2s after the last request", live)
-				}
-				settle(3*time.Second, 0, func() int { return int(u.open.Load()) })
-				if g := settle(3*time.Second, g0+2, runtime.NumGoroutine); g > g0+2 {
-					buf := make([]byte, 1<<20)
-					t.Errorf("goroutines: %d before, %d after\n%s", g0, g, buf[:runtime.Stack(buf, true)])
-				}
-				if f := settle(3*time.Second, f0+1, func() int { return openFDs(t) }); f > f0+1 {
-					t.Errorf("descriptors: %d before, %d after", f0, f)
+		per := 10
+		if u.mode == onEOFSilent || u.mode == onEOFFlood {
+			per = 5 // each retirement holds its unit for closeWait
+		}
+		var wg sync.WaitGroup
+		var errs atomic.Int64
+		for i := range 8 {
+			m := ms[i%2]
+			wg.Go(func() {
+				for range per {
+					if err := getBody(context.Background(), m.tr, u.url+"/"); err != nil {
+						errs.Add(1)
+						t.Log(err)
+					}
 				}
 			})
 		}
-	}
+		wg.Wait()
+		if errs.Load() != 0 {
+			t.Errorf("%d requests failed", errs.Load())
+		}
+		if live := settle(2*time.Second, 0, func() int { return ms[0].pool.Live(key) }); live != 0 {
+			t.Errorf("%d units still held 2s after the last request", live)
+		}
+		settle(3*time.Second, 0, func() int { return int(u.open.Load()) })
+		if g := settle(3*time.Second, g0+2, runtime.NumGoroutine); g > g0+2 {
+			buf := make([]byte, 1<<20)
+			t.Errorf("goroutines: %d before, %d after\n%s", g0, g, buf[:runtime.Stack(buf, true)])
+		}
+		if f := settle(3*time.Second, f0+1, func() int { return openFDs(t) }); f > f0+1 {
+			t.Errorf("descriptors: %d before, %d after", f0, f)
+		}
+	})
 }
 
 // closeRace runs load on ms[0] with retirements that each take closeWait
