@@ -466,11 +466,7 @@ func TestAdvRetireCapsUnderChurn(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			const limit = 3
-			up, err := countingupstream.Start(countingupstream.Options{MaxConns: limit, TLS: tc.tls})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { up.Close() })
+			up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, TLS: tc.tls})
 			ms := newFleet(t, 3, func(tr *Transport) {
 				tr.MaxConnsPerKey = limit
 				tr.MaxRequestsPerConn = tc.reqs
@@ -529,11 +525,7 @@ func TestAdvRetireCapsUnderChurn(t *testing.T) {
 // The sweep is slow, so the request itself finds the expired connection.
 func TestAdvRetireLifetimeExpiredIdle(t *testing.T) {
 	const limit = 1
-	up, err := countingupstream.Start(countingupstream.Options{MaxConns: limit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit})
 	spec := testSpec
 	spec.Path = t.TempDir() + "/seg"
 	conf := func(tr *Transport) {
@@ -563,11 +555,7 @@ func TestAdvRetireLifetimeExpiredIdle(t *testing.T) {
 // server.close), is sent elsewhere: no request fails.
 func TestAdvRetireShutdownIdleWithSiblingWaiting(t *testing.T) {
 	const limit = 2
-	up, err := countingupstream.Start(countingupstream.Options{MaxConns: limit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit})
 	spec := testSpec
 	spec.Path = t.TempDir() + "/seg"
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = limit }

@@ -11,6 +11,17 @@ import (
 	countingupstream "github.com/orbitproxy/orbit/integration/upstream"
 )
 
+// startCappedUpstream starts a counting upstream, closed when t ends.
+func startCappedUpstream(t *testing.T, o countingupstream.Options) *countingupstream.Server {
+	t.Helper()
+	up, err := countingupstream.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	return up
+}
+
 // TestRetiredConnectionLeavesBeforeItsBudget: an upstream that refuses
 // connections past its own cap, the fleet's cap set to the same number, and
 // every connection retired after one request, so that each request's
@@ -20,11 +31,7 @@ import (
 // full.
 func TestRetiredConnectionLeavesBeforeItsBudget(t *testing.T) {
 	const limit, perGoroutine = 2, 30
-	up, err := countingupstream.Start(countingupstream.Options{MaxConns: limit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { up.Close() })
+	up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit})
 	ms := newFleet(t, 2, func(tr *Transport) {
 		tr.MaxConnsPerKey = limit
 		tr.MaxRequestsPerConn = 1
