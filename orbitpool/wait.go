@@ -369,7 +369,9 @@ func (p *Pool) register(key Key) (*waiter, error) {
 // Ready is closed when the caller should re-check.
 func (r *Readiness) Ready() <-chan struct{} { return r.w.ch }
 
-// Close ends the registration. A unit it was handed is passed on to the next
-// waiter on the key, so capacity is never left idle behind a caller that went
-// away; a caller that used the capacity costs another waiter a re-check at most.
+// Close ends the registration and has the next waiter on the key look again,
+// with the unit it was handed if any: the caller may have left capacity that
+// waiters younger than it deferred to, and it is never left idle behind a
+// caller that went away. A caller that used the capacity costs another waiter
+// a re-check at most.
 func (r *Readiness) Close() { r.p.waiters.leave(r.p, r.w, true) }

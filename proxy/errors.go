@@ -44,9 +44,10 @@ var (
 	ErrClosed = errors.New("proxy: closed")
 )
 
-// errOwnerClosing marks a lease the owner refused because it is leaving the
-// fleet: the request's later attempts keep off its connections.
-var errOwnerClosing = errors.New("owner leaving")
+// errOwnerLeaving is an owner's refusal of a lease because it is leaving the
+// fleet, as it sends it and as its sibling reads it back: the request's later
+// attempts keep off its connections.
+var errOwnerLeaving = errors.New("the owner is leaving the fleet")
 
 // Error describes a failed round trip.
 //

@@ -171,7 +171,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		var pe *Error
 		// A refusal leaves the stream in step, except one as closing,
 		// which may be the leaving owner's last word, unasked.
-		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerClosing)
+		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving)
 		if refused {
 			x.refused.Store(true)
 		}

@@ -459,17 +459,21 @@ func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
 	}()
 }
 
-// dispose takes oc, which take found unfit, out of the pool and completes
-// exec: in good order if the upstream still holds it open (it is past its
-// limits), at once if the upstream closed it.
+// dispose ends exec, whose connection oc (nil if gone) take did not hand
+// over. One take found unfit leaves the pool: in good order if the upstream
+// still holds it open (it is past its limits), at once if the upstream
+// closed it.
 func (n *Node) dispose(oc *owned, exec *orbitpool.Execution) {
-	if oc.c.idleAlive(n.log) {
+	switch {
+	case oc == nil || oc.state.Load() != stDead:
+		exec.Complete()
+	case oc.c.idleAlive(n.log):
 		n.retireInOrder(oc, exec)
-		return
+	default:
+		oc.c.close()
+		n.retire(oc)
+		exec.Complete()
 	}
-	oc.c.close()
-	n.retire(oc)
-	exec.Complete()
 }
 
 // finish is an exchange's end on an owned connection: the connection goes
@@ -549,11 +553,7 @@ func (n *Node) accept(b []byte) (execution, error) {
 		}
 	}
 	if oc == nil || !oc.take(n.log) {
-		if oc != nil && oc.state.Load() == stDead {
-			n.dispose(oc, exec)
-		} else {
-			exec.Complete()
-		}
+		n.dispose(oc, exec)
 		return nil, &rejectError{code: rejectGone, err: errors.New("connection closed")}
 	}
 	n.stats.servedRemote.Add(1)
@@ -664,7 +664,13 @@ func (n *Node) retireOverCap(oc *owned) bool {
 		return false
 	}
 	max := int64(v.(int))
-	c, _ := n.leaving.LoadOrStore(oc.key, new(atomic.Int64))
+	if int64(n.pool.Live(oc.key)) <= max {
+		return false // the common case, whatever is leaving
+	}
+	c, ok := n.leaving.Load(oc.key)
+	if !ok {
+		c, _ = n.leaving.LoadOrStore(oc.key, new(atomic.Int64))
+	}
 	leaving := c.(*atomic.Int64)
 	for {
 		l := leaving.Load()

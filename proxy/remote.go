@@ -208,7 +208,7 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 		case rejectOverload:
 			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, ErrOwnerBusy, f.msg)
 		case rejectClosing:
-			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, errOwnerClosing, f.msg)
+			err = fmt.Errorf("%w: %w", ErrLeaseRefused, errOwnerLeaving)
 		}
 		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:

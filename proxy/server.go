@@ -354,8 +354,6 @@ func headBuffered(br *bufio.Reader) bool {
 
 var crlfcrlf = []byte("\r\n\r\n")
 
-var errOwnerLeaving = errors.New("the owner is leaving the fleet")
-
 func rejectCode(err error) uint16 {
 	var re *rejectError
 	if errors.As(err, &re) {

@@ -500,11 +500,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			oc := n.lookup(plan.Execution.ID())
 			if oc == nil || !oc.take(n.log) {
-				if oc != nil && oc.state.Load() == stDead {
-					n.dispose(oc, plan.Execution)
-				} else {
-					plan.Execution.Complete()
-				}
+				n.dispose(oc, plan.Execution)
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
@@ -526,7 +522,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			case err == nil:
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
-			case errors.Is(err, errOwnerClosing):
+			case errors.Is(err, errOwnerLeaving):
 				avoid.leaving = append(avoid.leaving, lane)
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
