@@ -215,8 +215,9 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		// time it carries none is what the proxy takes to hand it on.
 		busy := row.Upstream.Busy - base.Busy
 		idle := time.Duration(m)*row.Load.Elapsed - busy
-		row.Notes = append(row.Notes, fmt.Sprintf("the %d upstream connections carried a request %.1f%% of the time; between two requests a connection sat idle %v on average",
-			m, 100*float64(busy)/float64(time.Duration(m)*row.Load.Elapsed), (idle/time.Duration(served)).Round(time.Microsecond)))
+		row.Notes = append(row.Notes, fmt.Sprintf("the %d upstream connections carried a request %.1f%% of the time; a request held one %v on average (the delay is %v), and between two requests a connection sat idle %v",
+			m, 100*float64(busy)/float64(time.Duration(m)*row.Load.Elapsed), (busy/time.Duration(served)).Round(time.Microsecond), s.Upstream.Delay,
+			(idle/time.Duration(served)).Round(time.Microsecond)))
 	}
 	if f, ok := proxy.(*Fleet); ok && v.orbit() {
 		if local, remote, ok := f.reuse(); ok && local+remote > 0 {

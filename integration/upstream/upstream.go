@@ -188,7 +188,7 @@ func (s *Server) routes() http.Handler {
 	}
 	mux.HandleFunc("/", count(func(w http.ResponseWriter, r *http.Request) {
 		if d := time.Duration(s.delay.Load()); d > 0 {
-			time.Sleep(d)
+			hold(d)
 		}
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/plain")
@@ -231,7 +231,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/ws", count(wsEcho))
 	mux.HandleFunc("/grpc", count(func(w http.ResponseWriter, r *http.Request) {
 		if d := time.Duration(s.delay.Load()); d > 0 {
-			time.Sleep(d)
+			hold(d)
 		}
 		w.Header().Set("Content-Type", "application/grpc")
 		w.Header().Set("Trailer", "Grpc-Status")
