@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,14 @@ import (
 // clockTick is the unit of the times in /proc/<pid>/stat (USER_HZ, which
 // Linux fixes at 100 on every architecture it reports to user space).
 const clockTick = 10 * time.Millisecond
+
+// proxyCPU is treeCPU of p's root process; an error without a proxy.
+func proxyCPU(p Proxy) (time.Duration, error) {
+	if p == nil {
+		return 0, errors.New("no proxy")
+	}
+	return treeCPU(p.PID())
+}
 
 // treeCPU is the CPU time, user and system, that process root and its
 // children have used: each one's own, and that of the children each has

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"text/tabwriter"
@@ -40,6 +41,12 @@ const (
 	// more clients than that closes and opens connections all along.
 	// Stock is given room for the whole load instead.
 	StockDefault Variant = "stock-default"
+	// Direct is no proxy: the load holds the upstream's capped
+	// connections itself, one request in flight on each. It measures
+	// what the upstream can serve on this machine, the ceiling against
+	// which a proxy under the same cap is judged; only for a scenario
+	// whose upstream has a cap.
+	Direct Variant = "direct"
 )
 
 // orbit reports whether v runs the orbit_pool transport.
@@ -159,28 +166,36 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var proxy Proxy
-	if v.Caddy() {
+	switch {
+	case v == Direct:
+		if s.Upstream.MaxConns <= 0 || s.Client != nil {
+			return Row{}, fmt.Errorf("%s/%s: only a plain HTTP scenario whose upstream has a cap runs without a proxy", s.Name, v)
+		}
+		addr, s.Conns, s.During = up.Addr, s.Upstream.MaxConns, nil
+	case v.Caddy():
 		seg := filepath.Join("/dev/shm", fmt.Sprintf("orbit-scenario-%d-%s", os.Getpid(), filepath.Base(dir)))
 		defer os.Remove(seg)
 		proxy, err = StartFleet(ctx, r.Caddy, Caddyfile(s, v, port, up.URL, seg, filepath.Join(dir, "sock"), workers), workers, dir)
-	} else {
+	default:
 		proxy, err = startPeer(ctx, v, s, port, up.URL, workers, dir)
 	}
 	if err != nil {
 		return Row{}, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 	}
-	defer proxy.Stop()
+	if proxy != nil {
+		defer proxy.Stop()
+	}
 
 	row := Row{Scenario: s.Name, Variant: v, Moved: s.Moved}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	base := up.Stats()
 	var firstSecond atomic.Int64
 	firstSecond.Store(-1)
 	timer := time.AfterFunc(time.Second, func() { firstSecond.Store(up.Stats().Accepted - base.Accepted) })
 	defer timer.Stop()
 	during := make(chan error, 1)
-	cpu0, cpuErr := treeCPU(proxy.PID())
+	cpu0, cpuErr := proxyCPU(proxy)
 	row.start = time.Now()
 	if s.During != nil {
 		go func() { during <- s.During(ctx, proxy, &row) }()
@@ -203,7 +218,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	if err != nil {
 		return row, err
 	}
-	if cpu1, err := treeCPU(proxy.PID()); err == nil && cpuErr == nil {
+	if cpu1, err := proxyCPU(proxy); err == nil && cpuErr == nil {
 		row.CPU = cpu1 - cpu0
 	}
 	if err := <-during; err != nil {
@@ -314,10 +329,14 @@ func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tvariant\treq/s\tp50\tp99\terrors\tnew conns\tfirst 1s\tpeak conns\tpeak streams\tTLS hs\treuse\tcpu/req\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t%v\t\n",
+		cpu := "-"
+		if r.CPU > 0 {
+			cpu = r.CPUPerRequest().Round(time.Microsecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%v\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f%%\t%s\t\n",
 			r.Scenario, r.Variant, r.Load.RPS(), r.Load.P50.Round(10*time.Microsecond), r.Load.P99.Round(10*time.Microsecond),
 			r.Load.ErrorCount(), r.Upstream.Accepted, r.FirstSecond, r.Upstream.Peak, r.Upstream.PeakStreams, r.Upstream.Handshakes, 100*r.Reuse(),
-			r.CPUPerRequest().Round(time.Microsecond))
+			cpu)
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
@@ -331,8 +350,13 @@ func PrintTable(w io.Writer, rows []Row) {
   TLS hs      TLS handshakes the upstream completed
   reuse       share of requests that did not cost the upstream a new connection
   cpu/req     CPU time, user and system, of the proxy's processes per request
-
 `)
+	if slices.ContainsFunc(rows, func(r Row) bool { return r.Variant == Direct }) {
+		fmt.Fprint(w, `  direct      no proxy: the load holds the upstream's capped connections itself,
+              one request on each: what the upstream can serve on this machine
+`)
+	}
+	fmt.Fprintln(w)
 	pairs := map[string]map[Variant]Row{}
 	var order []string
 	for _, r := range rows {
@@ -374,6 +398,9 @@ func printSummary(w io.Writer, order []string, pairs map[string]map[Variant]Row)
 			if m := ro.CPUPerMiB(); m > 0 {
 				line += fmt.Sprintf(" (per MiB of bodies %v vs %v)", m.Round(10*time.Microsecond), rs.CPUPerMiB().Round(10*time.Microsecond))
 			}
+		}
+		if rd, ok := pairs[name][Direct]; ok && rd.Load.RPS() > 0 {
+			line += fmt.Sprintf("; %.0f%% vs %.0f%% of the requests/s served direct", 100*ro.Load.RPS()/rd.Load.RPS(), 100*rs.Load.RPS()/rd.Load.RPS())
 		}
 		if ro.Upstream.Handshakes+rs.Upstream.Handshakes > 0 {
 			line += fmt.Sprintf("; TLS handshakes %d vs %d", ro.Upstream.Handshakes, rs.Upstream.Handshakes)

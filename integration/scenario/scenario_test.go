@@ -253,6 +253,33 @@ func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
 	}
 }
 
+// TestDirectHoldsTheCappedConnections: the direct variant is the upstream's
+// ceiling, so it must use exactly the capped connections, be refused none,
+// and serve at most what they can carry at the upstream's delay.
+func TestDirectHoldsTheCappedConnections(t *testing.T) {
+	const limit, delay = 4, 2 * time.Millisecond
+	s := Scenario{Name: "capped", Upstream: upstream.Options{MaxConns: limit, Delay: delay}, Duration: shortLoad}
+	r := &Runner{Dir: t.TempDir()}
+	row, err := r.Run(context.Background(), s, Direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noErrors(t, row)
+	if row.Upstream.Accepted != limit || row.Upstream.Refused != 0 {
+		t.Fatalf("direct load opened %d connections and was refused %d, cap %d", row.Upstream.Accepted, row.Upstream.Refused, limit)
+	}
+	if most := int(limit * (row.Load.Elapsed/delay + 1)); row.Load.Requests == 0 || row.Load.Requests > most {
+		t.Fatalf("direct load served %d requests in %v: %d connections at %v allow %d", row.Load.Requests, row.Load.Elapsed, limit, delay, most)
+	}
+	if !strings.Contains(strings.Join(row.Notes, "\n"), "carried a request") {
+		t.Fatalf("direct row lacks the upstream's use of its connections: %q", row.Notes)
+	}
+	s.Upstream.MaxConns = 0
+	if _, err := r.Run(context.Background(), s, Direct); err == nil {
+		t.Fatal("direct ran on an upstream without a cap")
+	}
+}
+
 // TestPrintTableSummary: the summary adds up each variant's connections,
 // handshakes and errors over the scenarios that ran on both, and names each.
 func TestPrintTableSummary(t *testing.T) {
@@ -268,12 +295,13 @@ func TestPrintTableSummary(t *testing.T) {
 	}
 	var out strings.Builder
 	PrintTable(&out, []Row{
-		row("capped", Orbit, 16, 0, 0), row("capped", Stock, 40, 0, 85),
+		row("capped", Direct, 16, 0, 0), row("capped", Orbit, 16, 0, 0), row("capped", Stock, 40, 0, 85),
 		row("tls-churn", Orbit, 300, 300, 0), row("tls-churn", Stock, 500, 500, 2),
 		row("orbit-only", Orbit, 7, 7, 1),
 	})
 	for _, want := range []string{
 		"capped     1.00x the requests/s; upstream connections 16 vs 40; errors 0 vs 85",
+		"errors 0 vs 85; p99 0s vs 0s; 100% vs 100% of the requests/s served direct",
 		"TLS handshakes 300 vs 500",
 		"In all: orbit opened 316 upstream connections where stock opened 540, did 300 TLS handshakes where stock did 500, and failed 0 requests where stock failed 87.",
 	} {

@@ -12,7 +12,9 @@
 // By default it runs the scenarios where sharing matters most: an upstream
 // that refuses connections past 16 (capped), a cold start of 256 clients
 // under a creation budget (stampede), and a TLS upstream through reloads and
-// a worker's death (tls-churn).
+// a worker's death (tls-churn). A scenario whose upstream has a cap also runs
+// without a proxy (direct): the load holds the capped connections itself,
+// which measures what the upstream can serve on this machine.
 //
 // Everything runs on loopback; every process it starts is stopped before it
 // exits.
@@ -92,7 +94,11 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 		if s.Conns == 0 {
 			s.Conns = conns
 		}
-		for _, v := range variants {
+		vs := variants
+		if s.Upstream.MaxConns > 0 && s.Client == nil {
+			vs = append([]scenario.Variant{scenario.Direct}, variants...)
+		}
+		for _, v := range vs {
 			if s.Client != nil && !v.Caddy() {
 				fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
 				continue
