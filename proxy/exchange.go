@@ -381,6 +381,11 @@ func (x *exchange) writeError(err error) error {
 	if errors.As(err, &pe) {
 		return err
 	}
+	if x.o.leg != nil && isIOError(err) {
+		// The owner exited or was killed with part of the request
+		// sent: as in readError, a replayable request may go again.
+		return &Error{Op: "write", RetrySafe: nothing, idleClosed: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
+	}
 	return &Error{Op: "write", RetrySafe: nothing, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
 }
 
@@ -500,7 +505,13 @@ func (x *exchange) readError(err error, gotByte bool) error {
 	}
 	nothing := c.cw.n.Load() == x.written0
 	if x.o.leg != nil && isIOError(err) {
-		return &Error{Op: "read", RetrySafe: nothing, idleClosed: x.reused && !gotByte,
+		// The stream broke: the owner exited or was killed. Whether
+		// the stream itself was new or reused, the upstream connection
+		// behind it is a reused one (a lease only ever names a
+		// connection its owner has registered and used), so this is
+		// the case in which net/http sends a replayable request again:
+		// a reused connection lost before any byte of the answer.
+		return &Error{Op: "read", RetrySafe: nothing, idleClosed: !gotByte,
 			Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
 	}
 	if errors.Is(err, ErrBadFrame) {

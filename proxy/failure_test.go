@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -375,6 +377,113 @@ func TestOwnerClosedMidStreamErrorsFast(t *testing.T) {
 	}
 	u.gate("ownergone") <- struct{}{}
 	u.gate("ownergone") <- struct{}{}
+}
+
+// TestOwnerKilledBeforeAnswerRetriesReplayable: the owner process dies (its
+// streams close without a word) after it took up a sibling's request and
+// before the upstream answered. The upstream connection behind the stream
+// was a reused one, lost before any byte of the answer: net/http sends a
+// replayable request again then, and so does the sibling, on a connection of
+// its own once the dead owner's lane is gone, so its client sees no error. A
+// POST may have reached the upstream and is not sent again.
+func TestOwnerKilledBeforeAnswerRetriesReplayable(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} {
+		t.Run(method, func(t *testing.T) {
+			var first atomic.Bool
+			arrived, release := make(chan struct{}), make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/hang" && first.CompareAndSwap(false, true) {
+					close(arrived)
+					select {
+					case <-release:
+					case <-r.Context().Done():
+					}
+					return
+				}
+				io.WriteString(w, "answered "+r.URL.Path)
+			}))
+			defer srv.Close()
+			defer close(release)
+			owner, client := remotePair(t, nil)
+			warm(t, owner, srv.URL+"/warm")
+
+			type result struct {
+				body string
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, method, srv.URL+"/hang", strings.NewReader("payload"))
+				resp, err := client.tr.RoundTrip(req)
+				if err != nil {
+					done <- result{err: err}
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				done <- result{string(b), err}
+			}()
+			select {
+			case <-arrived:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sibling's request never reached the upstream")
+			}
+			// Die as a killed process does: every stream closes
+			// unannounced, then the lane leaves the table.
+			owner.node.srv.mu.Lock()
+			for c := range owner.node.srv.conns {
+				c.Close()
+			}
+			owner.node.srv.mu.Unlock()
+			owner.node.Close()
+			owner.pool.Close()
+
+			r := <-done
+			st := client.node.Stats()
+			if method == "POST" {
+				if !errors.Is(r.err, ErrOwnerGone) || st.Retries != 0 {
+					t.Fatalf("the POST ended with %q, %v after %d retries: want ErrOwnerGone and none", r.body, r.err, st.Retries)
+				}
+				return
+			}
+			if r.err != nil || r.body != "answered /hang" {
+				t.Fatalf("the GET ended with %q, %v", r.body, r.err)
+			}
+			if st.ReusedRemote != 1 || st.Retries != 1 || st.Created != 1 {
+				t.Fatalf("want one request through the owner, then one retry on a connection of the sibling's own: %+v", st)
+			}
+		})
+	}
+}
+
+// TestOwnerKilledMidWriteIsReplayable: a write to a killed owner's stream
+// fails (EPIPE, ECONNRESET) after part of the request went out, which a
+// killed worker under load causes. Like a read that finds the stream gone,
+// it may send a replayable request again; on the upstream leg, a broken
+// write with bytes out stays what net/http makes of it, not retried.
+func TestOwnerKilledMidWriteIsReplayable(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	for _, tc := range []struct {
+		name       string
+		leg        leg
+		replayable bool
+	}{
+		{"unix leg", &remoteLeg{}, true},
+		{"upstream leg", nil, false},
+	} {
+		x := &exchange{c: newConn(a, a), o: &exchangeOpts{leg: tc.leg}}
+		x.c.cw.n.Add(10) // part of the request went out
+		err := x.writeError(&net.OpError{Op: "write", Net: "unix", Err: syscall.EPIPE})
+		var pe *Error
+		if !errors.As(err, &pe) || pe.RetrySafe || pe.idleClosed != tc.replayable ||
+			errors.Is(err, ErrOwnerGone) != tc.replayable {
+			t.Errorf("%s: %v classified as retry-safe %v, replayable %v", tc.name, err, pe.RetrySafe, pe.idleClosed)
+		}
+	}
 }
 
 func TestTLSUpstreamRemotePath(t *testing.T) {
