@@ -14,8 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
