@@ -133,9 +133,16 @@ type countWriter struct {
 	bufs int
 }
 
+// Write counts p before it goes and takes back what did not: whoever finds
+// the peer gone while the write is under way (the response reader) must not
+// take bytes that may already have reached it for nothing written, which
+// would let any request, a POST too, be sent again.
 func (c *countWriter) Write(p []byte) (int, error) {
+	c.n.Add(int64(len(p)))
 	n, err := c.w.Write(p)
-	c.n.Add(int64(n))
+	if n < len(p) {
+		c.n.Add(int64(n - len(p)))
+	}
 	return n, err
 }
 

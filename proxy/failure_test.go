@@ -384,9 +384,10 @@ func TestOwnerClosedMidStreamErrorsFast(t *testing.T) {
 // before the upstream answered. The upstream connection behind the stream
 // was a reused one, lost before any byte of the answer: net/http sends a
 // replayable request again then, and so does the sibling, on a connection of
-// its own once the dead owner's lane is gone, so its client sees no error.
+// its own once the dead owner's lane is gone, so its client sees no error. A
+// POST may have reached the upstream, and is not sent again.
 func TestOwnerKilledBeforeAnswerRetriesReplayable(t *testing.T) {
-	for _, method := range []string{"GET"} {
+	for _, method := range []string{"GET", "POST"} {
 		t.Run(method, func(t *testing.T) {
 			var first atomic.Bool
 			arrived, release := make(chan struct{}), make(chan struct{})
@@ -441,6 +442,12 @@ func TestOwnerKilledBeforeAnswerRetriesReplayable(t *testing.T) {
 
 			r := <-done
 			st := client.node.Stats()
+			if method == "POST" {
+				if !errors.Is(r.err, ErrOwnerGone) || st.Retries != 0 {
+					t.Fatalf("the POST ended with %q, %v after %d retries: want ErrOwnerGone and none", r.body, r.err, st.Retries)
+				}
+				return
+			}
 			if r.err != nil || r.body != "answered /hang" {
 				t.Fatalf("the GET ended with %q, %v", r.body, r.err)
 			}
@@ -476,6 +483,40 @@ func TestOwnerKilledMidWriteIsReplayable(t *testing.T) {
 			errors.Is(err, ErrOwnerGone) != tc.replayable {
 			t.Errorf("%s: %v classified as retry-safe %v, replayable %v", tc.name, err, pe.RetrySafe, pe.idleClosed)
 		}
+	}
+}
+
+// stallWriter holds each Write until release, then fails it with nothing
+// written, as a peer that died meanwhile does.
+type stallWriter struct{ entered, release chan struct{} }
+
+func (w stallWriter) Write([]byte) (int, error) {
+	close(w.entered)
+	<-w.release
+	return 0, syscall.EPIPE
+}
+
+// TestWriteUnderWayCountsAsWritten: bytes being written may reach the peer
+// before the write returns, and a reader that finds the peer gone meanwhile
+// must not take them for nothing written (a POST would be sent again). A
+// write that failed having sent nothing leaves the count as it was.
+func TestWriteUnderWayCountsAsWritten(t *testing.T) {
+	w := stallWriter{make(chan struct{}), make(chan struct{})}
+	cw := &countWriter{w: w}
+	head := []byte("POST / HTTP/1.1\r\n")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cw.Write(head)
+	}()
+	<-w.entered
+	if got := cw.n.Load(); got != int64(len(head)) {
+		t.Errorf("%d bytes counted while a write of %d is under way", got, len(head))
+	}
+	close(w.release)
+	<-done
+	if got := cw.n.Load(); got != 0 {
+		t.Errorf("%d bytes counted after a write that sent none", got)
 	}
 }
 
