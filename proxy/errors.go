@@ -65,6 +65,11 @@ type Error struct {
 	// response byte: the upstream probably timed it out as we sent. net/http
 	// sends a replayable request again in that case, and so does Transport.
 	idleClosed bool
+	// counted marks a RetrySafe decided by the count of bytes written
+	// while the request writer may still have been writing: a write under
+	// way counts as written until it returns, so the exchange settles it
+	// again once its writer has stopped (see exchange.recount).
+	counted bool
 	// beforeAccept marks an owner's reject or error frame that came before
 	// it accepted the request's body: neither end read or sent any of the
 	// body, and both keep the stream.

@@ -200,9 +200,23 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 			}
 		}
 		<-x.writeDone
-		return nil, err
+		return nil, x.recount(err)
 	}
 	return resp, nil
+}
+
+// recount settles RetrySafe for a read error now that the writer has
+// stopped: the reader decided while a write may have been under way, which
+// counts as written, and a write that then went out with nothing taken (to
+// a peer gone, or a stream closed under it) leaves nothing written.
+func (x *exchange) recount(err error) error {
+	pe, ok := err.(*Error)
+	if !ok || !pe.counted || pe.RetrySafe || x.c.cw.n.Load() != x.written0 {
+		return err
+	}
+	e := *pe
+	e.RetrySafe = true
+	return &e
 }
 
 // readResponseSafe is readResponse with a panic turned into the exchange's
@@ -383,7 +397,10 @@ func (x *exchange) writeError(err error) error {
 	}
 	if x.o.leg != nil && isIOError(err) {
 		// The owner exited or was killed with part of the request
-		// sent: as in readError, a replayable request may go again.
+		// sent (the head, or the final flush: net/http wraps a failure
+		// while copying the body in a type of its own, which stays
+		// ErrConnBroken): as in readError, a replayable request may go
+		// again.
 		return &Error{Op: "write", RetrySafe: nothing, idleClosed: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
 	}
 	return &Error{Op: "write", RetrySafe: nothing, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
@@ -491,6 +508,13 @@ func (x *exchange) readResponse() (*http.Response, error) {
 func (x *exchange) readError(err error, gotByte bool) error {
 	c := x.c
 	if aerr := c.aborted(); aerr != nil {
+		if pe, ok := aerr.(*Error); ok && pe.idleClosed && gotByte {
+			// The writer's failure, which took no answer into account:
+			// some of the answer (a 1xx the caller passed on) came.
+			e := *pe
+			e.idleClosed = false
+			return &e
+		}
 		return aerr
 	}
 	if cerr := ctxErr(x.req.Context()); cerr != nil {
@@ -511,18 +535,18 @@ func (x *exchange) readError(err error, gotByte bool) error {
 		// connection its owner has registered and used), so this is
 		// the case in which net/http sends a replayable request again:
 		// a reused connection lost before any byte of the answer.
-		return &Error{Op: "read", RetrySafe: nothing, idleClosed: !gotByte,
+		return &Error{Op: "read", RetrySafe: nothing, counted: true, idleClosed: !gotByte,
 			Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
 	}
 	if errors.Is(err, ErrBadFrame) {
 		return &Error{Op: "read", Err: err}
 	}
 	if !gotByte && isConnClosed(err) {
-		return &Error{Op: "read", RetrySafe: nothing, idleClosed: x.reused,
+		return &Error{Op: "read", RetrySafe: nothing, counted: true, idleClosed: x.reused,
 			Err: fmt.Errorf("%w: closed before any response byte: %w", ErrConnBroken, err)}
 	}
 	if isIOError(err) {
-		return &Error{Op: "read", RetrySafe: nothing, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+		return &Error{Op: "read", RetrySafe: nothing, counted: true, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
 	}
 	return &Error{Op: "read", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
 }
