@@ -306,28 +306,54 @@ func (c *child) expect(t *testing.T, prefix string) string {
 	return ""
 }
 
-// countingUpstream counts its open TCP connections and their peak.
+// countingUpstream counts its open TCP connections and their peak. A
+// connection counts from its accept until just before the server closes its
+// socket: a ConnState hook counts the close only after the socket is
+// closed, late enough for a replacement, dialed as soon as the client saw
+// that close, to be counted first.
 func countingUpstream(t *testing.T, h http.Handler) (*httptest.Server, func() (open, peak, total int64)) {
 	var open, peak, total atomic.Int64
 	srv := httptest.NewUnstartedServer(h)
-	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		switch s {
-		case http.StateNew:
-			total.Add(1)
-			n := open.Add(1)
-			for {
-				p := peak.Load()
-				if n <= p || peak.CompareAndSwap(p, n) {
-					break
-				}
+	srv.Listener = &countingListener{Listener: srv.Listener, accepted: func() {
+		total.Add(1)
+		n := open.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
 			}
-		case http.StateClosed, http.StateHijacked:
-			open.Add(-1)
 		}
-	}
+	}, closed: func() { open.Add(-1) }}
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv, func() (int64, int64, int64) { return open.Load(), peak.Load(), total.Load() }
+}
+
+// countingListener calls accepted for each connection it accepts and closed
+// once for each, just before its socket closes.
+type countingListener struct {
+	net.Listener
+	accepted, closed func()
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.accepted()
+	return &countedConn{Conn: c, closed: l.closed}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	once   sync.Once
+	closed func()
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(c.closed)
+	return c.Conn.Close()
 }
 
 func TestMultiProcessSharedBudget(t *testing.T) {
