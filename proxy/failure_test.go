@@ -407,24 +407,7 @@ func TestOwnerKilledBeforeAnswerRetriesReplayable(t *testing.T) {
 			owner, client := remotePair(t, nil)
 			warm(t, owner, srv.URL+"/warm")
 
-			type result struct {
-				body string
-				err  error
-			}
-			done := make(chan result, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				req, _ := http.NewRequestWithContext(ctx, method, srv.URL+"/hang", strings.NewReader("payload"))
-				resp, err := client.tr.RoundTrip(req)
-				if err != nil {
-					done <- result{err: err}
-					return
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				done <- result{string(b), err}
-			}()
+			done := roundTripAsync(client.tr, method, srv.URL+"/hang", strings.NewReader("payload"))
 			select {
 			case <-arrived:
 			case <-time.After(10 * time.Second):

@@ -240,28 +240,11 @@ func TestOwnerSIGKILLedBeforeAnswer(t *testing.T) {
 			spec.Path = seg
 			me := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
 
-			type result struct {
-				body string
-				err  error
+			var body io.Reader
+			if method == "POST" {
+				body = io.NopCloser(strings.NewReader("payload"))
 			}
-			done := make(chan result, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				var body io.Reader
-				if method == "POST" {
-					body = io.NopCloser(strings.NewReader("payload"))
-				}
-				req, _ := http.NewRequestWithContext(ctx, method, srv.URL+"/hang", body)
-				resp, err := me.tr.RoundTrip(req)
-				if err != nil {
-					done <- result{err: err}
-					return
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				done <- result{string(b), err}
-			}()
+			done := roundTripAsync(me.tr, method, srv.URL+"/hang", body)
 			select {
 			case <-arrived:
 			case <-time.After(10 * time.Second):
@@ -270,7 +253,7 @@ func TestOwnerSIGKILLedBeforeAnswer(t *testing.T) {
 			if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			var r result
+			var r roundTripResult
 			select {
 			case r = <-done:
 			case <-time.After(10 * time.Second):
@@ -291,4 +274,30 @@ func TestOwnerSIGKILLedBeforeAnswer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// roundTripResult is what a request sent in the background came to.
+type roundTripResult struct {
+	body string
+	err  error
+}
+
+// roundTripAsync sends a request through rt in the background, for at most
+// 10s, and delivers its response body or its error.
+func roundTripAsync(rt http.RoundTripper, method, url string, body io.Reader) <-chan roundTripResult {
+	done := make(chan roundTripResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, method, url, body)
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			done <- roundTripResult{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- roundTripResult{string(b), err}
+	}()
+	return done
 }
