@@ -124,6 +124,32 @@ func TestStaleStreamPOSTAlwaysRetrySafe(t *testing.T) {
 	}
 }
 
+// TestExpectContinueNudgeLeavesBodyUnread: with no wait for the upstream's
+// 100, the sibling reads zero bytes of an Expect: 100-continue body first,
+// so that the client is told to continue. That read takes nothing from the
+// body: when the attempt then fails with nothing sent (a dead owner's stream
+// here), the request may still go elsewhere, though it has no GetBody.
+func TestExpectContinueNudgeLeavesBodyUnread(t *testing.T) {
+	uc := deadStream(t)
+	p := newPeers(t.TempDir(), 0)
+	c := newConn(uc, uc)
+	c.requests = 1
+	c.idleAt = time.Now()
+	const lane = 3
+	p.idle[lane] = []*conn{c}
+	tb := &trackBody{rc: io.NopCloser(strings.NewReader("payload"))}
+	req, _ := http.NewRequest("POST", "http://upstream.test/sink", tb)
+	req.ContentLength = int64(len("payload"))
+	req.Header.Set("Expect", "100-continue")
+	_, err := p.roundTrip(req, lane, []byte("lease"), &remoteOpts{}, 1, nil)
+	if !IsRetrySafe(err) {
+		t.Fatalf("nothing went out, yet %v is not retry-safe", err)
+	}
+	if _, again := rewind(req, req, tb, err); !again {
+		t.Fatalf("the request is not sent again after %v: its body counts as read", err)
+	}
+}
+
 // TestInterimSentThenOwnerGoneIsNotReplayed: the owner relays a 1xx (103
 // Early Hints, say), which the caller's trace passes on to its client, and
 // is then killed. Something of the answer has reached the client, so the

@@ -617,8 +617,13 @@ type trackBody struct {
 	settled bool // RoundTrip returned a response: closes are real now
 }
 
+// Read marks the body used only when it asks for bytes: a zero-length read
+// (the one that tells a client waiting on Expect: 100-continue to send)
+// takes nothing, and leaves the body whole for another attempt.
 func (b *trackBody) Read(p []byte) (int, error) {
-	b.used.Store(true)
+	if len(p) > 0 {
+		b.used.Store(true)
+	}
 	return b.rc.Read(p)
 }
 
