@@ -644,12 +644,17 @@ func (n *Node) setCap(key orbitpool.Key, max int) { n.caps.Store(key, max) }
 // cap allows now: a cap lowered by a reload. Such a connection is retired
 // when idle (by the sweep) or when its exchange ends, rather than kept.
 func (n *Node) overCap(key orbitpool.Key) bool {
+	max := n.capOf(key)
+	return max > 0 && n.pool.Live(key) > max
+}
+
+// capOf is the fleet-wide cap setCap last recorded for key, 0 for none.
+func (n *Node) capOf(key orbitpool.Key) int {
 	v, ok := n.caps.Load(key)
 	if !ok {
-		return false
+		return 0
 	}
-	max := v.(int)
-	return max > 0 && n.pool.Live(key) > max
+	return v.(int)
 }
 
 // retireOverCap closes and retires oc, at once, if its key holds more
@@ -659,14 +664,10 @@ func (n *Node) overCap(key orbitpool.Key) bool {
 // connection, so it need not wait for the upstream's close. It reports
 // whether it retired oc.
 func (n *Node) retireOverCap(oc *owned) bool {
-	v, ok := n.caps.Load(oc.key)
-	if !ok || v.(int) <= 0 {
-		return false
-	}
-	max := int64(v.(int))
-	if int64(n.pool.Live(oc.key)) <= max {
+	if !n.overCap(oc.key) {
 		return false // the common case, whatever is leaving
 	}
+	max := int64(n.capOf(oc.key))
 	c, ok := n.leaving.Load(oc.key)
 	if !ok {
 		c, _ = n.leaving.LoadOrStore(oc.key, new(atomic.Int64))
