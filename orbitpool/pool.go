@@ -177,6 +177,10 @@ func (p *Pool) join() error {
 // Lane is this process's lane in the segment.
 func (p *Pool) Lane() int { return p.lane }
 
+// OrderWindow is the pool's Options.OrderWindow: 0 when waiters are served
+// in strict ticket order.
+func (p *Pool) OrderWindow() uint32 { return p.opts.OrderWindow }
+
 // Incarnation is the life this process joined with.
 func (p *Pool) Incarnation() Incarnation { return p.inc }
 
@@ -371,16 +375,17 @@ func (p *Pool) wake(k int, n uint64) {
 	if n == 0 || !p.queued(k) {
 		return
 	}
-	p.grant(k, n, false)
+	p.grant(k, n, -1)
 }
 
-// grant is wake's work once the key has waiters. keep says the units are
-// room on this process's own resources, which the order window may keep
-// here; the others (creation budget, grants passed on) have no place to
-// stay, and go in strict order.
-func (p *Pool) grant(k int, n uint64, keep bool) {
+// grant is wake's work once the key has waiters. prefer is the lane the
+// order window may give the units to rather than the fleet's oldest waiter,
+// -1 for none: this process's own lane for room on its own resources, which
+// can then stay here, or the lane UnregisterToward names. The others
+// (creation budget, grants passed on) go in strict order.
+func (p *Pool) grant(k int, n uint64, prefer int) {
 	var rung [MaxLanes / 64]uint64
-	if n = p.grantLanes(k, n, keep, &rung); n > 0 {
+	if n = p.grantLanes(k, n, prefer, &rung); n > 0 {
 		// No waiter to hand these to: every one the scan saw has a unit
 		// on its way. A waiter that published itself since may have
 		// deferred to those; it finds these as unclaimed, or the scan
@@ -392,7 +397,7 @@ func (p *Pool) grant(k int, n uint64, keep bool) {
 			if u == 0 || !atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
 				break
 			}
-			if p.grantLanes(k, 1, false, &rung) != 0 {
+			if p.grantLanes(k, 1, -1, &rung) != 0 {
 				atomic.AddUint64(unclaimed, 1)
 				break
 			}
@@ -406,15 +411,15 @@ func (p *Pool) grant(k int, n uint64, keep bool) {
 }
 
 // grantLanes adds up to n grants to the lanes of key k, each to the lane
-// whose next waiter is the oldest (or, if keep, to this lane's within the
-// order window), delivers this lane's, marks the other lanes in rung, and
-// returns how many it could not give.
-func (p *Pool) grantLanes(k int, n uint64, keep bool, rung *[MaxLanes / 64]uint64) uint64 {
+// whose next waiter is the oldest (or to lane prefer's, within the order
+// window), delivers this lane's, marks the other lanes in rung, and returns
+// how many it could not give.
+func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint64) uint64 {
 	s := p.seg
 	base := s.keyOff(k) + kfMasks
 	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
 		best, bq, bt := -1, uint64(0), uint32(0)
-		own, oq, ot := false, uint64(0), uint32(0)
+		pref, pq, pt := false, uint64(0), uint32(0)
 		for i := range p.l.maskWords {
 			for m := atomic.LoadUint64(s.u64(base + 8*i)); m != 0; m &= m - 1 {
 				l := i*64 + trailingZeros(m)
@@ -425,8 +430,8 @@ func (p *Pool) grantLanes(k int, n uint64, keep bool, rung *[MaxLanes / 64]uint6
 				if !ok || qGrants(q) == qGrantMask {
 					continue
 				}
-				if l == p.lane {
-					own, oq, ot = true, q, t
+				if l == prefer {
+					pref, pq, pt = true, q, t
 				}
 				if best < 0 || ticketBefore(t, bt) {
 					best, bq, bt = l, q, t
@@ -439,10 +444,11 @@ func (p *Pool) grantLanes(k int, n uint64, keep bool, rung *[MaxLanes / 64]uint6
 		// Past its second undelivered grant, laneNext names a lane's
 		// third waiter, not the one the grant is for (siblings' grants
 		// to this lane wait for its dispatcher).
-		if keep && own && best != p.lane && qGrants(oq) <= 2 && ot-bt <= p.opts.OrderWindow {
-			// This process's own waiter is close enough behind: the
-			// unit stays here, sparing two processes a wake-up each.
-			best, bq = p.lane, oq
+		if pref && best != prefer && qGrants(pq) <= 2 && pt-bt <= p.opts.OrderWindow {
+			// The preferred lane's waiter is close enough behind: for
+			// this process's own lane, the unit stays here, sparing two
+			// processes a wake-up each.
+			best, bq = prefer, pq
 		}
 		if !atomic.CompareAndSwapUint64(s.u64(s.queueOff(best, k)), bq, bq+1) {
 			fails++
@@ -466,7 +472,7 @@ func (p *Pool) unitBack(k int) {
 	if p.l.maskWords != 1 {
 		p.setRoom(p.lane, k)
 		if p.queued(k) {
-			p.grant(k, 1, true)
+			p.grant(k, 1, p.lane)
 		}
 		return
 	}
@@ -476,7 +482,7 @@ func (p *Pool) unitBack(k int) {
 		atomic.OrUint64(room, bit)
 	}
 	if atomic.LoadUint64(p.seg.u64(off)) != 0 {
-		p.grant(k, 1, true)
+		p.grant(k, 1, p.lane)
 	}
 }
 

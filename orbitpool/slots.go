@@ -199,7 +199,16 @@ func (p *Pool) ownSlot(id ResourceID) (int, error) {
 // Unregister removes a resource this process owns, for instance a connection
 // that closed. Reservations on it become stale at once and executions on it
 // complete as no-ops; the key's budget gets the unit back.
-func (p *Pool) Unregister(id ResourceID) error {
+func (p *Pool) Unregister(id ResourceID) error { return p.unregister(id, -1) }
+
+// UnregisterToward is Unregister for a resource that leaves so that lane,
+// which holds fewer of the key's resources (see Neediest), creates the next
+// one: the unit goes to that lane's oldest waiter rather than the fleet's,
+// when it is at most Options.OrderWindow tickets younger, and in strict order
+// otherwise.
+func (p *Pool) UnregisterToward(id ResourceID, lane int) error { return p.unregister(id, lane) }
+
+func (p *Pool) unregister(id ResourceID, prefer int) error {
 	off, err := p.ownSlot(id)
 	if err != nil {
 		return err
@@ -234,7 +243,9 @@ func (p *Pool) Unregister(id ResourceID) error {
 		return fmt.Errorf("orbitpool: resource %v names key entry %d of %d: %w", id, k, p.l.nkeys, ErrCorrupt)
 	}
 	p.keyRelease(k, kg, false)
-	p.wake(k, 1)
+	if p.queued(k) {
+		p.grant(k, 1, prefer)
+	}
 	return nil
 }
 

@@ -1,0 +1,53 @@
+package orbitpool
+
+import "sync/atomic"
+
+// Neediest finds the sibling that waits for key while holding the fewest of
+// its resources, for a process that holds more than its share to make room
+// for (UnregisterToward). held is that lane's count and own this process's,
+// counting resources with capacity, so that one already leaving is not. ok
+// is false when no sibling has a waiter that holds no grant. It walks the
+// key's lists in every lane with a waiter: a cost of the key's resources,
+// not of the fleet's size, for a caller that looks now and then.
+func (p *Pool) Neediest(key Key) (lane, held, own int, ok bool) {
+	if p.closed.Load() {
+		return 0, 0, 0, false
+	}
+	ref, found := p.lookupKey(key)
+	if !found {
+		return 0, 0, 0, false
+	}
+	s := p.seg
+	own, lane, held = p.laneHeld(p.lane, ref), -1, 0
+	for i := range p.l.maskWords {
+		for m := atomic.LoadUint64(s.u64(s.keyOff(ref.idx) + kfMasks + 8*i)); m != 0; m &= m - 1 {
+			l := i*64 + trailingZeros(m)
+			if l == p.lane || l >= p.l.nlanes || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+				continue
+			}
+			if _, _, waiting := s.laneNext(l, ref.idx); !waiting {
+				continue
+			}
+			if h := p.laneHeld(l, ref); lane < 0 || h < held {
+				lane, held = l, h
+			}
+		}
+	}
+	return lane, held, own, lane >= 0
+}
+
+// laneHeld counts lane l's live resources of ref with capacity. A list that
+// points out of the lane ends the count: Neediest only advises.
+func (p *Pool) laneHeld(l int, ref keyRef) int {
+	s := p.seg
+	n := 0
+	h := atomic.LoadUint32(s.u32(s.headOff(l, ref.idx)))
+	for steps := 0; h != 0 && int(h) <= p.l.perLane && steps < p.l.perLane; steps++ {
+		off := s.slotOff(l, int(h)-1)
+		if _, capacity, ok := p.liveSlotOf(off, ref); ok && capacity > 0 {
+			n++
+		}
+		h = atomic.LoadUint32(s.u32(off + slNext))
+	}
+	return n
+}

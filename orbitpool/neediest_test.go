@@ -1,0 +1,77 @@
+package orbitpool
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestUnregisterTowardTheNeediest: lane A holds three busy resources of a
+// key at its cap of four, lane C one, lane B none; C's waiter arrived before
+// B's. Neediest, asked by A, names B. A resource A unregisters toward B
+// gives its unit to B's waiter, passing C's older one, when B's is within
+// the order window; in strict order C's waiter gets it. A resource that is
+// leaving (capacity 0) does not count as held.
+func TestUnregisterTowardTheNeediest(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window uint32
+		served int // index of the waiter the unit must go to: 0 is C's, 1 is B's
+	}{
+		{"window", 4, 1},
+		{"strict", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWinFleet(t, 4, 3, func(int) uint32 { return tc.window })
+			pa, pb, pc := f.ps[0], f.ps[1], f.ps[2]
+			lim := Limits{MaxResources: 4}
+			var ids []ResourceID
+			for range 3 {
+				id, err := pa.Register(f.k, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			if _, err := pc.Register(f.k, 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, _, ok := pa.Neediest(f.k); ok {
+				t.Fatal("Neediest named a lane while no sibling waits")
+			}
+			// Each lane's own use makes its resources busy.
+			for _, p := range []*Pool{pa, pa, pa, pc} {
+				if plan, err := p.Acquire(context.Background(), f.k, LocalOnly{}, lim); err != nil || plan.Kind != PlanReuseLocal {
+					t.Fatalf("lane %d: acquire its own resource: %v %v", p.Lane(), plan.Kind, err)
+				}
+			}
+			ws := []*winWaiter{f.arrive(2, LocalFirst{}, lim), f.arrive(1, LocalFirst{}, lim)}
+			defer func() {
+				for _, w := range ws {
+					w.cancel()
+				}
+			}()
+
+			lane, held, own, ok := pa.Neediest(f.k)
+			if !ok || lane != pb.Lane() || held != 0 || own != 3 {
+				t.Fatalf("Neediest = lane %d holding %d, own %d, ok %v; want lane %d holding 0, own 3", lane, held, own, ok, pb.Lane())
+			}
+			if err := pa.SetCapacity(ids[2], 0); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, own, _ := pa.Neediest(f.k); own != 2 {
+				t.Errorf("with one resource at capacity 0, A holds %d, want 2", own)
+			}
+
+			if err := pa.UnregisterToward(ids[0], pb.Lane()); err != nil {
+				t.Fatal(err)
+			}
+			served, unserved, plans := collect(ws, 100*time.Millisecond)
+			if len(served) != 1 || served[0] != ws[tc.served] || plans[0].Kind != PlanCreate {
+				t.Fatalf("window %d: the unit went to %d waiters (want only waiter %d, in lane %d, to create); %d still wait",
+					tc.window, len(served), tc.served, ws[tc.served].lane, len(unserved))
+			}
+			plans[0].Permit.Close()
+		})
+	}
+}
