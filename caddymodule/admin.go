@@ -97,6 +97,7 @@ type NodeView struct {
 	SplicedBodies    uint64 `json:"spliced_bodies"`
 	LeasesRefused    uint64 `json:"leases_refused"`
 	Retired          uint64 `json:"retired"`
+	Rebalanced       uint64 `json:"rebalanced"`
 	Retries          uint64 `json:"retries"`
 	IdlePeerStreams  int    `json:"idle_peer_streams"`
 }
@@ -186,6 +187,7 @@ func (f *fleet) view() (FleetView, error) {
 		SplicedBodies:    st.SplicedBodies,
 		LeasesRefused:    st.Refused,
 		Retired:          st.Retired,
+		Rebalanced:       st.Rebalanced,
 		Retries:          st.Retries,
 		IdlePeerStreams:  st.IdlePeerConns,
 	}

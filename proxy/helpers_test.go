@@ -38,7 +38,12 @@ func newMember(t testing.TB, spec orbitpool.PoolSpec, conf func(*Transport)) *me
 
 func newMemberOpts(t testing.TB, spec orbitpool.PoolSpec, opts NodeOptions, conf func(*Transport)) *member {
 	t.Helper()
-	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
+	return newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond}, opts, conf)
+}
+
+func newMemberPoolOpts(t testing.TB, spec orbitpool.PoolSpec, popts orbitpool.Options, opts NodeOptions, conf func(*Transport)) *member {
+	t.Helper()
+	p, err := orbitpool.Open(spec, popts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,6 +87,7 @@ type Node struct {
 	draining atomic.Bool
 	caps     sync.Map // orbitpool.Key -> int: see setCap
 	leaving  sync.Map // orbitpool.Key -> *atomic.Int64: see retireOverCap
+	balances sync.Map // orbitpool.Key -> *atomic.Uint64: see balanceEvery
 }
 
 // NodeStats counts what a node did since it started.
@@ -110,14 +111,18 @@ type NodeStats struct {
 	// admission backstop refused.
 	DialsNotAdmitted uint64
 	Retired          uint64 // connections closed and unregistered
-	Retries          uint64 // requests sent again after a retry-safe failure
-	OpenConns        int    // upstream connections owned now
-	IdlePeerConns    int    // idle unix streams to siblings now
+	// Rebalanced counts connections of a capped key retired because this
+	// process held at least two more of them than a sibling waiting for
+	// one, so that the sibling creates the replacement.
+	Rebalanced    uint64
+	Retries       uint64 // requests sent again after a retry-safe failure
+	OpenConns     int    // upstream connections owned now
+	IdlePeerConns int    // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted atomic.Uint64
-	followed                                                                             atomic.Uint64 // HTTP/2 state changes seen by the follower
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced atomic.Uint64
+	followed                                                                                         atomic.Uint64 // HTTP/2 state changes seen by the follower
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -250,6 +255,7 @@ func (n *Node) Stats() NodeStats {
 		ReusedLocal:  n.stats.reusedLocal.Load(),
 		ReusedRemote: n.stats.reusedRemote.Load(),
 		ServedRemote: n.stats.servedRemote.Load(),
+		Rebalanced:   n.stats.rebalanced.Load(),
 		Retired:      n.stats.retired.Load(),
 		Retries:      n.stats.retries.Load(),
 
@@ -406,8 +412,10 @@ func (n *Node) unslot(oc *owned) bool {
 	return true
 }
 
-func (n *Node) unregister(oc *owned) {
-	if err := n.pool.Unregister(oc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
+func (n *Node) unregister(oc *owned) { n.unregisterToward(oc, -1) }
+
+func (n *Node) unregisterToward(oc *owned, lane int) {
+	if err := n.pool.UnregisterToward(oc.id, lane); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
@@ -428,6 +436,12 @@ const closeWait = 250 * time.Millisecond
 // use that retires it, completes last; an idle one (exec nil) takes no new
 // reservation.
 func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
+	n.retireToward(oc, exec, -1)
+}
+
+// retireToward is retireInOrder for a connection that leaves so that lane
+// creates the next one (see balanceEvery), -1 for the fleet's oldest waiter.
+func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
 	complete := func() {
 		if exec != nil {
 			exec.Complete()
@@ -454,7 +468,7 @@ func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
 	go func() {
 		defer n.closing.Done()
 		oc.c.closeAfterPeer(closeWait)
-		n.unregister(oc)
+		n.unregisterToward(oc, lane)
 		complete()
 	}()
 }
@@ -491,6 +505,10 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 			n.retireInOrder(oc, exec)
 			return
 		default:
+			if lane := n.balanceToward(oc); lane >= 0 {
+				n.retireToward(oc, exec, lane)
+				return
+			}
 			oc.idle.Store(now.UnixNano())
 			oc.state.Store(stIdle)
 		}

@@ -1,0 +1,164 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	countingupstream "github.com/orbitproxy/orbit/integration/upstream"
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// windowFleet is newFleet with the pools' order window at window.
+func windowFleet(t *testing.T, n int, window uint32, conf func(*Transport)) []*member {
+	t.Helper()
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	var ms []*member
+	for range n {
+		ms = append(ms, newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, OrderWindow: window},
+			NodeOptions{SweepInterval: 50 * time.Millisecond}, conf))
+	}
+	return ms
+}
+
+// steadyLoad runs, for each member i, goroutines[i] closed-loop goroutines
+// sending GETs until total requests have been sent fleet-wide, and returns
+// how many failed.
+func steadyLoad(ms []*member, goroutines []int, url string, total int64) int64 {
+	var sent, errs atomic.Int64
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		for range goroutines[i] {
+			wg.Go(func() {
+				for sent.Add(1) <= total {
+					if err := getBody(context.Background(), m.tr, url); err != nil {
+						errs.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return errs.Load()
+}
+
+// ownership returns the connections the members moved and created, and
+// each one's open connections.
+func ownership(ms []*member) (moved, created uint64, owned []int) {
+	for _, m := range ms {
+		st := m.node.Stats()
+		moved += st.Rebalanced
+		created += st.Created
+		owned = append(owned, st.OpenConns)
+	}
+	return moved, created, owned
+}
+
+// TestOwnershipEvensOut: one process dialed all four of a capped key's
+// connections, and then only its sibling has requests. Its connections
+// leave one at a time, in good order, and the sibling dials each
+// replacement, until the two hold two each: then neither holds two more
+// than the other, and nothing moves again. No request fails, and the
+// upstream, which enforces the same cap, refuses nothing and never sees
+// more than it. In strict order (a window of 0) nothing moves.
+func TestOwnershipEvensOut(t *testing.T) {
+	const limit = 4
+	for _, tc := range []struct {
+		window uint32
+		moves  uint64
+		owned  []int
+	}{
+		{16, 2, []int{2, 2}},
+		{0, 0, []int{limit, 0}},
+	} {
+		up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, Delay: time.Millisecond})
+		ms := windowFleet(t, 2, tc.window, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+		errs := steadyLoad(ms, []int{2 * limit, 0}, up.URL+"/", 4*limit)
+		if _, _, owned := ownership(ms); owned[0] != limit {
+			t.Fatalf("window %d: the first process holds %v connections after its load, want the cap, %d", tc.window, owned, limit)
+		}
+		errs += steadyLoad(ms, []int{0, 2 * limit}, up.URL+"/", 8*balanceEvery)
+		moved, created, owned := ownership(ms)
+		if moved != tc.moves || created != limit+tc.moves || owned[0] != tc.owned[0] || owned[1] != tc.owned[1] {
+			t.Errorf("window %d: %d moves, %d connections created, held %v; want %d moves and %v",
+				tc.window, moved, created, owned, tc.moves, tc.owned)
+		}
+		if st := up.Stats(); errs != 0 || st.Refused != 0 || st.Peak > limit {
+			t.Errorf("window %d: %d requests failed; the upstream refused %d connections and saw %d at once, with the fleet's cap at its own %d",
+				tc.window, errs, st.Refused, st.Peak, limit)
+		}
+	}
+}
+
+// TestOwnershipSettles: members with steady demand on a capped key, equal
+// or not, over a cap that does not divide evenly among them. Ownership may
+// move early, but each move lowers the sum of the squares of the counts, so
+// the moves are few and stop: none in the second half of the run. Each
+// would cost the upstream a new connection.
+func TestOwnershipSettles(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit int
+		load  []int // goroutines per member
+	}{
+		{"cap 4 over 3", 4, []int{3, 3, 3}},
+		{"cap 6 over 4", 6, []int{3, 3, 3, 3}},
+		{"cap 6 over 5:3:2", 6, []int{5, 3, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startCappedUpstream(t, countingupstream.Options{MaxConns: tc.limit, Delay: 500 * time.Microsecond})
+			ms := windowFleet(t, len(tc.load), 16, func(tr *Transport) { tr.MaxConnsPerKey = tc.limit })
+			const phases, perPhase = 6, 1500
+			var errs int64
+			var late uint64
+			for p := range phases {
+				before, _, _ := ownership(ms)
+				errs += steadyLoad(ms, tc.load, up.URL+"/", perPhase)
+				moved, _, _ := ownership(ms)
+				if p >= phases/2 {
+					late += moved - before
+				}
+			}
+			moved, created, owned := ownership(ms)
+			st := up.Stats()
+			if late != 0 || moved > uint64(tc.limit*tc.limit/2) {
+				t.Errorf("%d moves in all, %d in the second half; held %v, %d connections created for %d requests",
+					moved, late, owned, created, phases*perPhase)
+			}
+			if errs != 0 || st.Refused != 0 || st.Peak > int64(tc.limit) {
+				t.Errorf("%d requests failed; the upstream refused %d and saw %d at once (cap %d)", errs, st.Refused, st.Peak, tc.limit)
+			}
+		})
+	}
+}
+
+// TestMovesKeepTheCapTLS: one process dials all of a capped key's TLS
+// connections, then it and two siblings share the load, so that
+// connections move, also while they leave by their request limit, with an
+// upstream whose own cap is the fleet's: no request fails, and the upstream
+// refuses nothing and never sees more than the cap.
+func TestMovesKeepTheCapTLS(t *testing.T) {
+	for _, reqs := range []int{0, 5} {
+		const limit = 4
+		up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, TLS: true, Delay: 500 * time.Microsecond})
+		ms := windowFleet(t, 3, 16, func(tr *Transport) {
+			tr.MaxConnsPerKey = limit
+			tr.MaxRequestsPerConn = reqs
+			tr.TLSClientConfig = &tls.Config{RootCAs: up.CertPool}
+		})
+		errs := steadyLoad(ms, []int{2 * limit, 0, 0}, up.URL+"/", 4*limit)
+		errs += steadyLoad(ms, []int{2, 3, 3}, up.URL+"/", 3000)
+		st := up.Stats()
+		if errs != 0 || st.Refused != 0 || st.Peak > limit {
+			t.Errorf("request limit %d: %d requests failed; the upstream refused %d and saw %d at once (cap %d)", reqs, errs, st.Refused, st.Peak, limit)
+		}
+		if moved, _, owned := ownership(ms); reqs == 0 && moved == 0 {
+			t.Errorf("the first process dialed all %d connections and its siblings wait, yet nothing moved: held %v", limit, owned)
+		}
+	}
+}
