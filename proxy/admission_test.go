@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -19,7 +20,7 @@ func TestLimiterRefusalsAreRetrySafe(t *testing.T) {
 	tr := localTransport(t, func(tr *Transport) { tr.Limiter = lim })
 
 	// A permit is held for the whole exchange, body included.
-	resp, err := get(t, context.Background(), tr, u.url("/cl"))
+	resp, err := get(t, context.Background(), tr, u.url("/chunked"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,6 +31,19 @@ func TestLimiterRefusalsAreRetrySafe(t *testing.T) {
 	if lim.Active() != 0 {
 		t.Fatalf("%d permits held after the body, want 0", lim.Active())
 	}
+	// A small body that came with its head is read before the response is
+	// returned: the exchange is over.
+	resp, err = get(t, context.Background(), tr, u.url("/cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lim.Active() != 0 {
+		t.Fatalf("%d permits held while a body read with its head is unread, want 0", lim.Active())
+	}
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "hello world" {
+		t.Fatalf("early body read %q, %v", b, err)
+	}
+	resp.Body.Close()
 	// A response without a body ends its exchange before it is returned.
 	resp, err = get(t, context.Background(), tr, u.url("/204"))
 	if err != nil {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -177,4 +178,55 @@ func (u *upgradeBody) CloseWrite() error {
 func (u *upgradeBody) Close() error {
 	u.once.Do(u.c.close)
 	return nil
+}
+
+// maxEarlyBody is the largest response body taken off its connection before
+// the response is returned, when it came with the head: the connection then
+// goes back to the pool at once, not after the caller has written the head
+// to its client and read on to the end. Under a cap that is the time a
+// waiting request loses on every turn of a connection.
+const maxEarlyBody = readBufSize
+
+// earlyBody is a response body read in full, from the connection's buffer,
+// before its response was returned. It reads as body does: the bytes, then
+// io.EOF, and errReadOnClosedBody once closed.
+type earlyBody struct {
+	mu     sync.Mutex
+	r      bytes.Reader
+	closed bool
+}
+
+// takeEarly reads resp's body of n bytes, all of it in br already, into an
+// earlyBody.
+func takeEarly(resp *http.Response, n int64) (*earlyBody, error) {
+	p := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, p); err != nil {
+		return nil, err
+	}
+	b := new(earlyBody)
+	b.r.Reset(p)
+	return b, nil
+}
+
+func (b *earlyBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, errReadOnClosedBody
+	}
+	return b.r.Read(p)
+}
+
+func (b *earlyBody) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	return nil
+}
+
+// buffered lets a relay write the head and the body in one write.
+func (b *earlyBody) buffered() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.r.Len()
 }

@@ -496,8 +496,18 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		x.finishRead(keep)
 		return resp, nil
 	}
+	h2 := x.o.leg != nil && hf&headProto2 != 0
+	if n := resp.ContentLength; n > 0 && n <= maxEarlyBody && !h2 && int64(c.br.Buffered()) >= n {
+		eb, err := takeEarly(resp, n)
+		if err != nil { // the bytes were buffered: cannot happen
+			return nil, &Error{Op: "read body", Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+		}
+		resp.Body = eb
+		x.finishRead(keep)
+		return resp, nil
+	}
 	b := &body{rc: resp.Body, x: x, keep: keep}
-	if x.o.leg != nil && hf&headProto2 != 0 {
+	if h2 {
 		b.h2 = resp
 	}
 	resp.Body = b

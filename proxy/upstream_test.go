@@ -305,7 +305,9 @@ func rawResponse(c net.Conn, req *http.Request) bool {
 	case "/head-chunked":
 		w("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
 	case "/once-per-conn":
-		w("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		// Chunked, so that the body is not read with the head and the
+		// exchange is still on when the response is returned.
+		w("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
 	case "/stall-head":
 		time.Sleep(3 * time.Second)
 		return false
