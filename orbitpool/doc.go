@@ -88,9 +88,12 @@
 // younger than the fleet's oldest: no waiter is then passed by one more than
 // the window younger, and a turn that stays in the process spares two
 // processes a wake-up and the waiter's relay through the owner. Creation
-// budget always goes in strict order, so the process whose waiters wait
-// longest creates the next resource. The window is 0, strict order, unless
-// the embedder sets it.
+// budget goes in strict order, so the process whose waiters wait longest
+// creates the next resource, except that a process that holds more than its
+// share may unregister a resource toward a sibling that waits while holding
+// fewer ([Pool.Neediest], [Pool.UnregisterToward]): that sibling's oldest
+// waiter gets the unit if it is within the same window. The window is 0,
+// strict order, unless the embedder sets it.
 //
 // What is not strict: once a process has delivered a unit to a goroutine, a
 // younger waiter that finds itself the oldest still waiting can take that

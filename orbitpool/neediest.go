@@ -5,10 +5,12 @@ import "sync/atomic"
 // Neediest finds the sibling that waits for key while holding the fewest of
 // its resources, for a process that holds more than its share to make room
 // for (UnregisterToward). held is that lane's count and own this process's,
-// counting resources with capacity, so that one already leaving is not. ok
-// is false when no sibling has a waiter that holds no grant. It walks the
-// key's lists in every lane with a waiter: a cost of the key's resources,
-// not of the fleet's size, for a caller that looks now and then.
+// counting resources with capacity, so that one already leaving is not. A
+// sibling counts only if its next waiter is within Options.OrderWindow
+// tickets of the fleet's oldest, as UnregisterToward requires for the unit
+// to go to it. ok is false when no sibling qualifies. It walks the key's
+// lists in every lane with a waiter: a cost of the key's resources, not of
+// the fleet's size, for a caller that looks now and then.
 func (p *Pool) Neediest(key Key) (lane, held, own int, ok bool) {
 	if p.closed.Load() {
 		return 0, 0, 0, false
@@ -18,19 +20,38 @@ func (p *Pool) Neediest(key Key) (lane, held, own int, ok bool) {
 		return 0, 0, 0, false
 	}
 	s := p.seg
-	own, lane, held = p.laneHeld(p.lane, ref), -1, 0
+	type next struct {
+		lane   int
+		ticket uint32
+	}
+	var waiting [8]next
+	ws := waiting[:0]
+	oldest := uint32(0)
 	for i := range p.l.maskWords {
 		for m := atomic.LoadUint64(s.u64(s.keyOff(ref.idx) + kfMasks + 8*i)); m != 0; m &= m - 1 {
 			l := i*64 + trailingZeros(m)
-			if l == p.lane || l >= p.l.nlanes || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+			if l >= p.l.nlanes || lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
 				continue
 			}
-			if _, _, waiting := s.laneNext(l, ref.idx); !waiting {
+			t, _, ok := s.laneNext(l, ref.idx)
+			if !ok {
 				continue
 			}
-			if h := p.laneHeld(l, ref); lane < 0 || h < held {
-				lane, held = l, h
+			if len(ws) == 0 || ticketBefore(t, oldest) {
+				oldest = t
 			}
+			if l != p.lane {
+				ws = append(ws, next{l, t})
+			}
+		}
+	}
+	own, lane, held = p.laneHeld(p.lane, ref), -1, 0
+	for _, w := range ws {
+		if w.ticket-oldest > p.opts.OrderWindow {
+			continue
+		}
+		if h := p.laneHeld(w.lane, ref); lane < 0 || h < held {
+			lane, held = w.lane, h
 		}
 	}
 	return lane, held, own, lane >= 0

@@ -8,15 +8,16 @@ import (
 
 // TestUnregisterTowardTheNeediest: lane A holds three busy resources of a
 // key at its cap of four, lane C one, lane B none; C's waiter arrived before
-// B's. Neediest, asked by A, names B. A resource A unregisters toward B
-// gives its unit to B's waiter, passing C's older one, when B's is within
-// the order window; in strict order C's waiter gets it. A resource that is
-// leaving (capacity 0) does not count as held.
+// B's. Neediest, asked by A, names B when B's waiter is within the order
+// window of C's, and C in strict order. A resource A unregisters toward B
+// gives its unit to B's waiter, passing C's older one, within the window;
+// in strict order C's waiter gets it. A resource that is leaving (capacity
+// 0) does not count as held.
 func TestUnregisterTowardTheNeediest(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		window uint32
-		served int // index of the waiter the unit must go to: 0 is C's, 1 is B's
+		served int // index of the waiter Neediest names and the unit must go to: 0 is C's, 1 is B's
 	}{
 		{"window", 4, 1},
 		{"strict", 0, 0},
@@ -52,9 +53,13 @@ func TestUnregisterTowardTheNeediest(t *testing.T) {
 				}
 			}()
 
+			wantLane, wantHeld := pb.Lane(), 0
+			if tc.served == 0 {
+				wantLane, wantHeld = pc.Lane(), 1
+			}
 			lane, held, own, ok := pa.Neediest(f.k)
-			if !ok || lane != pb.Lane() || held != 0 || own != 3 {
-				t.Fatalf("Neediest = lane %d holding %d, own %d, ok %v; want lane %d holding 0, own 3", lane, held, own, ok, pb.Lane())
+			if !ok || lane != wantLane || held != wantHeld || own != 3 {
+				t.Fatalf("Neediest = lane %d holding %d, own %d, ok %v; want lane %d holding %d, own 3", lane, held, own, ok, wantLane, wantHeld)
 			}
 			if err := pa.SetCapacity(ids[2], 0); err != nil {
 				t.Fatal(err)
