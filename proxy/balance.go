@@ -1,6 +1,11 @@
 package proxy
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
 
 // Under a cap, which process owns a key's connections is settled by which
 // dialed first when the fleet started, and nothing moved them after: in the
@@ -16,11 +21,12 @@ import "sync/atomic"
 // sibling, the connection whose use ended leaves in good order
 // (retireToward, so that an upstream enforcing the same cap has let it go
 // first), and its unit goes to that sibling's oldest waiter, which dials the
-// replacement. Each move lowers the sum of the squares of the processes'
-// counts, so moves stop once no waiting sibling holds two fewer than
-// another: a cap that does not divide evenly settles as [2 1 1], not moving
-// for ever. Each move costs the upstream one connection (and for TLS one
-// handshake); at most a cap's worth in all, from the worst start.
+// replacement. A move whose unit reaches that sibling (within the order
+// window; otherwise it goes in strict order) lowers the sum of the squares
+// of the processes' counts, so moves stop once no waiting sibling holds two
+// fewer than another: a cap that does not divide evenly settles as
+// [2 1 1], not moving for ever. Each move costs the upstream one connection
+// (and for TLS one handshake).
 //
 // Ownership evens out among the processes that wait; it does not follow
 // uneven demand, which no count of connections can tell. In strict order
@@ -29,25 +35,56 @@ import "sync/atomic"
 // nothing moves.
 const balanceEvery = 64
 
+// moveCloseWait bounds how long a connection that moves waits for the
+// upstream to close its side. Unlike a retirement by policy (closeWait), a
+// move is this module's choice, so it holds the unit until the upstream has
+// let the connection go, which an upstream that enforces the same cap needs
+// before it accepts the replacement; an upstream that took longer than
+// closeWait makes moves too dear, and the key's connections stop moving in
+// this process.
+const moveCloseWait = 2 * time.Second
+
+// keyBalance is a process's moving state for one capped key.
+type keyBalance struct {
+	uses   atomic.Uint64 // reusable uses of this process's connections
+	moving atomic.Bool   // a connection is leaving toward a sibling
+	off    atomic.Bool   // the upstream was slow to close a moved connection
+}
+
 // balanceToward counts a use of oc that ended with oc reusable and, once
 // per balanceEvery such uses of oc's key, reports the lane oc should leave
-// for (see balanceEvery), or -1 to keep it.
+// for (see balanceEvery), or -1 to keep it. One connection per key moves at
+// a time: until it has left, and until the sibling has dialed its
+// replacement (the key is below its cap meanwhile), counts would be stale.
 func (n *Node) balanceToward(oc *owned) int {
 	limit := n.capOf(oc.key)
 	if limit <= 0 || n.pool.OrderWindow() == 0 {
 		return -1
 	}
-	c, ok := n.balances.Load(oc.key)
+	v, ok := n.balances.Load(oc.key)
 	if !ok {
-		c, _ = n.balances.LoadOrStore(oc.key, new(atomic.Uint64))
+		v, _ = n.balances.LoadOrStore(oc.key, new(keyBalance))
 	}
-	if c.(*atomic.Uint64).Add(1)%balanceEvery != 0 || n.pool.Live(oc.key) < limit {
-		return -1 // not this use's turn; or siblings may dial their own
+	b := v.(*keyBalance)
+	if b.uses.Add(1)%balanceEvery != 0 || b.off.Load() || b.moving.Load() || n.pool.Live(oc.key) < limit {
+		return -1
 	}
 	lane, held, own, ok := n.pool.Neediest(oc.key)
-	if !ok || own-held < 2 {
+	if !ok || own-held < 2 || !b.moving.CompareAndSwap(false, true) {
 		return -1
 	}
 	n.stats.rebalanced.Add(1)
 	return lane
+}
+
+// moved ends oc's move; promptly says the upstream closed its side within
+// closeWait.
+func (n *Node) moved(oc *owned, promptly bool) {
+	v, _ := n.balances.Load(oc.key)
+	b := v.(*keyBalance)
+	if !promptly && !b.off.Swap(true) {
+		n.log.Info("upstream slow to close a connection that moved to another worker: its connections no longer move",
+			zap.Stringer("id", oc.id), zap.Duration("waited_at_least", closeWait))
+	}
+	b.moving.Store(false)
 }

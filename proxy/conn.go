@@ -80,18 +80,37 @@ func (c *conn) close() {
 }
 
 // closeAfterPeer half-closes the connection and reads, discarding it, what
-// the peer still sends until the peer closes its side too, at most d; then
-// it closes the connection.
-func (c *conn) closeAfterPeer(d time.Duration) {
+// the peer still sends until the peer closes its side too, at most d, and at
+// most closeWait more once stop is closed (nil: never); then it closes the
+// connection. It reports whether the peer closed.
+func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
+	peerClosed := false
 	if c.closeWrite() == nil {
-		c.nc.SetReadDeadline(time.Now().Add(d))
-		io.Copy(io.Discard, c.nc)
+		deadline := time.Now().Add(d)
+		c.nc.SetReadDeadline(deadline)
+		if stop != nil {
+			done := make(chan struct{})
+			defer close(done)
+			go func() {
+				select {
+				case <-stop:
+					if t := time.Now().Add(closeWait); t.Before(deadline) {
+						c.nc.SetReadDeadline(t)
+					}
+				case <-done:
+				}
+			}()
+		}
+		_, err := io.Copy(io.Discard, c.nc)
+		peerClosed = err == nil
 		// A TLS peer sends close_notify before it closes the socket: wait for the socket.
 		if c.raw != c.nc {
-			io.Copy(io.Discard, c.raw)
+			_, err = io.Copy(io.Discard, c.raw)
+			peerClosed = peerClosed && err == nil
 		}
 	}
 	c.close()
+	return peerClosed
 }
 
 // closeWrite half-closes the connection's write side.

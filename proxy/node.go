@@ -87,7 +87,7 @@ type Node struct {
 	draining atomic.Bool
 	caps     sync.Map // orbitpool.Key -> int: see setCap
 	leaving  sync.Map // orbitpool.Key -> *atomic.Int64: see retireOverCap
-	balances sync.Map // orbitpool.Key -> *atomic.Uint64: see balanceEvery
+	balances sync.Map // orbitpool.Key -> *keyBalance: see balanceEvery
 }
 
 // NodeStats counts what a node did since it started.
@@ -462,12 +462,20 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
 	}
 	n.closing.Add(1)
 	n.closeMu.Unlock()
-	if exec == nil {
+	if exec == nil || lane >= 0 {
+		// Not to be handed out; and a move's connection no longer counts
+		// as this process's (see Pool.Neediest).
 		n.pool.SetCapacity(oc.id, 0)
 	}
 	go func() {
 		defer n.closing.Done()
-		oc.c.closeAfterPeer(closeWait)
+		if lane < 0 {
+			oc.c.closeAfterPeer(closeWait, nil)
+		} else {
+			start := time.Now()
+			closed := oc.c.closeAfterPeer(moveCloseWait, n.stop)
+			n.moved(oc, closed && time.Since(start) <= closeWait)
+		}
 		n.unregisterToward(oc, lane)
 		complete()
 	}()
