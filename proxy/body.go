@@ -188,8 +188,9 @@ func (u *upgradeBody) Close() error {
 const maxEarlyBody = readBufSize
 
 // earlyBody is a response body read in full, from the connection's buffer,
-// before its response was returned. It reads as body does: the bytes, then
-// io.EOF, and errReadOnClosedBody once closed.
+// before its response was returned. It reads as body does: the bytes, with
+// io.EOF on the read that returns the last of them, and errReadOnClosedBody
+// once closed.
 type earlyBody struct {
 	mu     sync.Mutex
 	r      bytes.Reader
@@ -214,7 +215,11 @@ func (b *earlyBody) Read(p []byte) (int, error) {
 	if b.closed {
 		return 0, errReadOnClosedBody
 	}
-	return b.r.Read(p)
+	n, err := b.r.Read(p)
+	if n > 0 && b.r.Len() == 0 {
+		err = io.EOF // with the last bytes, as net/http's body does
+	}
+	return n, err
 }
 
 func (b *earlyBody) Close() error {
