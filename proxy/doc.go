@@ -135,6 +135,15 @@
 // invalidates every outstanding lease on them and gives the budget back. A
 // connection broken by an exchange leaves the pool at once.
 //
+// A response whose Content-Length body, at most 4 KiB, is already in the
+// connection's buffer with its head is read into memory before RoundTrip
+// returns, and the connection is free before the caller writes anything to
+// its client; under a cap each waiting request gains that time. Its body
+// reads as net/http's would. Under a cap, a process that holds at least two
+// more of a key's connections than a sibling waiting for one retires one in
+// good order toward that sibling, which dials the replacement (see
+// balanceEvery in balance.go): ownership evens out, then stays.
+//
 // # HTTP/2 upstreams
 //
 // With [Transport.HTTP2] (https, by ALPN) or [Transport.H2C] (http, prior
