@@ -98,8 +98,7 @@ func startLingerUpstreamMax(t *testing.T, linger, delay time.Duration, max int64
 // connection per key moves at a time, and a moving one does not count.
 //
 // The load runs without a pause, so that the sibling always has a waiter
-// for the unit to go to; a move whose unit finds none (it goes in strict
-// order, maybe back to the mover) changes nothing, and is tolerated once.
+// for the unit to go to.
 func TestAdvBalanceOvershootWhileRetiring(t *testing.T) {
 	for _, linger := range []time.Duration{150 * time.Millisecond, 10 * time.Millisecond, 0} {
 		t.Run(linger.String(), func(t *testing.T) { testOvershoot(t, linger) })
@@ -108,7 +107,9 @@ func TestAdvBalanceOvershootWhileRetiring(t *testing.T) {
 
 func testOvershoot(t *testing.T, linger time.Duration) {
 	const limit = 4
-	up := startLingerUpstream(t, linger, 0)
+	// A delay keeps the first process's eight goroutines on all four
+	// connections.
+	up := startLingerUpstream(t, linger, time.Millisecond)
 	ms := windowFleet(t, 2, 16, func(tr *Transport) { tr.MaxConnsPerKey = limit })
 	errs := steadyLoad(ms, []int{2 * limit, 0}, up.url+"/", 50*limit)
 	_, _, start := ownership(ms)
@@ -116,7 +117,8 @@ func testOvershoot(t *testing.T, linger time.Duration) {
 		t.Fatalf("first process holds %v, want %d", start, limit)
 	}
 	// From [a 0], a/2 moves even it out; each lowers the sum of squares.
-	maxMoves := uint64(start[0]/2) + 1
+	// Twice that allows for wasted moves (TestAdvMovesSmallWindow).
+	maxMoves := uint64(start[0])
 	var stop atomic.Bool
 	done := make(chan int64)
 	go func() { done <- loadUntil(ms, []int{limit, limit}, up.url+"/", &stop) }()

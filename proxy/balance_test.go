@@ -78,7 +78,7 @@ func TestOwnershipEvensOut(t *testing.T) {
 	} {
 		up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, Delay: time.Millisecond})
 		ms := windowFleet(t, 2, tc.window, func(tr *Transport) { tr.MaxConnsPerKey = limit })
-		errs := steadyLoad(ms, []int{2 * limit, 0}, up.URL+"/", 4*limit)
+		errs := steadyLoad(ms, []int{2 * limit, 0}, up.URL+"/", 50*limit)
 		if _, _, owned := ownership(ms); owned[0] != limit {
 			t.Fatalf("window %d: the first process holds %v connections after its load, want the cap, %d", tc.window, owned, limit)
 		}
@@ -151,7 +151,7 @@ func TestMovesKeepTheCapTLS(t *testing.T) {
 			tr.MaxRequestsPerConn = reqs
 			tr.TLSClientConfig = &tls.Config{RootCAs: up.CertPool}
 		})
-		errs := steadyLoad(ms, []int{2 * limit, 0, 0}, up.URL+"/", 4*limit)
+		errs := steadyLoad(ms, []int{2 * limit, 0, 0}, up.URL+"/", 50*limit)
 		errs += steadyLoad(ms, []int{2, 3, 3}, up.URL+"/", 3000)
 		st := up.Stats()
 		if errs != 0 || st.Refused != 0 || st.Peak > limit {
