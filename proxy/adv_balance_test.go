@@ -18,11 +18,11 @@ import (
 // behind a load balancer, or across a WAN, is seen to do by the client: the
 // FIN takes a round trip). It counts open connections and their peak.
 type lingerUpstream struct {
-	ln                            net.Listener
-	url                           string
-	open, peak, accepted, refused atomic.Int64
-	max                           int64 // if > 0, connections past max open are closed at once
-	wg                            sync.WaitGroup
+	ln                  net.Listener
+	url                 string
+	open, peak, refused atomic.Int64
+	max                 int64 // if > 0, connections past max open are closed at once
+	wg                  sync.WaitGroup
 }
 
 func startLingerUpstream(t *testing.T, linger, delay time.Duration) *lingerUpstream {
@@ -49,7 +49,6 @@ func startLingerUpstreamMax(t *testing.T, linger, delay time.Duration, max int64
 				c.Close()
 				continue
 			}
-			u.accepted.Add(1)
 			o := u.open.Add(1)
 			for {
 				p := u.peak.Load()
@@ -83,7 +82,10 @@ func startLingerUpstreamMax(t *testing.T, linger, delay time.Duration, max int64
 			}()
 		}
 	}()
-	t.Cleanup(func() { ln.Close() })
+	t.Cleanup(func() {
+		ln.Close()
+		u.wg.Wait()
+	})
 	return u
 }
 
