@@ -314,14 +314,10 @@ func grpcDifferential(t *testing.T, f *testFleet, stock, hostport string) {
 // ALPN (httptest's certificate, for 127.0.0.1), counting connections.
 func newH2TLSUpstream(t *testing.T, h http.Handler) *upstream {
 	t.Helper()
-	u := &upstream{conns: make(map[net.Conn]bool)}
+	u := &upstream{}
 	u.Server = httptest.NewUnstartedServer(h)
 	u.Server.EnableHTTP2 = true
-	u.Server.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			u.accepted.Add(1)
-		}
-	}
+	u.Server.Listener = &countingListener{Listener: u.Server.Listener, u: u}
 	u.StartTLS()
 	t.Cleanup(u.Close)
 	return u

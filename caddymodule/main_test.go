@@ -53,45 +53,26 @@ func freePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// upstream is a test upstream on loopback that counts its connections.
+// upstream is a test upstream on loopback that counts its connections. A
+// connection stops counting as open just before its socket closes, not in a
+// ConnState hook after it: a client that dials a replacement the moment it
+// reads the close would otherwise be counted with the old one still open.
 type upstream struct {
 	*httptest.Server
 	open     atomic.Int64 // connections open now
 	maxOpen  atomic.Int64 // most connections open at once
 	accepted atomic.Int64 // connections accepted in all
 	requests atomic.Int64
-	mu       sync.Mutex
-	conns    map[net.Conn]bool
 }
 
 func newUpstream(t testing.TB, h http.Handler, tlsOn bool) *upstream {
 	t.Helper()
-	u := &upstream{conns: make(map[net.Conn]bool)}
+	u := &upstream{}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.requests.Add(1)
 		h.ServeHTTP(w, r)
 	}))
-	u.Server.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		switch s {
-		case http.StateNew:
-			u.conns[c] = true
-			u.accepted.Add(1)
-			n := u.open.Add(1)
-			for {
-				m := u.maxOpen.Load()
-				if n <= m || u.maxOpen.CompareAndSwap(m, n) {
-					break
-				}
-			}
-		case http.StateHijacked, http.StateClosed:
-			if u.conns[c] {
-				delete(u.conns, c)
-				u.open.Add(-1)
-			}
-		}
-	}
+	u.Server.Listener = &countingListener{Listener: u.Server.Listener, u: u}
 	if tlsOn {
 		u.StartTLS()
 	} else {
@@ -99,6 +80,34 @@ func newUpstream(t testing.TB, h http.Handler, tlsOn bool) *upstream {
 	}
 	t.Cleanup(u.Close)
 	return u
+}
+
+type countingListener struct {
+	net.Listener
+	u *upstream
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.u.accepted.Add(1)
+	n := l.u.open.Add(1)
+	for m := l.u.maxOpen.Load(); n > m && !l.u.maxOpen.CompareAndSwap(m, n); m = l.u.maxOpen.Load() {
+	}
+	return &countedConn{Conn: c, open: &l.u.open}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	once sync.Once
+	open *atomic.Int64
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 // hostport is the upstream's address.
