@@ -90,8 +90,9 @@ func (p *Pool) overCapacity(off int, w uint64) bool {
 	return wUse(w)+wPendN(w) > int(atomic.LoadUint32(p.seg.u32(off+slCapacity)))
 }
 
-// ungrant gives back a reservation on id that overCapacity refused: its
-// ticket first, so no Accept can take it, then its bit. It marks the owner's
+// ungrant gives back a reservation on id that overCapacity refused, or that
+// its reserver withdraws: its ticket first, so no Accept can take it, then
+// its bit. It marks the owner's
 // lane as having room, since a scan may have cleared it while the reservation
 // filled the resource, and wakes the key for the unit a waiter may have been
 // refused because of it.
@@ -106,4 +107,19 @@ func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
 			p.wake(k, 1)
 		}
 	}
+}
+
+// Withdraw gives back a reservation whose lease its owner has not accepted,
+// for a reserver that could not deliver it (a stream the owner had closed,
+// a deadline that passed first): without it the unit stays held until the
+// owner ages the reservation out (Options.ReservationTimeout), and the
+// resource has no room for anyone meanwhile. A lease the owner accepted or
+// aged out has no ticket left, and is left alone, so a reserver that cannot
+// tell may always withdraw.
+func (p *Pool) Withdraw(l Lease) {
+	lane, slot := l.ID.Lane(), l.ID.Slot()
+	if p.closed.Load() || lane >= p.l.nlanes || slot >= p.l.perLane || l.Bit >= PendingReservations || l.Ticket == 0 {
+		return
+	}
+	p.ungrant(p.seg.slotOff(lane, slot), l.ID, int(l.Bit), l.Ticket)
 }

@@ -9,8 +9,10 @@
 // single compare-and-swap, receiving a [Lease] or [ErrBusy]. A lease is plain
 // numbers: it crosses processes, and the owner validates it against the slot in
 // [Pool.Accept] before it does the work. The [Execution] that Accept returns is
-// the only way capacity comes back: a caller that gives up frees nothing, and a
-// reservation its owner never saw is aged out by the owner's [Pool.Reconcile].
+// how capacity comes back. A reserver that could not deliver its lease
+// [Pool.Withdraw]s it, which frees the unit unless the owner accepted it
+// already; a reservation its owner never saw and that was not withdrawn (its
+// reserver died) is aged out by the owner's [Pool.Reconcile].
 //
 // [Pool.ClaimCreate] hands out a key's creation budget, counting live and
 // in-progress resources together across the whole fleet, so a fleet that finds

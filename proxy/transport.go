@@ -479,12 +479,14 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		}
 		bufs, err := b.workers(ctx)
 		if err != nil {
-			// A lease has no way back but its owner's aging.
 			if plan.Execution != nil {
 				plan.Execution.Complete()
 			}
 			if plan.Permit != nil {
 				plan.Permit.Close()
+			}
+			if plan.Kind == orbitpool.PlanReuseRemote {
+				n.pool.Withdraw(plan.Lease)
 			}
 			return nil, err
 		}
@@ -518,6 +520,12 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
 			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, bufs, release)
+			if err != nil {
+				// Not delivered, or refused: the unit is free again now
+				// rather than when the owner ages it out. An accepted
+				// lease has no ticket left to withdraw.
+				n.pool.Withdraw(plan.Lease)
+			}
 			switch {
 			case err == nil:
 			case errors.Is(err, ErrOwnerBusy):
