@@ -532,22 +532,13 @@ func TestTLSUpstreamRemotePath(t *testing.T) {
 // since gone fails before anything is sent, so the request may go elsewhere.
 func TestStaleStreamToGoneOwnerIsRetrySafe(t *testing.T) {
 	u := newTestUpstream(t)
-	owner, client := remotePair(t, nil)
-	warm(t, owner, u.url("/cl"))
-	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(resp)
-	if client.node.Stats().IdlePeerConns != 1 {
-		t.Fatalf("no idle stream kept: %+v", client.node.Stats())
-	}
+	owner, client := pairWithIdleStream(t, u)
 	owner.node.Close()
 	time.Sleep(10 * time.Millisecond)
 	lease := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99}
 	b, _ := lease.MarshalBinary()
 	req, _ := http.NewRequest("POST", u.url("/sink"), strings.NewReader("not replayable by method"))
-	_, err = client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, 1, nil)
+	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, 1, nil)
 	if err == nil {
 		t.Fatal("request through a closed owner succeeded")
 	}

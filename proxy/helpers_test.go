@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -114,4 +115,21 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// pairWithIdleStream is remotePair (one connection per key) after one
+// request through the owner, which leaves the client one idle stream to it.
+func pairWithIdleStream(t *testing.T, u *testUpstream) (owner, client *member) {
+	t.Helper()
+	owner, client = remotePair(t, nil)
+	warm(t, owner, u.url("/cl"))
+	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if client.node.Stats().IdlePeerConns != 1 {
+		t.Fatalf("no idle stream kept: %+v", client.node.Stats())
+	}
+	return owner, client
 }

@@ -841,16 +841,7 @@ func postNoReplay(t *testing.T, url string, n int) *http.Request {
 // body cannot be replayed: none of it was read. Issue 10, item 3.
 func TestDeadIdleStreamRetried(t *testing.T) {
 	u := newTestUpstream(t)
-	owner, client := remotePair(t, nil)
-	warm(t, owner, u.url("/cl"))
-	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(resp)
-	if client.node.Stats().IdlePeerConns != 1 {
-		t.Fatalf("no idle stream kept: %+v", client.node.Stats())
-	}
+	owner, client := pairWithIdleStream(t, u)
 	closePeerStreams(owner)
 	waitFor(t, time.Second, "the owner to drop the stream", func() bool {
 		owner.node.srv.mu.Lock()
@@ -858,7 +849,7 @@ func TestDeadIdleStreamRetried(t *testing.T) {
 		return len(owner.node.srv.conns) == 0
 	})
 	const size = 256 << 10
-	resp, err = client.tr.RoundTrip(postNoReplay(t, u.url("/sink"), size))
+	resp, err := client.tr.RoundTrip(postNoReplay(t, u.url("/sink"), size))
 	if err != nil {
 		t.Fatalf("POST after a dead idle stream: %v", err)
 	}

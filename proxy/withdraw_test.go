@@ -13,13 +13,7 @@ import (
 // default).
 func TestUndeliveredLeaseFreesItsUnit(t *testing.T) {
 	u := newTestUpstream(t)
-	owner, client := remotePair(t, nil)
-	warm(t, owner, u.url("/cl"))
-	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	drain(resp)
+	owner, client := pairWithIdleStream(t, u)
 	p := client.node.peers
 	p.mu.Lock()
 	idle := p.idle[owner.pool.Lane()]
@@ -32,7 +26,7 @@ func TestUndeliveredLeaseFreesItsUnit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	resp, err = get(t, ctx, client.tr, u.url("/cl"))
+	resp, err := get(t, ctx, client.tr, u.url("/cl"))
 	if err != nil {
 		t.Fatalf("a request whose first lease could not be delivered: %v after %v", err, time.Since(start))
 	}
