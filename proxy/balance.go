@@ -77,6 +77,14 @@ func (n *Node) balanceToward(oc *owned) int {
 	return lane
 }
 
+// moveEnded ends a move (lane >= 0) of oc that did not get as far as
+// waiting for the upstream: the key may move again.
+func (n *Node) moveEnded(oc *owned, lane int) {
+	if lane >= 0 {
+		n.moved(oc, true)
+	}
+}
+
 // moved ends oc's move; promptly says the upstream closed its side within
 // closeWait.
 func (n *Node) moved(oc *owned, promptly bool) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"net"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -160,5 +161,22 @@ func TestMovesKeepTheCapTLS(t *testing.T) {
 		if moved, _, owned := ownership(ms); reqs == 0 && moved == 0 {
 			t.Errorf("the first process dialed all %d connections and its siblings wait, yet nothing moved: held %v", limit, owned)
 		}
+	}
+}
+
+// TestMoveOfAGoneConnectionEnds: a move whose connection has already left
+// the process's slots (another path retired it first) ends at once, so the
+// key's connections can move again.
+func TestMoveOfAGoneConnectionEnds(t *testing.T) {
+	m := windowFleet(t, 1, 16, nil)[0]
+	key := orbitpool.Key{Hi: 1, Lo: 2}
+	b := new(keyBalance)
+	b.moving.Store(true)
+	m.node.balances.Store(key, b)
+	a, c := net.Pipe()
+	defer c.Close()
+	m.node.retireToward(&owned{key: key, c: newConn(a, a)}, nil, 1)
+	if b.moving.Load() || b.off.Load() {
+		t.Errorf("after the move of a connection no longer in the slots: moving %v, off %v; want neither", b.moving.Load(), b.off.Load())
 	}
 }

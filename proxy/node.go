@@ -450,6 +450,7 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
 	if !n.unslot(oc) {
 		oc.c.close()
 		complete()
+		n.moveEnded(oc, lane)
 		return
 	}
 	n.closeMu.Lock()
@@ -458,6 +459,7 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
 		oc.c.close()
 		n.unregister(oc)
 		complete()
+		n.moveEnded(oc, lane)
 		return
 	}
 	n.closing.Add(1)
