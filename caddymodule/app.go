@@ -188,10 +188,19 @@ type App struct {
 	// instead, if that one is at most this many arrivals behind the
 	// fleet's oldest: no waiter is ever passed by one that arrived more
 	// than order_window requests after it. The dial budget a closed
-	// connection gives back goes in strict order whatever the window, so
-	// that ownership of the connections follows demand. 0 means strict
-	// arrival order. Default: 16.
+	// connection gives back goes in strict order whatever the window. 0
+	// means strict arrival order. Default: 16.
 	OrderWindow *int `json:"order_window,omitempty"`
+
+	// FixedOwnership keeps a capped upstream's connections with the worker
+	// that dialed them. By default, with an order window, a worker that
+	// holds at least two more of them than a worker whose requests wait for
+	// one closes one in good order, and that worker dials the replacement,
+	// until ownership is even (each move is one new upstream connection,
+	// and for TLS one handshake); without it, a worker that dialed none at
+	// the cold start relays every request through a sibling. Default:
+	// false.
+	FixedOwnership bool `json:"fixed_ownership,omitempty"`
 
 	// KeepSegment leaves the segment file in place when the last process
 	// of the fleet leaves, so that the next fleet inherits its counters as
@@ -482,6 +491,7 @@ func (a *App) fleetConfig() fleetConfig {
 		ReconcileInterval:  time.Duration(a.ReconcileInterval),
 		ReservationTimeout: time.Duration(a.ReservationTimeout),
 		KeepSegment:        a.KeepSegment,
+		FixedOwnership:     a.FixedOwnership,
 	}
 	if a.SocketDir != "" {
 		cfg.SocketDir = filepath.Clean(a.SocketDir)

@@ -51,6 +51,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    reconcile_interval   <duration>
 //	    reservation_timeout  <duration>
 //	    order_window         <count>
+//	    fixed_ownership
 //	    keep_segment
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -103,6 +104,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var n int
 			n, err = intArg(d, 0)
 			a.OrderWindow = &n
+		case "fixed_ownership":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.FixedOwnership = true
 		case "keep_segment":
 			if d.NextArg() {
 				return d.ArgErr()

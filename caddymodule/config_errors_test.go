@@ -53,6 +53,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"reservation_timeout", appBlock("reservation_timeout x"), "bad reservation_timeout value 'x'"},
 		{"order_window negative", appBlock("order_window -1"), "bad order_window value '-1': must be at least 0"},
 		{"order_window bad", appBlock("order_window wide"), "bad order_window value 'wide': not an integer"},
+		{"fixed_ownership argument", appBlock("fixed_ownership on"), "wrong argument count"},
 
 		{"transport argument", ":8080 {\n\treverse_proxy 127.0.0.1:9000 {\n\t\ttransport orbit_pool extra\n\t}\n}\n", "wrong argument count"},
 		{"transport unknown", transportBlock("bogus"), "unrecognized orbit_pool transport option 'bogus'"},
@@ -217,6 +218,16 @@ func TestValidateDefaults(t *testing.T) {
 	}
 	if cfg := strict.fleetConfig(); cfg.OrderWindow != 0 || cfg.usageKey() == a.fleetConfig().usageKey() {
 		t.Errorf("order_window 0 is given to the pool as %d, or opens the same membership as the default", cfg.OrderWindow)
+	}
+	if cfg := a.fleetConfig(); cfg.FixedOwnership {
+		t.Error("fixed_ownership is on by default")
+	}
+	fixed := App{FixedOwnership: true}
+	if err := fixed.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cfg := fixed.fleetConfig(); !cfg.FixedOwnership || cfg.usageKey() == a.fleetConfig().usageKey() {
+		t.Error("fixed_ownership is not given to the node, or opens the same membership as the default")
 	}
 	// Nothing is opened before Start, and Stop and Cleanup without a Start
 	// (or after a failed Provision) are harmless.

@@ -45,6 +45,7 @@ type fleetConfig struct {
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
 	KeepSegment        bool          `json:"keep_segment"`
 	OrderWindow        uint32        `json:"order_window"`
+	FixedOwnership     bool          `json:"fixed_ownership"`
 }
 
 func (c fleetConfig) usageKey() string {
@@ -120,8 +121,9 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		DeadlineNearWindow: cfg.DeadlineNearWindow,
 		// Well before the pool ages the reservation out: a lease the
 		// owner cannot start is rejected and given back instead.
-		MaxLeaseWait: cfg.ReservationTimeout / 2,
-		Logger:       log.Named("node"),
+		MaxLeaseWait:   cfg.ReservationTimeout / 2,
+		FixedOwnership: cfg.FixedOwnership,
+		Logger:         log.Named("node"),
 	})
 	if err != nil {
 		pool.Close()

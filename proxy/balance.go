@@ -58,7 +58,7 @@ type keyBalance struct {
 // replacement (the key is below its cap meanwhile), counts would be stale.
 func (n *Node) balanceToward(oc *owned) int {
 	limit := n.capOf(oc.key)
-	if limit <= 0 || n.pool.OrderWindow() == 0 {
+	if limit <= 0 || n.fixed || n.pool.OrderWindow() == 0 {
 		return -1
 	}
 	v, ok := n.balances.Load(oc.key)

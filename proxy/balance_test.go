@@ -180,3 +180,26 @@ func TestMoveOfAGoneConnectionEnds(t *testing.T) {
 		t.Errorf("after the move of a connection no longer in the slots: moving %v, off %v; want neither", b.moving.Load(), b.off.Load())
 	}
 }
+
+// TestFixedOwnershipMovesNothing: as TestOwnershipEvensOut, with
+// NodeOptions.FixedOwnership: the process that dialed all four connections
+// keeps them, and its sibling borrows them.
+func TestFixedOwnershipMovesNothing(t *testing.T) {
+	const limit = 4
+	up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, Delay: time.Millisecond})
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	var ms []*member
+	for range 2 {
+		ms = append(ms, newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, OrderWindow: 16},
+			NodeOptions{SweepInterval: 50 * time.Millisecond, FixedOwnership: true}, func(tr *Transport) { tr.MaxConnsPerKey = limit }))
+	}
+	errs := steadyLoad(ms, []int{2 * limit, 0}, up.URL+"/", 50*limit)
+	errs += steadyLoad(ms, []int{0, 2 * limit}, up.URL+"/", 8*balanceEvery)
+	if moved, created, owned := ownership(ms); moved != 0 || created != limit || owned[0] != limit {
+		t.Errorf("with fixed ownership: %d moves, %d connections created, held %v; want none, %d and [%d 0]", moved, created, owned, limit, limit)
+	}
+	if errs != 0 {
+		t.Errorf("%d requests failed", errs)
+	}
+}

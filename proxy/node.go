@@ -45,6 +45,10 @@ type NodeOptions struct {
 	// rather than aged out by the pool. Keep it below the pool's
 	// reservation timeout. Default 500ms.
 	MaxLeaseWait time.Duration
+	// FixedOwnership keeps a capped key's connections with the process
+	// that dialed them: none moves toward a sibling that holds fewer (see
+	// balanceEvery). Default false: they move, with an order window.
+	FixedOwnership bool
 	// SweepInterval is how often idle connections are checked for an
 	// upstream that closed them, and for their idle timeout and lifetime.
 	// Default 1s.
@@ -68,6 +72,7 @@ type Node struct {
 	peers *peers
 	srv   *server
 	sweep time.Duration
+	fixed bool // NodeOptions.FixedOwnership
 
 	slots   []atomic.Pointer[owned]  // HTTP/1.1 connections, by slot index in this process's lane
 	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
@@ -140,6 +145,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		gov:   opts.Governor,
 		adm:   opts.Admission,
 		sweep: opts.SweepInterval,
+		fixed: opts.FixedOwnership,
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
 
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
