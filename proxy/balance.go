@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -44,33 +43,22 @@ const balanceEvery = 64
 // this process.
 const moveCloseWait = 2 * time.Second
 
-// keyBalance is a process's moving state for one capped key.
-type keyBalance struct {
-	uses   atomic.Uint64 // reusable uses of this process's connections
-	moving atomic.Bool   // a connection is leaving toward a sibling
-	off    atomic.Bool   // the upstream was slow to close a moved connection
-}
-
 // balanceToward counts a use of oc that ended with oc reusable and, once
-// per balanceEvery such uses of oc's key, reports the lane oc should leave
-// for (see balanceEvery), or -1 to keep it. One connection per key moves at
-// a time: until it has left, and until the sibling has dialed its
-// replacement (the key is below its cap meanwhile), counts would be stale.
-func (n *Node) balanceToward(oc *owned) int {
-	limit := n.capOf(oc.key)
-	if limit <= 0 || n.fixed || n.pool.OrderWindow() == 0 {
+// per balanceEvery such uses of oc's key (whose record is kc), reports the
+// lane oc should leave for (see balanceEvery), or -1 to keep it. One
+// connection per key moves at a time: until it has left, and until the
+// sibling has dialed its replacement (the key is below its cap meanwhile),
+// counts would be stale.
+func (n *Node) balanceToward(oc *owned, kc *keyCap) int {
+	if kc == nil || n.fixed || n.pool.OrderWindow() == 0 {
 		return -1
 	}
-	v, ok := n.balances.Load(oc.key)
-	if !ok {
-		v, _ = n.balances.LoadOrStore(oc.key, new(keyBalance))
-	}
-	b := v.(*keyBalance)
-	if b.uses.Add(1)%balanceEvery != 0 || b.off.Load() || b.moving.Load() || n.pool.Live(oc.key) < limit {
+	limit := kc.max.Load()
+	if limit <= 0 || kc.uses.Add(1)%balanceEvery != 0 || kc.off.Load() || kc.moving.Load() || int64(n.pool.Live(oc.key)) < limit {
 		return -1
 	}
 	lane, held, own, ok := n.pool.Neediest(oc.key)
-	if !ok || own-held < 2 || !b.moving.CompareAndSwap(false, true) {
+	if !ok || own-held < 2 || !kc.moving.CompareAndSwap(false, true) {
 		return -1
 	}
 	n.stats.rebalanced.Add(1)
@@ -88,11 +76,10 @@ func (n *Node) moveEnded(oc *owned, lane int) {
 // moved ends oc's move; promptly says the upstream closed its side within
 // closeWait.
 func (n *Node) moved(oc *owned, promptly bool) {
-	v, _ := n.balances.Load(oc.key)
-	b := v.(*keyBalance)
-	if !promptly && !b.off.Swap(true) {
+	kc := n.capOf(oc.key)
+	if !promptly && !kc.off.Swap(true) {
 		n.log.Info("upstream slow to close a connection that moved to another worker: its connections no longer move",
 			zap.Stringer("id", oc.id), zap.Duration("waited_at_least", closeWait))
 	}
-	b.moving.Store(false)
+	kc.moving.Store(false)
 }

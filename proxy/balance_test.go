@@ -170,9 +170,9 @@ func TestMovesKeepTheCapTLS(t *testing.T) {
 func TestMoveOfAGoneConnectionEnds(t *testing.T) {
 	m := windowFleet(t, 1, 16, nil)[0]
 	key := orbitpool.Key{Hi: 1, Lo: 2}
-	b := new(keyBalance)
+	m.node.setCap(key, 4)
+	b := m.node.capOf(key)
 	b.moving.Store(true)
-	m.node.balances.Store(key, b)
 	a, c := net.Pipe()
 	defer c.Close()
 	m.node.retireToward(&owned{key: key, c: newConn(a, a)}, nil, 1)

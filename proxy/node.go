@@ -90,9 +90,7 @@ type Node struct {
 	isClosed bool
 	closing  sync.WaitGroup // connections retireInOrder is closing; Adds under closeMu while !isClosed
 	draining atomic.Bool
-	caps     sync.Map // orbitpool.Key -> int: see setCap
-	leaving  sync.Map // orbitpool.Key -> *atomic.Int64: see retireOverCap
-	balances sync.Map // orbitpool.Key -> *keyBalance: see balanceEvery
+	caps     sync.Map // orbitpool.Key -> *keyCap: see setCap
 }
 
 // NodeStats counts what a node did since it started.
@@ -513,15 +511,16 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	switch o {
 	case outcomeReusable:
 		now := time.Now()
+		kc := n.capOf(oc.key)
 		switch {
 		case n.lookup(oc.id) != oc:
 			oc.c.close() // out of the pool already
-		case n.retireOverCap(oc):
+		case n.retireOverCap(oc, kc):
 		case oc.expired(now) || n.draining.Load():
 			n.retireInOrder(oc, exec)
 			return
 		default:
-			if lane := n.balanceToward(oc); lane >= 0 {
+			if lane := n.balanceToward(oc, kc); lane >= 0 {
 				n.retireToward(oc, exec, lane)
 				return
 			}
@@ -659,7 +658,7 @@ func (n *Node) sweepOnce() {
 			oc.c.close()
 			n.retire(oc)
 			continue
-		case n.retireOverCap(oc):
+		case n.retireOverCap(oc, n.capOf(oc.key)):
 			continue
 		case oc.expired(now):
 			oc.state.Store(stDead)
@@ -670,55 +669,74 @@ func (n *Node) sweepOnce() {
 	}
 }
 
+// keyCap is this process's record of a key's cap: the fleet-wide cap the
+// latest Transport to use the key was configured with, and the state of
+// retiring connections over it (retireOverCap) and of moving them between
+// processes (balanceToward).
+type keyCap struct {
+	max     atomic.Int64  // 0: none
+	leaving atomic.Int64  // connections leaving for a lowered cap
+	uses    atomic.Uint64 // reusable uses of this process's connections
+	moving  atomic.Bool   // a connection is leaving toward a sibling
+	off     atomic.Bool   // the upstream was slow to close a moved connection
+}
+
 // setCap records the fleet-wide cap on key's connections that the latest
 // Transport to use key was configured with (0: none).
-func (n *Node) setCap(key orbitpool.Key, max int) { n.caps.Store(key, max) }
+func (n *Node) setCap(key orbitpool.Key, max int) {
+	v, ok := n.caps.Load(key)
+	if !ok {
+		v, _ = n.caps.LoadOrStore(key, new(keyCap))
+	}
+	v.(*keyCap).max.Store(int64(max))
+}
+
+// capOf is key's record, nil if no Transport has used key.
+func (n *Node) capOf(key orbitpool.Key) *keyCap {
+	v, ok := n.caps.Load(key)
+	if !ok {
+		return nil
+	}
+	return v.(*keyCap)
+}
 
 // overCap reports whether the fleet holds more connections of key than its
 // cap allows now: a cap lowered by a reload. Such a connection is retired
 // when idle (by the sweep) or when its exchange ends, rather than kept.
-func (n *Node) overCap(key orbitpool.Key) bool {
-	max := n.capOf(key)
-	return max > 0 && n.pool.Live(key) > max
-}
+func (n *Node) overCap(key orbitpool.Key) bool { return n.capOf(key).over(n.pool, key, 0) }
 
-// capOf is the fleet-wide cap setCap last recorded for key, 0 for none.
-func (n *Node) capOf(key orbitpool.Key) int {
-	v, ok := n.caps.Load(key)
-	if !ok {
-		return 0
+// over reports whether the fleet holds more connections of key than the cap
+// allows, not counting skip of them; false for no cap.
+func (kc *keyCap) over(p *orbitpool.Pool, key orbitpool.Key, skip int64) bool {
+	if kc == nil {
+		return false
 	}
-	return v.(int)
+	max := kc.max.Load()
+	return max > 0 && int64(p.Live(key))-skip > max
 }
 
-// retireOverCap closes and retires oc, at once, if its key holds more
-// connections than its cap allows, not counting those of this process
-// already leaving for the same reason: exchanges that end together must not
-// all retire their connections for one excess. No replacement follows such a
-// connection, so it need not wait for the upstream's close. It reports
-// whether it retired oc.
-func (n *Node) retireOverCap(oc *owned) bool {
-	if !n.overCap(oc.key) {
+// retireOverCap closes and retires oc, at once, if its key (whose record is
+// kc) holds more connections than its cap allows, not counting those of
+// this process already leaving for the same reason: exchanges that end
+// together must not all retire their connections for one excess. No
+// replacement follows such a connection, so it need not wait for the
+// upstream's close. It reports whether it retired oc.
+func (n *Node) retireOverCap(oc *owned, kc *keyCap) bool {
+	if !kc.over(n.pool, oc.key, 0) {
 		return false // the common case, whatever is leaving
 	}
-	max := int64(n.capOf(oc.key))
-	c, ok := n.leaving.Load(oc.key)
-	if !ok {
-		c, _ = n.leaving.LoadOrStore(oc.key, new(atomic.Int64))
-	}
-	leaving := c.(*atomic.Int64)
 	for {
-		l := leaving.Load()
-		if int64(n.pool.Live(oc.key))-l <= max {
+		l := kc.leaving.Load()
+		if !kc.over(n.pool, oc.key, l) {
 			return false
 		}
-		if leaving.CompareAndSwap(l, l+1) {
+		if kc.leaving.CompareAndSwap(l, l+1) {
 			break
 		}
 	}
 	oc.state.Store(stDead)
 	oc.c.close()
 	n.retire(oc)
-	leaving.Add(-1)
+	kc.leaving.Add(-1)
 	return true
 }
