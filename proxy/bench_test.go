@@ -207,6 +207,47 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkSmallPost sends a POST with a 1 KiB body, as a server hands one
+// on (no GetBody, not known to be in memory), serially through
+// net/http.Transport, the local path and the remote path, and reports CPU
+// time per request as BenchmarkThroughput does.
+func BenchmarkSmallPost(b *testing.B) {
+	url := startBenchUpstream(b) + "/echo"
+	body := bytes.Repeat([]byte("p"), 1<<10)
+	ref := &http.Transport{}
+	b.Cleanup(ref.CloseIdleConnections)
+	local := localTransport(b, nil)
+	owner, client := remotePair(b, nil)
+	warm(b, owner, url)
+	for _, rt := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"nethttp", ref}, {"orbit-local", local}, {"orbit-remote", client.tr}} {
+		b.Run(rt.name, func(b *testing.B) {
+			post := func() {
+				req, _ := http.NewRequest("POST", url, io.NopCloser(bytes.NewReader(body)))
+				req.ContentLength = int64(len(body))
+				resp, err := rt.rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n, _ := io.Copy(io.Discard, resp.Body); n != int64(len(body)) {
+					b.Fatalf("echo of %d bytes", n)
+				}
+				resp.Body.Close()
+			}
+			post()
+			b.ReportAllocs()
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				post()
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/1e3/float64(b.N), "cpu-us/req")
+		})
+	}
+}
+
 // BenchmarkLargeBody sends the end-to-end large-body scenario's request, a
 // 1.25 MiB POST that the upstream echoes, serially through net/http.Transport,
 // the local path and the remote path, the last with the owner's bodies

@@ -49,6 +49,11 @@ type exchangeOpts struct {
 	// bufs is how many exchange buffers the exchange's budget granted: the
 	// size of its request body copy buffer. 0 counts as 1.
 	bufs int
+	// bodyWithHead: the request body is short and in memory, and goes out
+	// in the head's write, before the response is read. On the unix leg it
+	// does not wait for the owner's accept, so an owner that refuses the
+	// request has the body on its stream and closes it.
+	bodyWithHead bool
 }
 
 // leg is what the unix leg adds around the HTTP/1.1 messages.
@@ -135,7 +140,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	}
 
 	hasBody := req.Body != nil && req.Body != http.NoBody
-	if !hasBody {
+	if !hasBody || o.bodyWithHead {
 		x.writeDone = closedChan
 		if err := x.writeRequest(req); err != nil {
 			c.abort(err)
@@ -171,7 +176,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		var pe *Error
 		// A refusal leaves the stream in step, except one as closing,
 		// which may be the leaving owner's last word, unasked.
-		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving)
+		refused := o.leg != nil && !o.bodyWithHead && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving)
 		if refused {
 			x.refused.Store(true)
 		}

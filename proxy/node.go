@@ -541,7 +541,16 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 // request body.
 func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs int, onDone, stopBody func()) (*http.Response, error) {
 	s := oc.s
+	req, withHead, err := withBodyAhead(req)
+	if err != nil {
+		n.finish(oc, exec, outcomeReusable)
+		if onDone != nil {
+			onDone()
+		}
+		return nil, err
+	}
 	opts := &exchangeOpts{
+		bodyWithHead:          withHead,
 		bufs:                  bufs,
 		maxHeaderBytes:        s.maxHeaderBytes,
 		expectContinueTimeout: s.expectContinueTimeout,

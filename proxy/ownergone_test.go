@@ -18,22 +18,33 @@ import (
 	"time"
 )
 
-// deadStream is a unix stream whose other end (the owner) has already
-// closed: what a pooled stream to a sibling that died or restarted is.
-func deadStream(t testing.TB) *net.UnixConn {
+// streamPair is a connected pair of unix streams: a sibling's end and an
+// owner's.
+func streamPair(t testing.TB) (sib, own *net.UnixConn) {
 	t.Helper()
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	syscall.Close(fds[1])
-	f := os.NewFile(uintptr(fds[0]), "stream")
-	nc, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
+	mk := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "stream")
+		defer f.Close()
+		nc, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nc.(*net.UnixConn)
 	}
-	return nc.(*net.UnixConn)
+	return mk(fds[0]), mk(fds[1])
+}
+
+// deadStream is a unix stream whose other end (the owner) has already
+// closed: what a pooled stream to a sibling that died or restarted is.
+func deadStream(t testing.TB) *net.UnixConn {
+	t.Helper()
+	sib, own := streamPair(t)
+	own.Close()
+	return sib
 }
 
 // slowFirstWrite holds its first Write a moment before making it (the
@@ -159,20 +170,7 @@ func TestExpectContinueNudgeLeavesBodyUnread(t *testing.T) {
 // still busy with the 1xx, the writer's abort, classified by writeError as
 // replayable, is what the reader returns.
 func TestInterimSentThenOwnerGoneIsNotReplayed(t *testing.T) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "stream")
-		defer f.Close()
-		nc, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nc.(*net.UnixConn)
-	}
-	sib, own := mk(fds[0]), mk(fds[1])
+	sib, own := streamPair(t)
 	defer sib.Close()
 
 	// The owner: reads the request head, accepts, relays a 103, and dies.

@@ -130,14 +130,21 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		// tells the client, whatever the upstream answers.
 		req.Body.Read(nil)
 	}
+	orig := req
+	req, withHead, err := withBodyAhead(req)
+	if err != nil {
+		return nil, err
+	}
 	c, err := p.get(ctx, lane)
 	if err != nil {
 		return nil, err
 	}
 	dl, _ := ctx.Deadline()
-	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1}}
+	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1, flags: flagBodyOnAccept}}
 	lg := &rx.leg
-	orig := req
+	if withHead {
+		lg.flags = 0
+	}
 	if len(req.Trailer) > 0 && req.ContentLength > 0 {
 		// HTTP/1.1 carries trailers only in a chunked body: send it so,
 		// and the length in the frame. The copy shares the Trailer map,
@@ -154,6 +161,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		responseHeaderTimeout: o.responseHeaderTimeout,
 		leg:                   lg,
 		log:                   p.log,
+		bodyWithHead:          withHead,
 		done: func(c *conn, oc outcome) {
 			p.put(lane, c, oc)
 			if onDone != nil {
@@ -178,7 +186,8 @@ type remoteExchange struct {
 type remoteLeg struct {
 	lease    []byte
 	deadline time.Time
-	length   int64 // the head's declared length (headLength), or -1
+	flags    uint16 // the request frame's flags, but flagLength
+	length   int64  // the head's declared length (headLength), or -1
 	// reqLength is the request's Content-Length when it is sent chunked
 	// for its trailers (flagLength), or -1.
 	reqLength int64
@@ -186,7 +195,7 @@ type remoteLeg struct {
 }
 
 func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
-	b, err := appendRequestFrameLength(l.scratch[:0], l.lease, l.deadline, flagBodyOnAccept, l.reqLength)
+	b, err := appendRequestFrameLength(l.scratch[:0], l.lease, l.deadline, l.flags, l.reqLength)
 	if err != nil {
 		return &Error{Op: "lease", RetrySafe: true, Err: err}
 	}

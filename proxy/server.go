@@ -308,9 +308,10 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 
 // reject answers a frame with a refusal and reports whether the stream can
 // carry another exchange. A caller that holds its body back until the owner
-// accepts (flagBodyOnAccept) sent only the head, which is read past; an
-// older caller is sending its body too, and skipping that would mean reading
-// a body nobody wants, so its stream ends.
+// accepts (flagBodyOnAccept) sent only the head, which is read past; one
+// that sent a short body with its head, or any other caller, may be sending
+// a body too, and skipping that would mean reading a body nobody wants, so
+// its stream ends.
 func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
 	s.refused[refuseReason(code, err)].Add(1)
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameReject, code: code, msg: err.Error()}))

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -619,6 +620,13 @@ type trackBody struct {
 	rc     io.ReadCloser
 	used   atomic.Bool
 	closed atomic.Bool
+	// ahead is what readAhead took of the body before any attempt read
+	// it; attempts read it first (from off), then rc. whole: it is all of
+	// the body, rc is closed, and every attempt may send it again.
+	ahead []byte
+	off   int
+	whole bool
+	tried bool // readAhead ran: it never reads a second time
 
 	mu      sync.Mutex
 	pending bool // an attempt closed the body without reading it
@@ -631,6 +639,17 @@ type trackBody struct {
 func (b *trackBody) Read(p []byte) (int, error) {
 	if len(p) > 0 {
 		b.used.Store(true)
+	}
+	if b.off < len(b.ahead) {
+		n := copy(p, b.ahead[b.off:])
+		b.off += n
+		if b.whole && b.off == len(b.ahead) {
+			return n, io.EOF
+		}
+		return n, nil
+	}
+	if b.whole {
+		return 0, io.EOF
 	}
 	return b.rc.Read(p)
 }
@@ -656,6 +675,62 @@ func (b *trackBody) settle() {
 	if pending {
 		b.closeNow()
 	}
+}
+
+// maxBodyWithHead is the longest request body sent in the write of its
+// head: what fits a connection's write buffer with it.
+const maxBodyWithHead = writeBufSize
+
+// withBodyAhead returns req with its body read ahead, if the body is short,
+// of a declared length that nothing (100-continue, trailers) asks to wait or
+// go chunked, and the client has sent all of it: then it is in memory, and
+// Request.Write sends it in the head's write. On the unix leg it does not
+// wait for the owner's accept either: a round trip less, and a refusal is
+// still retry-safe, as the body is kept for the next attempt. Otherwise req
+// is returned as it is, and its body streams as it comes.
+func withBodyAhead(req *http.Request) (*http.Request, bool, error) {
+	tb, ok := req.Body.(*trackBody)
+	if !ok || req.ContentLength <= 0 || req.ContentLength > maxBodyWithHead || len(req.TransferEncoding) > 0 ||
+		len(req.Trailer) > 0 || expectsContinue(req) {
+		return req, false, nil
+	}
+	whole, err := tb.readAhead(req.ContentLength)
+	if err != nil || !whole {
+		return req, false, err
+	}
+	r := *req
+	r.Body = io.NopCloser(bytes.NewReader(tb.ahead))
+	return &r, true, nil
+}
+
+// readAhead takes what it can of a body of declared length n before any
+// attempt reads it, and reports whether that was the whole body. It reads
+// once, which returns what the client has sent so far (a server's request
+// body returns its end with its last bytes), and a second time only to see
+// the end of a body that did not say so; it never reads again, so a client
+// that sends the rest only once the response has begun is not waited for. A
+// whole body is closed, as Request.Write would have closed it once sent.
+func (b *trackBody) readAhead(n int64) (bool, error) {
+	if b.whole || b.tried {
+		return b.whole, nil
+	}
+	b.tried = true
+	buf := make([]byte, n+1)
+	k, err := b.rc.Read(buf)
+	if int64(k) == n && err == nil {
+		var k2 int
+		k2, err = b.rc.Read(buf[k:])
+		k += k2
+	}
+	b.ahead = buf[:k]
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	if err == io.EOF && int64(k) == n {
+		b.whole = true
+		b.closeNow()
+	}
+	return b.whole, nil
 }
 
 func (b *trackBody) closeNow() error {
@@ -690,6 +765,9 @@ func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, b
 	}
 	if tb == nil || (!tb.used.Load() && !tb.closed.Load()) {
 		return cur, true
+	}
+	if tb.whole {
+		return shallowWithBody(orig, &trackBody{rc: http.NoBody, ahead: tb.ahead, whole: true}), true
 	}
 	if orig.GetBody == nil {
 		return nil, false
