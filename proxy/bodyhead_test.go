@@ -118,7 +118,11 @@ func TestShortBodyGoesWithItsHead(t *testing.T) {
 			seen := scriptedOwner(own, tc.wait, answer)
 			p := oneStream(t, sib, 3)
 			defer p.close()
-			resp, err := p.roundTrip(postWith(t, &trackBody{rc: &splitReader{parts: tc.parts}}, 5), 3, []byte("lease"), &remoteOpts{}, 1, nil)
+			tb := &trackBody{rc: &splitReader{parts: tc.parts}}
+			if err := tb.readAhead(5); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := p.roundTrip(postWith(t, tb, 5), 3, []byte("lease"), &remoteOpts{}, 1, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,9 +139,9 @@ func TestShortBodyGoesWithItsHead(t *testing.T) {
 }
 
 // TestRefusedShortBodyIsSentAgain: an owner that refuses a request whose
-// body came with its head has that body on its stream, and closes it; the
-// caller drops the stream, and the request, whose body it kept, may go on
-// another plan whatever its method, with its body going with its head again.
+// body came with its head reads that body past; the caller keeps the stream,
+// and the request, whose body it kept, may go on another plan whatever its
+// method, with its body going with its head again.
 func TestRefusedShortBodyIsSentAgain(t *testing.T) {
 	sib, own := streamPair(t)
 	seen := scriptedOwner(own, 2*time.Second, appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectStale, msg: "stale"}))
@@ -145,6 +149,9 @@ func TestRefusedShortBodyIsSentAgain(t *testing.T) {
 	defer p.close()
 	src := &splitReader{parts: []string{"hello"}}
 	tb := &trackBody{rc: src}
+	if err := tb.readAhead(5); err != nil {
+		t.Fatal(err)
+	}
 	req := postWith(t, tb, 5)
 	_, err := p.roundTrip(req, 3, []byte("lease"), &remoteOpts{}, 1, nil)
 	if !IsRetrySafe(err) {
@@ -153,8 +160,8 @@ func TestRefusedShortBodyIsSentAgain(t *testing.T) {
 	if v := <-seen; v.early != "hello" || v.err != nil {
 		t.Fatalf("the refusing owner saw %+v", v)
 	}
-	if n := len(p.idle[3]); n != 0 {
-		t.Fatalf("%d streams kept to an owner that closed its end", n)
+	if n := len(p.idle[3]); n != 1 {
+		t.Fatalf("%d streams kept after a refusal; the owner read the body past, and the stream is in step", n)
 	}
 	if src.closed.Load() != 1 {
 		t.Fatalf("the client's body was closed %d times once read in full; want once", src.closed.Load())

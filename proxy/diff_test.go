@@ -83,6 +83,9 @@ var diffCases = []diffCase{
 	{name: "huge-header", raw: true, path: "/huge-header", errKind: ErrHeaderTooLarge},
 	{name: "truncated", raw: true, path: "/truncated", errKind: ErrConnBroken},
 	{name: "truncated-chunked", raw: true, path: "/truncated-chunked", errKind: ErrConnBroken},
+	// A short body goes with its head, and the owner tells the failure in
+	// an error frame, as it does for a request without a body.
+	{name: "post-malformed", raw: true, method: "POST", path: "/malformed", body: "a=1", errKind: ErrBadResponse},
 }
 
 // diffSanity checks that the reference run shows the behaviour a case is

@@ -54,16 +54,19 @@
 // body unsent, so the transport sends the request again on a fresh plan
 // whatever its method, and the stream in step, so both ends keep it (the
 // owner reads past the head). A short request body (at most 4 KiB, of
-// declared length, no 100-continue, no trailers) that the client has sent in
-// full is read ahead instead and goes with the frame and the head in one
-// write, without waiting for the accept: a refusal then ends the stream, and
-// the kept body goes on the next plan. On the local path the same body is
-// written with its head, without the writer goroutine a streamed body needs.
-// Part of a body, the client's first read short, streams as it comes: the
-// transport never waits for a client to send the rest before the upstream
-// has the head. The owner reads a head no further than the
-// header limit and no later than the frame's deadline, and caps the idle
-// streams of each sibling process.
+// declared length, no 100-continue, no trailers) is read ahead by RoundTrip
+// before it takes anything (no connection, lease or permit waits on the
+// client): one read, which returns what the client has sent, or waits for
+// its first bytes. If that is the whole body, it goes with the frame and the
+// head in one write, without waiting for the accept; the owner reads it
+// before it answers, so a refusal or an error frame leaves the stream in
+// step, and the kept body goes on the next plan. On the local path the same
+// body is written with its head, without the writer goroutine a streamed
+// body needs. Part of a body streams as it comes. Unlike net/http, and like
+// nginx's request buffering, the upstream sees the head of such a request
+// only once the client has sent some of its body. The owner reads a head no
+// further than the header limit and no later than the frame's deadline, and
+// caps the idle streams of each sibling process.
 // Interim responses are relayed as they arrive; a 101 turns the stream into a
 // tunnel with half-close passed both ways, and both the stream and the
 // upstream connection leave their pools. A stream that sends a frame that

@@ -51,8 +51,8 @@ type exchangeOpts struct {
 	bufs int
 	// bodyWithHead: the request body is short and in memory, and goes out
 	// in the head's write, before the response is read. On the unix leg it
-	// does not wait for the owner's accept, so an owner that refuses the
-	// request has the body on its stream and closes it.
+	// does not wait for the owner's accept; an owner that refuses the
+	// request reads it past, as it does the head.
 	bodyWithHead bool
 }
 
@@ -176,7 +176,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		var pe *Error
 		// A refusal leaves the stream in step, except one as closing,
 		// which may be the leaving owner's last word, unasked.
-		refused := o.leg != nil && !o.bodyWithHead && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving)
+		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving)
 		if refused {
 			x.refused.Store(true)
 		}

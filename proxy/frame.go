@@ -69,9 +69,11 @@ const (
 	// reject or error frame before it leaves the body unsent, so the
 	// caller may retry it whatever the method, and the stream in step: the
 	// owner skips the request head, and both keep the stream. Without the
-	// flag (a caller that sent a short body in full with its head, see
-	// withBodyAhead) the owner closes the stream instead, and the caller,
-	// which kept the body, may still send it elsewhere.
+	// flag, a caller sent a short body (at most maxBodyWithHead) in full
+	// with its head (see withBodyAhead): the owner reads it before it
+	// answers, so the stream stays in step whatever the answer, and the
+	// caller, which kept the body, may send it again elsewhere. A longer
+	// body without the flag ends the stream on a refusal.
 	flagBodyOnAccept uint16 = 1 << iota
 	// flagLength: the request declared the Content-Length in the frame
 	// and trailers; it is sent chunked on the unix leg, which alone can

@@ -541,14 +541,8 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 // request body.
 func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs int, onDone, stopBody func()) (*http.Response, error) {
 	s := oc.s
-	req, withHead, err := withBodyAhead(req)
-	if err != nil {
-		n.finish(oc, exec, outcomeReusable)
-		if onDone != nil {
-			onDone()
-		}
-		return nil, err
-	}
+	orig := req
+	req, withHead := withBodyAhead(req)
 	opts := &exchangeOpts{
 		bodyWithHead:          withHead,
 		bufs:                  bufs,
@@ -564,7 +558,11 @@ func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs
 			}
 		},
 	}
-	return oc.c.roundTrip(req, opts)
+	resp, err := oc.c.roundTrip(req, opts)
+	if resp != nil {
+		resp.Request = orig
+	}
+	return resp, err
 }
 
 // accept implements acceptor: a sibling presents a lease on one of our

@@ -131,10 +131,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		req.Body.Read(nil)
 	}
 	orig := req
-	req, withHead, err := withBodyAhead(req)
-	if err != nil {
-		return nil, err
-	}
+	req, withHead := withBodyAhead(req)
 	c, err := p.get(ctx, lane)
 	if err != nil {
 		return nil, err

@@ -309,17 +309,50 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 // reject answers a frame with a refusal and reports whether the stream can
 // carry another exchange. A caller that holds its body back until the owner
 // accepts (flagBodyOnAccept) sent only the head, which is read past; one
-// that sent a short body with its head, or any other caller, may be sending
-// a body too, and skipping that would mean reading a body nobody wants, so
-// its stream ends.
+// that sent a short body in full with its head sent that too, which is read
+// past as well. Any other body would mean reading what nobody wants, so
+// that stream ends.
 func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
 	s.refused[refuseReason(code, err)].Add(1)
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameReject, code: code, msg: err.Error()}))
-	if bw.Flush() != nil || f.flags&flagBodyOnAccept == 0 {
+	if bw.Flush() != nil {
 		return false
 	}
-	_, err = readPeerHead(nc, lr, br, time.Time{}, defaultMaxHeaderBytes)
-	return err == nil
+	req, err := readPeerHead(nc, lr, br, time.Time{}, defaultMaxHeaderBytes)
+	if err != nil {
+		return false
+	}
+	if f.flags&flagBodyOnAccept != 0 {
+		return true
+	}
+	body, err := readBodyWithHead(nc, br, f, req, time.Time{})
+	return body != nil && err == nil
+}
+
+// readBodyWithHead reads the short body that a frame without
+// flagBodyOnAccept carries after its head (see withBodyAhead), within
+// peerHeadTimeout or by deadline if that is sooner, and returns it; nil if
+// the frame carries none. The owner reads it before it answers anything, so
+// that the stream stays in step whatever the answer, and the caller, which
+// does not wait for an accept, is never left writing to a stream closed
+// under it.
+func readBodyWithHead(nc net.Conn, br *bufio.Reader, f *requestFrame, req *http.Request, deadline time.Time) ([]byte, error) {
+	if f.flags&(flagBodyOnAccept|flagLength) != 0 || req.ContentLength <= 0 || req.ContentLength > maxBodyWithHead {
+		return nil, nil
+	}
+	if int64(br.Buffered()) < req.ContentLength {
+		by := time.Now().Add(peerHeadTimeout)
+		if !deadline.IsZero() && deadline.Before(by) {
+			by = deadline
+		}
+		nc.SetReadDeadline(by)
+		defer nc.SetReadDeadline(deadline)
+	}
+	b := make([]byte, req.ContentLength)
+	if _, err := io.ReadFull(req.Body, b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // readPeerHead reads a request head from a peer, bounded in size by limit
@@ -492,6 +525,12 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		}
 		return false
 	}
+	ahead, err := readBodyWithHead(nc, br, f, req, deadline)
+	if err != nil {
+		exec.abandon()
+		s.log.Info("short request body from peer not complete", zap.Error(err))
+		return false
+	}
 	// A large request body asks for more buffers, on top of the worker it
 	// holds: without waiting, so fewer when memory is short (see
 	// governor.WithLease).
@@ -525,7 +564,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	reqDone := &ox.body
 	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, rl.acceptBody
-	if req.Body != http.NoBody {
+	if ahead != nil {
+		// Sent with the head, read, and written with it upstream. The
+		// caller does not wait for the accept, which goes with the
+		// first response; until then a failure is told in an error
+		// frame, and the stream stays in step.
+		req.Body = &trackBody{rc: http.NoBody, ahead: ahead, whole: true, tried: true}
+		reqDone.done = true
+	} else if req.Body != http.NoBody {
 		req.Body = reqDone
 	} else {
 		reqDone.done = true
@@ -566,8 +612,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flags, code: errCode(err), msg: err.Error()}))
 		// Nothing was accepted, so the writer read none of the body
 		// (its first read sends the accept), and a caller that holds
-		// the body back until then sent none: the stream is in step.
-		return bw.Flush() == nil && f.flags&flagBodyOnAccept != 0
+		// the body back until then sent none; a body sent with its
+		// head was read whole: either way the stream is in step.
+		return bw.Flush() == nil && (f.flags&flagBodyOnAccept != 0 || ahead != nil)
 	}
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)

@@ -266,6 +266,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody()
 		return nil, err
 	}
+	r := req
+	var tb *trackBody
+	if req.Body != nil && req.Body != http.NoBody {
+		tb = &trackBody{rc: req.Body}
+		r = shallowWithBody(req, tb)
+		if bodyFitsHead(req) {
+			// Before anything is held: no connection, lease or permit
+			// waits on the client's body.
+			if err := tb.readAhead(req.ContentLength); err != nil {
+				tb.closeNow()
+				return nil, err
+			}
+		}
+	}
 	ctx := req.Context()
 	b, err := t.budget(ctx, req)
 	if err != nil {
@@ -275,13 +289,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var release func()
 	if b != nil {
 		release = b.release
-	}
-
-	r := req
-	var tb *trackBody
-	if req.Body != nil && req.Body != http.NoBody {
-		tb = &trackBody{rc: req.Body}
-		r = shallowWithBody(req, tb)
 	}
 	gz := !t.DisableCompression && wantsGzip(req)
 	if gz {
@@ -681,38 +688,41 @@ func (b *trackBody) settle() {
 // head: what fits a connection's write buffer with it.
 const maxBodyWithHead = writeBufSize
 
-// withBodyAhead returns req with its body read ahead, if the body is short,
-// of a declared length that nothing (100-continue, trailers) asks to wait or
-// go chunked, and the client has sent all of it: then it is in memory, and
-// Request.Write sends it in the head's write. On the unix leg it does not
-// wait for the owner's accept either: a round trip less, and a refusal is
-// still retry-safe, as the body is kept for the next attempt. Otherwise req
-// is returned as it is, and its body streams as it comes.
-func withBodyAhead(req *http.Request) (*http.Request, bool, error) {
+// bodyFitsHead reports whether req's body is short enough to be read ahead
+// (readAhead), and of a declared length that nothing (100-continue,
+// trailers) asks to wait or go chunked.
+func bodyFitsHead(req *http.Request) bool {
+	return req.ContentLength > 0 && req.ContentLength <= maxBodyWithHead && len(req.TransferEncoding) == 0 &&
+		len(req.Trailer) == 0 && !expectsContinue(req)
+}
+
+// withBodyAhead returns req with its body in memory, and true, if RoundTrip
+// read all of it ahead: Request.Write then sends it in the head's write,
+// without the writer goroutine a streamed body needs, and on the unix leg
+// without waiting for the owner's accept (a round trip less; a refusal is
+// still retry-safe, as the body is kept for the next attempt). Otherwise
+// req is returned as it is, and its body streams as it comes.
+func withBodyAhead(req *http.Request) (*http.Request, bool) {
 	tb, ok := req.Body.(*trackBody)
-	if !ok || req.ContentLength <= 0 || req.ContentLength > maxBodyWithHead || len(req.TransferEncoding) > 0 ||
-		len(req.Trailer) > 0 || expectsContinue(req) {
-		return req, false, nil
-	}
-	whole, err := tb.readAhead(req.ContentLength)
-	if err != nil || !whole {
-		return req, false, err
+	if !ok || !tb.whole {
+		return req, false
 	}
 	r := *req
 	r.Body = io.NopCloser(bytes.NewReader(tb.ahead))
-	return &r, true, nil
+	return &r, true
 }
 
-// readAhead takes what it can of a body of declared length n before any
-// attempt reads it, and reports whether that was the whole body. It reads
-// once, which returns what the client has sent so far (a server's request
-// body returns its end with its last bytes), and a second time only to see
-// the end of a body that did not say so; it never reads again, so a client
-// that sends the rest only once the response has begun is not waited for. A
-// whole body is closed, as Request.Write would have closed it once sent.
-func (b *trackBody) readAhead(n int64) (bool, error) {
-	if b.whole || b.tried {
-		return b.whole, nil
+// readAhead takes what it can of a body of declared length n, once, before
+// any attempt reads it. It reads once, which returns what the client has
+// sent so far, or waits for its first bytes (a server's request body returns
+// its end with its last bytes), and a second time only to see the end of a
+// body that did not say so. It never reads a third time, so a client that
+// sends the rest only once the response has begun is not waited for; only
+// one that sends nothing of its body until then is. A whole body is closed,
+// as Request.Write would have closed it once sent.
+func (b *trackBody) readAhead(n int64) error {
+	if b.tried {
+		return nil
 	}
 	b.tried = true
 	buf := make([]byte, n+1)
@@ -724,13 +734,13 @@ func (b *trackBody) readAhead(n int64) (bool, error) {
 	}
 	b.ahead = buf[:k]
 	if err != nil && err != io.EOF {
-		return false, err
+		return err
 	}
 	if err == io.EOF && int64(k) == n {
 		b.whole = true
 		b.closeNow()
 	}
-	return b.whole, nil
+	return nil
 }
 
 func (b *trackBody) closeNow() error {
@@ -767,7 +777,7 @@ func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, b
 		return cur, true
 	}
 	if tb.whole {
-		return shallowWithBody(orig, &trackBody{rc: http.NoBody, ahead: tb.ahead, whole: true}), true
+		return shallowWithBody(orig, &trackBody{rc: http.NoBody, ahead: tb.ahead, whole: true, tried: true}), true
 	}
 	if orig.GetBody == nil {
 		return nil, false
