@@ -207,6 +207,20 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// benchPostEcho sends body, of n bytes, to url, which echoes it.
+func benchPostEcho(b *testing.B, rt http.RoundTripper, url string, body io.Reader, n int) {
+	req, _ := http.NewRequest("POST", url, body)
+	req.ContentLength = int64(n)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got, _ := io.Copy(io.Discard, resp.Body); got != int64(n) {
+		b.Fatalf("echo of %d bytes", got)
+	}
+	resp.Body.Close()
+}
+
 // BenchmarkSmallPost sends a POST with a 1 KiB body, as a server hands one
 // on (no GetBody, not known to be in memory), serially through
 // net/http.Transport, the local path and the remote path, and reports CPU
@@ -224,18 +238,7 @@ func BenchmarkSmallPost(b *testing.B) {
 		rt   http.RoundTripper
 	}{{"nethttp", ref}, {"orbit-local", local}, {"orbit-remote", client.tr}} {
 		b.Run(rt.name, func(b *testing.B) {
-			post := func() {
-				req, _ := http.NewRequest("POST", url, io.NopCloser(bytes.NewReader(body)))
-				req.ContentLength = int64(len(body))
-				resp, err := rt.rt.RoundTrip(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if n, _ := io.Copy(io.Discard, resp.Body); n != int64(len(body)) {
-					b.Fatalf("echo of %d bytes", n)
-				}
-				resp.Body.Close()
-			}
+			post := func() { benchPostEcho(b, rt.rt, url, io.NopCloser(bytes.NewReader(body)), len(body)) }
 			post()
 			b.ReportAllocs()
 			cpu0 := cpuTime(b)
@@ -270,17 +273,7 @@ func BenchmarkLargeBody(b *testing.B) {
 		b.Run(rt.name, func(b *testing.B) {
 			defer func(v int64) { spliceMinBody = v }(spliceMinBody)
 			spliceMinBody = rt.splice
-			post := func() {
-				req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
-				resp, err := rt.rt.RoundTrip(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if n, _ := io.Copy(io.Discard, resp.Body); n != int64(len(body)) {
-					b.Fatalf("echo of %d bytes", n)
-				}
-				resp.Body.Close()
-			}
+			post := func() { benchPostEcho(b, rt.rt, url, bytes.NewReader(body), len(body)) }
 			post()
 			b.SetBytes(2 * int64(len(body)))
 			cpu0 := cpuTime(b)
