@@ -400,6 +400,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		up.wait.Observe(time.Since(start).Seconds())
 	})
 	out := req.WithContext(wg.ctx)
+	if req.Body != nil && req.Body != http.NoBody {
+		out.Body = keptBodyFor(req)
+	}
 	// reverse_proxy leaves the server-side RequestURI on the request it
 	// hands to the transport; net/http's transport ignores it, the proxy
 	// transport refuses it.

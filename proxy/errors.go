@@ -55,7 +55,10 @@ var errOwnerLeaving = errors.New("the owner is leaving the fleet")
 // upstream (the dial failed, a lease was refused, or a reused connection
 // failed before a byte was written), so the caller may send the request again,
 // to this upstream or another, whatever its method. A gateway maps such an
-// error to a dial error; anything else is a 502 for this request.
+// error to a dial error; anything else is a 502 for this request. Unlike
+// net/http's, RoundTrip may have read a short request body (at most 4 KiB)
+// before it failed, even a dial: a caller that sends the request again
+// sends what it read (as the Caddy module does) or a body from GetBody.
 type Error struct {
 	Op        string // "dial", "write", "read", "lease", "owner", ...
 	RetrySafe bool
