@@ -252,8 +252,8 @@ func TestAdvWholeBodyMismatchLikeNetHTTP(t *testing.T) {
 		body string
 		cl   int64
 	}{
-		// (A body longer than declared is let through by this transport
-		// before the change as after it: not checked here.)
+		// (A body longer than declared is let through by this transport,
+		// where net/http fails it: a known difference, not checked here.)
 		{"shorter", "hel", 5},
 		{"shorter-by-one", "hell", 5},
 	} {

@@ -92,8 +92,10 @@ type server struct {
 	// descriptor here, and a sibling must not make us hold without bound.
 	maxIdlePerPeer int
 
-	mu         sync.Mutex
-	conns      map[net.Conn]struct{}
+	mu sync.Mutex
+	// conns are the open streams, each true while it carries an
+	// exchange (see exchanging).
+	conns      map[net.Conn]bool
 	idleByPeer map[int32]int
 	closed     bool
 	wg         sync.WaitGroup
@@ -109,7 +111,7 @@ func newServer(ln *net.UnixListener, acc acceptor, log *zap.Logger) *server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]struct{}),
+	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]bool),
 		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns,
 		maxLeaseWait: defaultMaxLeaseWait}
 }
@@ -176,7 +178,7 @@ func (s *server) track(c net.Conn, add bool) bool {
 		if s.closed {
 			return false
 		}
-		s.conns[c] = struct{}{}
+		s.conns[c] = false
 		s.wg.Add(1)
 	} else {
 		delete(s.conns, c)
@@ -224,19 +226,22 @@ func (s *server) close() error {
 		return nil
 	}
 	s.closed = true
-	// Drained, no exchange runs, and any frame a peer sent since is
-	// unread: it is refused, unasked, before its stream goes, so that the
-	// peer sends the request elsewhere instead of losing it with the
-	// stream (it cannot tell whether a lost one was acted on). That goes
-	// for the streams still queued on the socket too, which closing it
-	// would reset. A peer drops a stream once refused as closing.
+	// Draining, and any frame a peer sent to a stream that carries no
+	// exchange is unread, and never will be (see exchanging): it is
+	// refused, unasked, before its stream goes, so that the peer sends
+	// the request elsewhere instead of losing it with the stream (it
+	// cannot tell whether a lost one was acted on). That goes for the
+	// streams still queued on the socket too, which closing it would
+	// reset. A peer drops a stream once refused as closing. A stream
+	// still carrying an exchange (a drain that timed out) just closes:
+	// the request may have reached the upstream.
 	drained := s.draining.Load()
 	if drained {
 		s.refuseQueued()
 	}
 	err := s.ln.Close()
-	for c := range s.conns {
-		if drained {
+	for c, busy := range s.conns {
+		if drained && !busy {
 			s.refuse(c)
 		}
 		c.Close()
@@ -300,10 +305,29 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 			}
 			return
 		}
-		if !s.serveOne(nc, cr, lr, br, bw, &f) {
+		if !s.exchanging(nc, true) {
+			return // closing: close refused the frame
+		}
+		ok := s.serveOne(nc, cr, lr, br, bw, &f)
+		s.exchanging(nc, false)
+		if !ok {
 			return
 		}
 	}
+}
+
+// exchanging marks stream c as carrying an exchange, unless the server is
+// closed, or done with it. close refuses only the streams that carry none:
+// an exchange under way may have reached the upstream, and its peer must
+// see it fail, not a refusal that it would take as leave to send it again.
+func (s *server) exchanging(c net.Conn, on bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on && s.closed {
+		return false
+	}
+	s.conns[c] = on
+	return true
 }
 
 // reject answers a frame with a refusal and reports whether the stream can

@@ -283,7 +283,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	b, err := t.budget(ctx, req)
 	if err != nil {
-		closeBody()
+		if tb != nil {
+			tb.closeNow()
+		} else {
+			closeBody()
+		}
 		return nil, err
 	}
 	var release func()
