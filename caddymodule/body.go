@@ -5,17 +5,19 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/orbitproxy/orbit/proxy"
 )
 
 // varKeptBody is the request variable that holds a request's keptBody
 // across reverse_proxy's attempts.
 const varKeptBody = "orbit_pool_kept_body"
 
-// maxKeptBody is the most of a request body kept for another attempt: the
-// proxy transport reads a body up to this long before it takes a
-// connection (see proxy.Transport), and so may fail retry-safe, a dial
-// error, after reading it.
-const maxKeptBody = 4 << 10
+// maxKeptBody is the most of a request body kept for another attempt: more
+// than the proxy transport ever reads of a body before it takes a
+// connection (see proxy.ReadsAhead), and so before it may fail retry-safe,
+// a dial error.
+const maxKeptBody = 8 << 10
 
 // keptBody keeps what the transport read of one request's body, so that
 // reverse_proxy, which retries a dial error on the next upstream with the
@@ -30,21 +32,26 @@ type keptBody struct {
 }
 
 // keptBodyFor returns the body the transport should send req with, which
-// reads what an earlier attempt took of req.Body, then the rest.
-func keptBodyFor(req *http.Request) io.ReadCloser {
-	if req.ContentLength <= 0 || req.ContentLength > maxKeptBody {
-		return req.Body
-	}
+// the transport reads ahead (see proxy.ReadsAhead): what an earlier attempt
+// read of req.Body, then the rest. On the first attempt it reads ahead as
+// the transport would, so that the time a client takes to send its body is
+// not counted against the request's wait timeout or deadline: that is not a
+// wait for a connection.
+func keptBodyFor(req *http.Request) (io.ReadCloser, error) {
 	ctx := req.Context()
 	k, _ := caddyhttp.GetVar(ctx, varKeptBody).(*keptBody)
 	if k == nil || k.src != req.Body {
-		k = &keptBody{src: req.Body}
+		ahead, whole, err := proxy.ReadAhead(req.Body, req.ContentLength)
+		if err != nil {
+			return nil, err
+		}
+		k = &keptBody{src: req.Body, kept: ahead, eof: whole}
 		caddyhttp.SetVar(ctx, varKeptBody, k)
 	}
 	if k.over {
-		return req.Body
+		return req.Body, nil
 	}
-	return &attemptBody{k: k}
+	return &attemptBody{k: k}, nil
 }
 
 // attemptBody is one attempt's reading of a keptBody.

@@ -1,11 +1,14 @@
 package caddymodule
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -41,10 +44,10 @@ func keptRequest(t *testing.T, body io.ReadCloser, n int64) *http.Request {
 }
 
 // TestKeptBodyAcrossAttempts: reverse_proxy sends the same request, with the
-// same body, to the next upstream after a dial error. What the transport
-// read of a short body on the first attempt (all of it, or the first part)
-// is sent again on the next, then the rest; a body read to its end is not
-// closed by an attempt, for the next to send it from what was kept.
+// same body, to the next upstream after a dial error. What was read of a
+// short body before and during the first attempt (all of it, or the first
+// part) is sent again on the next, then the rest; a body read to its end is
+// not closed by an attempt, for the next to send it from what was kept.
 func TestKeptBodyAcrossAttempts(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -53,12 +56,16 @@ func TestKeptBodyAcrossAttempts(t *testing.T) {
 	}{
 		{"whole", []string{"hello"}, 5},
 		{"part", []string{"he", "llo"}, 2},
-		{"none", []string{"hello"}, 0},
+		{"part-then-rest", []string{"he", "llo"}, 5},
+		{"unread", []string{"he", "llo"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := &pieces{parts: tc.parts}
 			req := keptRequest(t, src, 5)
-			a := keptBodyFor(req)
+			a, err := keptBodyFor(req)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if tc.first > 0 {
 				buf := make([]byte, 16)
 				if n, _ := io.ReadAtLeast(a, buf, tc.first); n != tc.first {
@@ -75,22 +82,44 @@ func TestKeptBodyAcrossAttempts(t *testing.T) {
 			if tc.first == 5 && src.closes != 0 {
 				t.Fatal("an attempt closed a body it had read to its end, which the next attempt needs")
 			}
-			got, err := io.ReadAll(keptBodyFor(req))
-			if err != nil || string(got) != "hello" {
+			b, err := keptBodyFor(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := io.ReadAll(b); err != nil || string(got) != "hello" {
 				t.Fatalf("the next attempt sent %q, %v; want the whole body", got, err)
 			}
 		})
 	}
 }
 
-// TestKeptBodyOnlyShort: a body longer than the transport ever reads ahead,
-// or of unknown length, goes as it is.
-func TestKeptBodyOnlyShort(t *testing.T) {
-	for _, n := range []int64{maxKeptBody + 1, -1} {
-		src := io.NopCloser(strings.NewReader("x"))
-		req := keptRequest(t, src, n)
-		if b := keptBodyFor(req); b != src {
-			t.Fatalf("Content-Length %d: body wrapped as %T", n, b)
-		}
+// TestSlowBodyIsNotAWait: a client that takes longer than the wait timeout
+// to send its short body, which the transport reads before it takes a
+// connection, is served: the time was the client's, not a wait for a
+// connection, and is not refused as one.
+func TestSlowBodyIsNotAWait(t *testing.T) {
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "got %s", b)
+	}), false)
+	port := freePort(t)
+	startCaddy(t, "wait_timeout 200ms", site(port, up.hostport(), "", ""))
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\n")
+	time.Sleep(600 * time.Millisecond)
+	io.WriteString(c, "hello")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "got hello" {
+		t.Fatalf("a body sent 600ms after its head, under a 200ms wait timeout: %d %q", resp.StatusCode, b)
 	}
 }

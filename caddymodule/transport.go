@@ -387,6 +387,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, reverseproxy.NewDialError(err)
 	}
 
+	body := req.Body
+	if proxy.ReadsAhead(req) {
+		if body, err = keptBodyFor(req); err != nil {
+			t.app.end()
+			closeBody(req)
+			return nil, err
+		}
+	}
 	start := time.Now()
 	dl, src := t.deadline(req, start)
 	caddyhttp.SetVar(req.Context(), VarDeadlineSource, src)
@@ -400,9 +408,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		up.wait.Observe(time.Since(start).Seconds())
 	})
 	out := req.WithContext(wg.ctx)
-	if req.Body != nil && req.Body != http.NoBody {
-		out.Body = keptBodyFor(req)
-	}
+	out.Body = body
 	// reverse_proxy leaves the server-side RequestURI on the request it
 	// hands to the transport; net/http's transport ignores it, the proxy
 	// transport refuses it.

@@ -271,7 +271,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Body != nil && req.Body != http.NoBody {
 		tb = &trackBody{rc: req.Body}
 		r = shallowWithBody(req, tb)
-		if bodyFitsHead(req) {
+		if ReadsAhead(req) {
 			// Before anything is held: no connection, lease or permit
 			// waits on the client's body.
 			if err := tb.readAhead(req.ContentLength); err != nil {
@@ -692,12 +692,37 @@ func (b *trackBody) settle() {
 // head: what fits a connection's write buffer with it.
 const maxBodyWithHead = writeBufSize
 
-// bodyFitsHead reports whether req's body is short enough to be read ahead
-// (readAhead), and of a declared length that nothing (100-continue,
-// trailers) asks to wait or go chunked.
-func bodyFitsHead(req *http.Request) bool {
+// ReadsAhead reports whether RoundTrip reads req's body before it takes a
+// connection (see ReadAhead): a short body (at most 4 KiB) of declared
+// length, which nothing (100-continue, trailers) asks to wait or to go
+// chunked. A caller that counts the time a request waits for its turn
+// should read it first, as the Caddy module does: that time is the
+// client's, sending its body.
+func ReadsAhead(req *http.Request) bool {
 	return req.ContentLength > 0 && req.ContentLength <= maxBodyWithHead && len(req.TransferEncoding) == 0 &&
 		len(req.Trailer) == 0 && !expectsContinue(req)
+}
+
+// ReadAhead takes what it can of a body of declared length n, as RoundTrip
+// does before it takes a connection, and reports whether that was all of it
+// (the body's end was seen). It reads once, which returns what the client
+// has sent so far, or waits for its first bytes (a server's request body
+// returns its end with its last bytes), and a second time only to see the
+// end of a body that did not say so. It never reads a third time, so a
+// client that sends the rest only once the response has begun is not
+// waited for; only one that sends nothing of its body until then is.
+func ReadAhead(r io.Reader, n int64) (b []byte, whole bool, err error) {
+	b = make([]byte, n+1)
+	k, err := r.Read(b)
+	if int64(k) == n && err == nil {
+		var k2 int
+		k2, err = r.Read(b[k:])
+		k += k2
+	}
+	if err != nil && err != io.EOF {
+		return b[:k], false, err
+	}
+	return b[:k], err == io.EOF && int64(k) == n, nil
 }
 
 // withBodyAhead returns req with its body in memory, and true, if RoundTrip
@@ -716,35 +741,19 @@ func withBodyAhead(req *http.Request) (*http.Request, bool) {
 	return &r, true
 }
 
-// readAhead takes what it can of a body of declared length n, once, before
-// any attempt reads it. It reads once, which returns what the client has
-// sent so far, or waits for its first bytes (a server's request body returns
-// its end with its last bytes), and a second time only to see the end of a
-// body that did not say so. It never reads a third time, so a client that
-// sends the rest only once the response has begun is not waited for; only
-// one that sends nothing of its body until then is. A whole body is closed,
-// as Request.Write would have closed it once sent.
+// readAhead is ReadAhead on the body, once: a whole body is closed, as
+// Request.Write would have closed it once sent.
 func (b *trackBody) readAhead(n int64) error {
 	if b.tried {
 		return nil
 	}
 	b.tried = true
-	buf := make([]byte, n+1)
-	k, err := b.rc.Read(buf)
-	if int64(k) == n && err == nil {
-		var k2 int
-		k2, err = b.rc.Read(buf[k:])
-		k += k2
-	}
-	b.ahead = buf[:k]
-	if err != nil && err != io.EOF {
-		return err
-	}
-	if err == io.EOF && int64(k) == n {
-		b.whole = true
+	var err error
+	b.ahead, b.whole, err = ReadAhead(b.rc, n)
+	if b.whole {
 		b.closeNow()
 	}
-	return nil
+	return err
 }
 
 func (b *trackBody) closeNow() error {
