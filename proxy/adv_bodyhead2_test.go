@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,32 +142,6 @@ func TestAdv2ShutdownTimeoutDoesNotReplayPOST(t *testing.T) {
 	}
 }
 
-
-// adv2Body returns its parts one per Read (the last with io.EOF if eofLast),
-// then io.EOF, and counts its Close calls.
-type adv2Body struct {
-	parts   []string
-	eofLast bool
-	closed  atomic.Int32
-}
-
-func (r *adv2Body) Read(p []byte) (int, error) {
-	if len(r.parts) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, r.parts[0])
-	r.parts[0] = r.parts[0][n:]
-	if r.parts[0] == "" {
-		r.parts = r.parts[1:]
-		if r.eofLast && len(r.parts) == 0 {
-			return n, io.EOF
-		}
-	}
-	return n, nil
-}
-
-func (r *adv2Body) Close() error { r.closed.Add(1); return nil }
-
 // TestAdv2BudgetRefusalClosesBodyOnce: a short POST whose admission times
 // out (the Limiter is full): RoundTrip closes the client's body, once, as it
 // does a long body's, though the read-ahead has closed it already.
@@ -190,7 +162,7 @@ func TestAdv2BudgetRefusalClosesBodyOnce(t *testing.T) {
 		{"long", strings.Repeat("x", 5000)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src := &adv2Body{parts: []string{tc.body}}
+			src := &splitReader{parts: []string{tc.body}}
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, "POST", u.url("/echo"), src)
@@ -267,11 +239,6 @@ func converse(t *testing.T, path string, in string, keepOpen bool) (answers []ow
 		}
 		answers = append(answers, a)
 	}
-}
-
-func reqFrame(lease string, flags uint16) string {
-	b, _ := appendRequestFrame(nil, []byte(lease), time.Now().Add(time.Hour), flags)
-	return string(b)
 }
 
 // TestAdv2OwnerNoFlagSequence: frames without flagBodyOnAccept (a short
@@ -393,51 +360,6 @@ func TestAdv2OwnerStalledShortBodyBoundedByDeadline(t *testing.T) {
 	}
 }
 
-// FuzzAdv2OwnerNoFlag is FuzzOwnerStream seeded with frames without
-// flagBodyOnAccept.
-func FuzzAdv2OwnerNoFlag(f *testing.F) {
-	post := "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
-	get := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-	for _, seed := range []string{
-		reqFrame("lease", 0) + post + reqFrame("lease", 0) + post,
-		reqFrame("Rlease", 0) + post + reqFrame("Elease", 0) + post + reqFrame("lease", flagBodyOnAccept) + get,
-		reqFrame("lease", 0) + "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhel",
-		reqFrame("Elease", 0) + "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloEXTRA",
-		reqFrame("lease", 0) + "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 4097\r\n\r\n" + strings.Repeat("y", 4097),
-		reqFrame("Rlease", 0) + "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-	} {
-		f.Add([]byte(seed))
-	}
-	log, logs := observedLogs()
-	path := SocketPath(filepath.Join(f.TempDir(), "sock"), 1)
-	ln, err := listenUnix(path)
-	if err != nil {
-		f.Fatal(err)
-	}
-	srv := newServer(ln, scriptAcceptor{}, log)
-	go srv.serve()
-	f.Cleanup(func() { srv.close() })
-	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := net.DialTimeout("unix", path, 2*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		go func() {
-			c.Write(in)
-			c.(*net.UnixConn).CloseWrite()
-		}()
-		var out bytes.Buffer
-		if _, err := io.Copy(&out, c); errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("the owner did not end the stream after the peer's half-close (answered %q)", out.Bytes())
-		}
-		if n := logs.FilterMessageSnippet("recovered panic").Len(); n > 0 {
-			t.Fatalf("the owner panicked: %v", logs.FilterMessageSnippet("recovered panic").All())
-		}
-	})
-}
-
 // serverBodies hands each request's body on as a server does: no GetBody,
 // a body Transport cannot see into, the declared length kept.
 type serverBodies struct{ rt http.RoundTripper }
@@ -532,7 +454,7 @@ func TestAdv2H2CShortBodyServerHanded(t *testing.T) {
 	owner, client := remotePair(t, h2cConf)
 	msg := grpcmsg.Frame([]byte("hello"))
 	for i, m := range []*member{owner, client, owner, client} {
-		src := &adv2Body{parts: []string{string(msg)}, eofLast: i%2 == 1}
+		src := &splitReader{parts: []string{string(msg)}, eofLast: i%2 == 1}
 		req := grpcReq(t, context.Background(), up.url+"/unary", src)
 		req.ContentLength = int64(len(msg))
 		resp, err := m.tr.RoundTrip(req)

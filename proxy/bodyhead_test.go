@@ -66,11 +66,13 @@ func oneStream(t *testing.T, sib *net.UnixConn, lane int) *peers {
 	return p
 }
 
-// splitReader returns its parts one per Read, then io.EOF, and counts its
+// splitReader returns its parts one per Read (the last with io.EOF if
+// eofLast, as a server's request body does), then io.EOF, and counts its
 // Close calls.
 type splitReader struct {
-	parts  []string
-	closed atomic.Int32
+	parts   []string
+	eofLast bool
+	closed  atomic.Int32
 }
 
 func (r *splitReader) Read(p []byte) (int, error) {
@@ -81,6 +83,9 @@ func (r *splitReader) Read(p []byte) (int, error) {
 	r.parts[0] = r.parts[0][n:]
 	if r.parts[0] == "" {
 		r.parts = r.parts[1:]
+		if r.eofLast && len(r.parts) == 0 {
+			return n, io.EOF
+		}
 	}
 	return n, nil
 }

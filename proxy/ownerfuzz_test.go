@@ -44,15 +44,18 @@ func (e scriptExec) roundTrip(req *http.Request, _ func()) (*http.Response, erro
 		Body: io.NopCloser(strings.NewReader(body))}, nil
 }
 
+// reqFrame is a request frame for lease with flags, valid for an hour.
+func reqFrame(lease string, flags uint16) string {
+	b, _ := appendRequestFrame(nil, []byte(lease), time.Now().Add(time.Hour), flags)
+	return string(b)
+}
+
 // FuzzOwnerStream: whatever a peer sends on its stream (frames, heads,
 // bodies, several exchanges back to back), the owner never panics, and once
 // the peer has said all it will (half-close) the owner ends the stream
 // promptly: nothing it reads can make it wait for more, or hold on.
 func FuzzOwnerStream(f *testing.F) {
-	frame := func(lease string, flags uint16) string {
-		b, _ := appendRequestFrame(nil, []byte(lease), time.Now().Add(time.Hour), flags)
-		return string(b)
-	}
+	frame := reqFrame
 	get := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 	post := "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
 	chunked := "POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"
@@ -65,6 +68,14 @@ func FuzzOwnerStream(f *testing.F) {
 		frame("lease", 0) + "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
 		frame("lease", flagBodyOnAccept) + "GET / HTTP/1.1\r\nX: " + strings.Repeat("h", 5000) + "\r\n\r\n",
 		"OR\x01\x01garbage",
+		// Short bodies sent with their heads (no flagBodyOnAccept):
+		// served, refused, failed, short, long, over the limit, chunked.
+		frame("lease", 0) + post + frame("lease", 0) + post,
+		frame("Rlease", 0) + post + frame("Elease", 0) + post + frame("lease", flagBodyOnAccept) + get,
+		frame("lease", 0) + post[:len(post)-2],
+		frame("Elease", 0) + post + "EXTRA",
+		frame("lease", 0) + "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 4097\r\n\r\n" + strings.Repeat("y", 4097),
+		frame("Rlease", 0) + chunked,
 	} {
 		f.Add([]byte(seed))
 	}
