@@ -207,6 +207,16 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// benchPaths returns net/http's Transport, the local path and the remote
+// path (its owner holding a connection to url's upstream).
+func benchPaths(b *testing.B, url string) (ref *http.Transport, local, remote *Transport) {
+	ref = &http.Transport{}
+	b.Cleanup(ref.CloseIdleConnections)
+	owner, client := remotePair(b, nil)
+	warm(b, owner, url)
+	return ref, localTransport(b, nil), client.tr
+}
+
 // benchPostEcho sends body, of n bytes, to url, which echoes it.
 func benchPostEcho(b *testing.B, rt http.RoundTripper, url string, body io.Reader, n int) {
 	req, _ := http.NewRequest("POST", url, body)
@@ -228,15 +238,11 @@ func benchPostEcho(b *testing.B, rt http.RoundTripper, url string, body io.Reade
 func BenchmarkSmallPost(b *testing.B) {
 	url := startBenchUpstream(b) + "/echo"
 	body := bytes.Repeat([]byte("p"), 1<<10)
-	ref := &http.Transport{}
-	b.Cleanup(ref.CloseIdleConnections)
-	local := localTransport(b, nil)
-	owner, client := remotePair(b, nil)
-	warm(b, owner, url)
+	ref, local, remote := benchPaths(b, url)
 	for _, rt := range []struct {
 		name string
 		rt   http.RoundTripper
-	}{{"nethttp", ref}, {"orbit-local", local}, {"orbit-remote", client.tr}} {
+	}{{"nethttp", ref}, {"orbit-local", local}, {"orbit-remote", remote}} {
 		b.Run(rt.name, func(b *testing.B) {
 			post := func() { benchPostEcho(b, rt.rt, url, io.NopCloser(bytes.NewReader(body)), len(body)) }
 			post()
@@ -260,16 +266,12 @@ func BenchmarkSmallPost(b *testing.B) {
 func BenchmarkLargeBody(b *testing.B) {
 	url := startBenchUpstream(b) + "/echo"
 	body := bytes.Repeat([]byte("orbit"), 1<<18)
-	ref := &http.Transport{}
-	b.Cleanup(ref.CloseIdleConnections)
-	local := localTransport(b, nil)
-	owner, client := remotePair(b, nil)
-	warm(b, owner, url)
+	ref, local, remote := benchPaths(b, url)
 	for _, rt := range []struct {
 		name   string
 		rt     http.RoundTripper
 		splice int64
-	}{{"nethttp", ref, spliceMinBody}, {"orbit-local", local, spliceMinBody}, {"orbit-remote", client.tr, spliceMinBody}, {"orbit-remote-copied", client.tr, 1 << 62}} {
+	}{{"nethttp", ref, spliceMinBody}, {"orbit-local", local, spliceMinBody}, {"orbit-remote", remote, spliceMinBody}, {"orbit-remote-copied", remote, 1 << 62}} {
 		b.Run(rt.name, func(b *testing.B) {
 			defer func(v int64) { spliceMinBody = v }(spliceMinBody)
 			spliceMinBody = rt.splice
