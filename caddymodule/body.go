@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"io"
 	"net/http"
 
@@ -19,6 +20,13 @@ const varKeptBody = "orbit_pool_kept_body"
 // a dial error.
 const maxKeptBody = 8 << 10
 
+// errBodySent fails, before it sends anything, an attempt at a request
+// whose body an earlier attempt read and may have sent to an upstream (it
+// got a response, a 503 that lb_retry_match retries, say, or failed not
+// retry-safe). net/http's transport would send what is left, a broken body,
+// and the earlier attempt's writer may still be reading it.
+var errBodySent = errors.New("orbit_pool: request body already read by an attempt that may have reached an upstream")
+
 // keptBody keeps what the transport read of one request's body, so that
 // reverse_proxy, which retries a dial error on the next upstream with the
 // same body (it wraps it so that the transport cannot close it unread),
@@ -29,11 +37,15 @@ type keptBody struct {
 	kept []byte
 	eof  bool // kept is all of it
 	over bool // more than maxKeptBody was read: not kept
+	// spent is set once an attempt may have reached an upstream (it
+	// returned a response, or failed not retry-safe): the body is not
+	// sent again (see errBodySent).
+	spent bool
 }
 
 // keptBodyFor returns the body the transport should send req with, which
-// the transport reads ahead (see proxy.ReadsAhead): what an earlier attempt
-// read of req.Body, then the rest. On the first attempt it reads ahead as
+// the transport reads ahead (see proxy.ReadsAhead): what an earlier attempt,
+// failed retry-safe, read of req.Body, then the rest. On the first attempt it reads ahead as
 // the transport would, so that the time a client takes to send its body is
 // not counted against the request's wait timeout or deadline: that is not a
 // wait for a connection.
@@ -48,10 +60,25 @@ func keptBodyFor(req *http.Request) (io.ReadCloser, error) {
 		k = &keptBody{src: req.Body, kept: ahead, eof: whole}
 		caddyhttp.SetVar(ctx, varKeptBody, k)
 	}
+	if k.spent {
+		return nil, errBodySent
+	}
 	if k.over {
 		return req.Body, nil
 	}
 	return &attemptBody{k: k}, nil
+}
+
+// attemptEnded records how the attempt that read req's kept body ended:
+// only one that cannot have reached the upstream lets the next send the
+// body again from what was kept.
+func attemptEnded(req *http.Request, err error) {
+	if err != nil && proxy.IsRetrySafe(err) {
+		return
+	}
+	if k, _ := caddyhttp.GetVar(req.Context(), varKeptBody).(*keptBody); k != nil && k.src == req.Body {
+		k.spent = true
+	}
 }
 
 // attemptBody is one attempt's reading of a keptBody.

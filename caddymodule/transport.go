@@ -414,6 +414,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// transport refuses it.
 	out.RequestURI = ""
 	resp, err := rt.RoundTrip(out)
+	if body != req.Body {
+		attemptEnded(req, err)
+	}
 	if err != nil {
 		wg.stop()
 		wg.cancel()

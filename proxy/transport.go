@@ -703,26 +703,22 @@ func ReadsAhead(req *http.Request) bool {
 		len(req.Trailer) == 0 && !expectsContinue(req)
 }
 
-// ReadAhead takes what it can of a body of declared length n, as RoundTrip
-// does before it takes a connection, and reports whether that was all of it
-// (the body's end was seen). It reads once, which returns what the client
-// has sent so far, or waits for its first bytes (a server's request body
-// returns its end with its last bytes), and a second time only to see the
-// end of a body that did not say so. It never reads a third time, so a
-// client that sends the rest only once the response has begun is not
-// waited for; only one that sends nothing of its body until then is.
+// ReadAhead takes what it can of a body of declared length n, with one
+// Read, as RoundTrip does before it takes a connection, and reports whether
+// that was all of it: exactly n bytes. That Read returns what the client has
+// sent so far, or waits for its first bytes; a client that sends the rest
+// only once the response has begun is not waited for (only one that sends
+// nothing of its body until then is), nor one that keeps its stream open
+// after its last byte (HTTP/2's END_STREAM). A server's request body never
+// holds more than it declared: net/http's servers enforce the length. A body
+// that returns more goes as it would have, streamed.
 func ReadAhead(r io.Reader, n int64) (b []byte, whole bool, err error) {
 	b = make([]byte, n+1)
 	k, err := r.Read(b)
-	if int64(k) == n && err == nil {
-		var k2 int
-		k2, err = r.Read(b[k:])
-		k += k2
-	}
 	if err != nil && err != io.EOF {
 		return b[:k], false, err
 	}
-	return b[:k], err == io.EOF && int64(k) == n, nil
+	return b[:k], int64(k) == n, nil
 }
 
 // withBodyAhead returns req with its body in memory, and true, if RoundTrip
