@@ -45,10 +45,10 @@ type keptBody struct {
 
 // keptBodyFor returns the body the transport should send req with, which
 // the transport reads ahead (see proxy.ReadsAhead): what an earlier attempt,
-// failed retry-safe, read of req.Body, then the rest. On the first attempt it reads ahead as
-// the transport would, so that the time a client takes to send its body is
-// not counted against the request's wait timeout or deadline: that is not a
-// wait for a connection.
+// failed retry-safe, read of req.Body, then the rest. On the first attempt
+// it reads ahead as the transport would, so that the time a client takes to
+// send its body is not counted against the request's wait timeout or
+// deadline: that is not a wait for a connection.
 func keptBodyFor(req *http.Request) (io.ReadCloser, error) {
 	ctx := req.Context()
 	k, _ := caddyhttp.GetVar(ctx, varKeptBody).(*keptBody)
