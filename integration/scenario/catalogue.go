@@ -20,6 +20,10 @@ import (
 // 1.25 MiB.
 var largeBody = bytes.Repeat([]byte("orbit"), 1<<18)
 
+// smallBody is the post scenario's request, which the upstream echoes: 1
+// KiB, a body short enough to go with its head.
+var smallBody = bytes.Repeat([]byte("p"), 1<<10)
+
 // Catalogue is every scenario, with load bounded by d.
 func Catalogue(d time.Duration) []Scenario {
 	return []Scenario{
@@ -38,6 +42,7 @@ func Catalogue(d time.Duration) []Scenario {
 		{Name: "tls-churn", Duration: d, Upstream: upstream.Options{TLS: true, Delay: 5 * time.Millisecond}, During: churn},
 		{Name: "websocket", Duration: d, Conns: 64, Client: webSocketEcho},
 		{Name: "large", Duration: d, Conns: 16, Method: "POST", Path: "/echo", Body: largeBody, Moved: 2 * len(largeBody)},
+		{Name: "post", Duration: d, Method: "POST", Path: "/echo", Body: smallBody},
 		// gRPC-style unary calls over h2c, clients to the fleet and the
 		// fleet to an upstream that allows 100 streams per connection:
 		// 64 client connections with 4 calls each in flight.
