@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/orbitproxy/orbit/backpressure"
+	"github.com/orbitproxy/orbit/governor"
 	"github.com/orbitproxy/orbit/internal/grpcmsg"
 )
 
@@ -516,5 +517,53 @@ func TestAdv2DeadlineWhileReadingAheadLikeNetHTTP(t *testing.T) {
 			}
 			t.Logf("%s: %v after %v", tc.name, err, time.Since(start).Round(time.Millisecond))
 		})
+	}
+}
+
+// TestShutdownTimeoutRefusesWaitingRequest: a sibling's POST waits on the
+// owner for a worker (the owner's one worker is busy) when the owner's
+// Shutdown times out. Nothing of it has gone upstream, so the closing owner
+// refuses it: the sibling sends it on a plan of its own, and the upstream
+// sees it once.
+func TestShutdownTimeoutRefusesWaitingRequest(t *testing.T) {
+	u := newHangUpstream(t)
+	close(u.release)
+	gov := governor.New(1, 0)
+	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: time.Second},
+		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	warm(t, owner, u.srv.URL+"/warm")
+	held := gov.Acquire()
+	defer held.Release()
+
+	done := make(chan roundTripResult, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", u.srv.URL+"/hang", io.NopCloser(strings.NewReader("once")))
+		req.ContentLength = 4
+		resp, err := client.tr.RoundTrip(req)
+		if err != nil {
+			done <- roundTripResult{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- roundTripResult{string(b), err}
+	}()
+	waitFor(t, 2*time.Second, "the POST to wait on the owner", func() bool { return client.node.Stats().ReusedRemote == 1 })
+	time.Sleep(50 * time.Millisecond)
+	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	owner.node.Shutdown(sctx)
+	cancel()
+	select {
+	case r := <-done:
+		if r.err != nil || r.body != "ok" {
+			t.Fatalf("a POST refused by a closing owner before it reached the upstream: %q, %v", r.body, r.err)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("the POST hung")
+	}
+	held.Release()
+	time.Sleep(100 * time.Millisecond)
+	if n := u.count("POST once"); n != 1 {
+		t.Fatalf("the upstream saw the POST %d times", n)
 	}
 }

@@ -226,15 +226,15 @@ func (s *server) close() error {
 		return nil
 	}
 	s.closed = true
-	// Draining, and any frame a peer sent to a stream that carries no
-	// exchange is unread, and never will be (see exchanging): it is
+	// Draining, and a request a peer sent on a stream that carries no
+	// exchange (see exchanging) will never reach the upstream: it is
 	// refused, unasked, before its stream goes, so that the peer sends
-	// the request elsewhere instead of losing it with the stream (it
-	// cannot tell whether a lost one was acted on). That goes for the
-	// streams still queued on the socket too, which closing it would
-	// reset. A peer drops a stream once refused as closing. A stream
-	// still carrying an exchange (a drain that timed out) just closes:
-	// the request may have reached the upstream.
+	// it elsewhere instead of losing it with the stream (it cannot tell
+	// whether a lost one was acted on). That goes for the streams still
+	// queued on the socket too, which closing it would reset. A peer
+	// drops a stream once refused as closing. A stream carrying an
+	// exchange (a drain that timed out) just closes: the request may
+	// have reached the upstream.
 	drained := s.draining.Load()
 	if drained {
 		s.refuseQueued()
@@ -305,9 +305,6 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 			}
 			return
 		}
-		if !s.exchanging(nc, true) {
-			return // closing: close refused the frame
-		}
 		ok := s.serveOne(nc, cr, lr, br, bw, &f)
 		s.exchanging(nc, false)
 		if !ok {
@@ -316,10 +313,12 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	}
 }
 
-// exchanging marks stream c as carrying an exchange, unless the server is
-// closed, or done with it. close refuses only the streams that carry none:
-// an exchange under way may have reached the upstream, and its peer must
-// see it fail, not a refusal that it would take as leave to send it again.
+// exchanging marks stream c as carrying an exchange that may reach the
+// upstream, unless the server is closed, or done with it. close refuses
+// only the streams that carry none, such as one whose request waits for a
+// worker: an exchange under way may have reached the upstream, and its peer
+// must see it fail, not a refusal that it would take as leave to send it
+// again.
 func (s *server) exchanging(c net.Conn, on bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -616,6 +615,12 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	// from the peer; a read deadline in the past ends that wait, and the
 	// stream, which is out of step then, is closed below.
 	stopBody := func() { nc.SetReadDeadline(aLongTimeAgo) }
+	if !s.exchanging(nc, true) {
+		// Closing: close refused the request for us, and nothing of it
+		// has gone anywhere.
+		exec.abandon()
+		return false
+	}
 	resp, err := exec.roundTrip(req, stopBody)
 	if err != nil {
 		s.watcher.remove(w)
