@@ -40,7 +40,7 @@ func TestAdvEarlyResponseRetryRace(t *testing.T) {
 				fmt.Fprintf(w, "got %s", b)
 			}), false)
 			port := freePort(t)
-			advStartCaddy(t, "", advSite(port, u1.hostport(), kind,
+			startCaddy(t, "", advSite(port, u1.hostport(), kind,
 				"lb_retries 1\n\t\tlb_retry_match {\n\t\t\texpression `{rp.status_code} == 503`\n\t\t}"))
 			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 			if err != nil {

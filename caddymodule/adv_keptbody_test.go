@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -19,30 +18,6 @@ import (
 // Adversarial tests of the kept short body (body.go) and the read-ahead
 // before the wait timeout and deadline (transport.go RoundTrip), each run
 // against the stock `http` transport in the same in-process Caddy.
-
-// advStartCaddy is startCaddy with extra global options.
-func advStartCaddy(t *testing.T, global, sites string) *caddytest.Tester {
-	t.Helper()
-	cfg := fmt.Sprintf(`{
-	admin localhost:2999
-	auto_https off
-	persist_config off
-	grace_period 1s
-	%s
-	orbit_pool {
-		segment %s
-		reconcile_interval 50ms
-	}
-}
-%s
-`, global, segmentPath(t), sites)
-	tc := caddytest.NewTester(t)
-	tc.InitServer(cfg, "caddyfile")
-	if t.Failed() {
-		t.FailNow()
-	}
-	return tc
-}
 
 // advSite is a site on port proxying to upstreams with transport kind
 // ("orbit_pool" or "http"); extra goes into the reverse_proxy block.
@@ -127,7 +102,7 @@ func TestAdvH2BodyWholeStreamOpen(t *testing.T) {
 	for _, kind := range advKinds {
 		t.Run(kind, func(t *testing.T) {
 			port := freePort(t)
-			advStartCaddy(t, "servers {\n\t\tprotocols h1 h2c\n\t}",
+			startCaddyGlobal(t, "servers {\n\t\tprotocols h1 h2c\n\t}", "",
 				advSite(port, up.hostport(), kind, "")+"")
 			start := time.Now()
 			status, done := h2cPost(t, port, "hello", 3*time.Second)
@@ -170,7 +145,7 @@ func TestAdvResponseRetryPOST(t *testing.T) {
 				w.WriteHeader(503)
 			}), false)
 			port := freePort(t)
-			advStartCaddy(t, "", advSite(port, u1.hostport(), kind,
+			startCaddy(t, "", advSite(port, u1.hostport(), kind,
 				"lb_retries 1\n\t\tlb_retry_match {\n\t\t\texpression `{rp.status_code} == 503`\n\t\t}"))
 			resp, err := client.Post(fmt.Sprintf("http://127.0.0.1:%d/", port), "text/plain", strings.NewReader("pay-once"))
 			if err != nil {
@@ -216,7 +191,7 @@ func TestAdvGETBodyTransportErrorRetry(t *testing.T) {
 				fmt.Fprintf(w, "u2 %s", b)
 			}), false)
 			port := freePort(t)
-			advStartCaddy(t, "", advSite(port, u1.hostport()+" "+u2.hostport(), kind,
+			startCaddy(t, "", advSite(port, u1.hostport()+" "+u2.hostport(), kind,
 				"lb_policy first\n\t\tlb_retries 1"))
 			req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", port), strings.NewReader("query"))
 			resp, err := client.Do(req)
@@ -268,7 +243,7 @@ func TestAdvClientAbortMidBody(t *testing.T) {
 				fmt.Fprint(w, "u2")
 			}), false)
 			port := freePort(t)
-			advStartCaddy(t, "", advSite(port, u1.hostport()+" "+u2.hostport(), kind,
+			startCaddy(t, "", advSite(port, u1.hostport()+" "+u2.hostport(), kind,
 				"lb_policy first\n\t\tlb_retries 3\n\t\tfail_duration 30s\n\t\tmax_fails 1"))
 			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 			if err != nil {

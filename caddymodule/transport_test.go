@@ -25,11 +25,18 @@ import (
 // site blocks sites into the in-process Caddy.
 func startCaddy(t *testing.T, opts, sites string) *caddytest.Tester {
 	t.Helper()
+	return startCaddyGlobal(t, "", opts, sites)
+}
+
+// startCaddyGlobal is startCaddy with more global options.
+func startCaddyGlobal(t *testing.T, global, opts, sites string) *caddytest.Tester {
+	t.Helper()
 	cfg := fmt.Sprintf(`{
 	admin localhost:2999
 	auto_https off
 	persist_config off
 	grace_period 1s
+	%s
 	orbit_pool {
 		segment %s
 		reconcile_interval 50ms
@@ -37,7 +44,7 @@ func startCaddy(t *testing.T, opts, sites string) *caddytest.Tester {
 	}
 }
 %s
-`, segmentPath(t), opts, sites)
+`, global, segmentPath(t), opts, sites)
 	tc := caddytest.NewTester(t)
 	tc.InitServer(cfg, "caddyfile")
 	if t.Failed() {
