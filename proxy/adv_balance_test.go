@@ -119,8 +119,11 @@ func testOvershoot(t *testing.T, linger time.Duration) {
 		t.Fatalf("first process holds %v, want %d", start, limit)
 	}
 	// From [a 0], a/2 moves even it out; each lowers the sum of squares.
-	// Twice that allows for wasted moves (TestAdvMovesSmallWindow).
-	maxMoves := uint64(start[0])
+	// Twice that, and two more, allows for wasted moves
+	// (TestAdvMovesSmallWindow), of which a machine loaded well past its
+	// cores makes more: one run of the CI command beside other test runs
+	// made 5 from [4 0]. The overshoot this test is about made 40 to 100.
+	maxMoves := uint64(start[0]) + 2
 	var stop atomic.Bool
 	done := make(chan int64)
 	go func() { done <- loadUntil(ms, []int{limit, limit}, up.url+"/", &stop) }()
