@@ -69,15 +69,12 @@ func keptBodyFor(req *http.Request) (io.ReadCloser, error) {
 	return &attemptBody{k: k}, nil
 }
 
-// attemptEnded records how the attempt that read req's kept body ended:
-// only one that cannot have reached the upstream lets the next send the
-// body again from what was kept.
-func attemptEnded(req *http.Request, err error) {
-	if err != nil && proxy.IsRetrySafe(err) {
-		return
-	}
-	if k, _ := caddyhttp.GetVar(req.Context(), varKeptBody).(*keptBody); k != nil && k.src == req.Body {
-		k.spent = true
+// ended records how the attempt that read b ended: only one that cannot
+// have reached the upstream lets the next send the body again from what
+// was kept.
+func (b *attemptBody) ended(err error) {
+	if err == nil || !proxy.IsRetrySafe(err) {
+		b.k.spent = true
 	}
 }
 

@@ -414,8 +414,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// transport refuses it.
 	out.RequestURI = ""
 	resp, err := rt.RoundTrip(out)
-	if body != req.Body {
-		attemptEnded(req, err)
+	if ab, ok := body.(*attemptBody); ok {
+		ab.ended(err)
 	}
 	if err != nil {
 		wg.stop()

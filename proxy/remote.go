@@ -137,11 +137,12 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 		return nil, err
 	}
 	dl, _ := ctx.Deadline()
-	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1, flags: flagBodyOnAccept}}
-	lg := &rx.leg
+	flags := flagBodyOnAccept
 	if withHead {
-		lg.flags = 0
+		flags = 0
 	}
+	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1, flags: flags}}
+	lg := &rx.leg
 	if len(req.Trailer) > 0 && req.ContentLength > 0 {
 		// HTTP/1.1 carries trailers only in a chunked body: send it so,
 		// and the length in the frame. The copy shares the Trailer map,

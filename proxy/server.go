@@ -592,7 +592,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		// caller does not wait for the accept, which goes with the
 		// first response; until then a failure is told in an error
 		// frame, and the stream stays in step.
-		req.Body = &trackBody{rc: http.NoBody, ahead: ahead, whole: true, tried: true}
+		req.Body = wholeBody(ahead)
 		reqDone.done = true
 	} else if req.Body != http.NoBody {
 		req.Body = reqDone

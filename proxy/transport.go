@@ -737,6 +737,11 @@ func withBodyAhead(req *http.Request) (*http.Request, bool) {
 	return &r, true
 }
 
+// wholeBody is a body read ahead in full, b.
+func wholeBody(b []byte) *trackBody {
+	return &trackBody{rc: http.NoBody, ahead: b, whole: true, tried: true}
+}
+
 // readAhead is ReadAhead on the body, once: a whole body is closed, as
 // Request.Write would have closed it once sent.
 func (b *trackBody) readAhead(n int64) error {
@@ -786,7 +791,7 @@ func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, b
 		return cur, true
 	}
 	if tb.whole {
-		return shallowWithBody(orig, &trackBody{rc: http.NoBody, ahead: tb.ahead, whole: true, tried: true}), true
+		return shallowWithBody(orig, wholeBody(tb.ahead)), true
 	}
 	if orig.GetBody == nil {
 		return nil, false
