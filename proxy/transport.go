@@ -240,8 +240,12 @@ func (t *Transport) Upstream(req *http.Request) (name string, key orbitpool.Key,
 // upstream.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.initOnce.Do(t.init)
+	var tb *trackBody // req.Body, once wrapped: it closes the body once
 	closeBody := func() {
-		if req.Body != nil {
+		switch {
+		case tb != nil:
+			tb.closeNow()
+		case req.Body != nil:
 			req.Body.Close()
 		}
 	}
@@ -267,7 +271,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	r := req
-	var tb *trackBody
 	if req.Body != nil && req.Body != http.NoBody {
 		tb = &trackBody{rc: req.Body}
 		r = shallowWithBody(req, tb)
@@ -275,7 +278,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// Before anything is held: no connection, lease or permit
 			// waits on the client's body.
 			if err := tb.readAhead(req.ContentLength); err != nil {
-				tb.closeNow()
+				closeBody()
 				return nil, err
 			}
 		}
@@ -283,11 +286,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	b, err := t.budget(ctx, req)
 	if err != nil {
-		if tb != nil {
-			tb.closeNow()
-		} else {
-			closeBody()
-		}
+		closeBody()
 		return nil, err
 	}
 	var release func()
@@ -335,9 +334,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if release != nil {
 			release()
 		}
-		if tb != nil {
-			tb.closeNow()
-		}
+		closeBody()
 		if cerr := ctx.Err(); cerr != nil && !isContextErr(err) {
 			// Keep what the attempt saw (a wait's reason, say) behind
 			// the context's error.
