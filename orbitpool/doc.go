@@ -60,8 +60,9 @@
 // Waiters on a key are served in the order they arrived, across the fleet.
 // A waiter takes a ticket from the key's counter, joins its process's queue
 // for the key (in ticket order) and sets its lane's bit in the key's waiter
-// mask. Each lane publishes, per key, how many of its waiters wait and the
-// tickets of its three oldest. Whoever returns a unit of capacity hands it to
+// mask. Each lane publishes, per key, how many of its waiters wait, the
+// tickets of its three oldest, and that of its oldest waiter handed a unit it
+// has not yet taken. Whoever returns a unit of capacity hands it to
 // the lane whose next waiter is the oldest of the fleet, by adding a grant to
 // that lane's queue word, and rings the lane's doorbell; one dispatcher
 // goroutine per process sleeps on its doorbell with a futex and delivers each

@@ -295,6 +295,7 @@ func (p *Pool) clearLane(l int) {
 		atomic.AndUint64(s.u64(s.roomOff(k, l)), ^laneBit(l))
 		q := atomic.SwapUint64(s.u64(s.queueOff(l, k)), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, k)+8), 0)
+		atomic.StoreUint64(s.u64(s.queueOff(l, k)+qHeldOff), 0)
 		if n := uint64(qGrants(q)) + waiters; n > 0 || qWaiting(q) > 0 {
 			regrants = append(regrants, regrant{k, n + 1})
 		}
@@ -341,7 +342,9 @@ func (p *Pool) recount() {
 			continue
 		}
 		atomic.StoreUint64(ctl, keyCtl(kGen(old), keyLive)|uint64(c.total)<<kTotalShift|uint64(c.creating))
-		if freed := kTotal(old) - c.total + kCreating(old) - c.creating; freed > 0 {
+		// A creation claim freed is a unit of the budget and of the
+		// concurrent creations at once: one waiter's worth, not two.
+		if freed := max(kTotal(old)-c.total, kCreating(old)-c.creating); freed > 0 {
 			p.wake(k, uint64(freed))
 		}
 	}

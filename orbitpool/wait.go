@@ -137,8 +137,12 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 				return false
 			}
 			// Grants the lane has not delivered go to its oldest
-			// waiting waiters, from the one its word names.
+			// waiting waiters, from the one its word names; those it
+			// has delivered are on their way to the waiter it holds.
 			if qGrants(q) > 0 && ticketBefore(qTicket(q), uint32(w.ticket)) {
+				behindGrant = true
+			}
+			if h, ok := s.laneHeld(l, w.key); ok && ticketBefore(h, uint32(w.ticket)) {
 				behindGrant = true
 			}
 		}
@@ -218,12 +222,14 @@ func (t *waiterTable) leave(p *Pool, w *waiter, holding bool) {
 // not deliver, for the caller to pass on once mu is released. mu is held.
 func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 	s := p.seg
-	qw := s.u64(s.queueOff(p.lane, k))
+	off := s.queueOff(p.lane, k)
+	qw, hw := s.u64(off), s.u64(off+qHeldOff)
 	for {
 		q := atomic.LoadUint64(qw)
 		g := qGrants(q)
 		given, waiting := 0, 0
 		var next [3]uint64 // the oldest waiting tickets
+		var held uint64    // the oldest delivered grant not taken
 		for _, w := range kw.q {
 			switch {
 			case w.granted:
@@ -234,12 +240,21 @@ func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 					next[waiting] = w.ticket
 				}
 				waiting++
+				continue
+			}
+			if held == 0 {
+				held = heldWord(w.ticket)
 			}
 		}
-		atomic.StoreUint64(s.u64(s.queueOff(p.lane, k)+8), uint64(uint32(next[1]))|uint64(uint32(next[2]))<<32)
+		// A waiter moves between the first word and the held one: it is
+		// in both while the first is swapped, so that a sibling reading
+		// them in between never finds it in neither.
+		atomic.StoreUint64(hw, olderHeld(atomic.LoadUint64(hw), held))
+		atomic.StoreUint64(s.u64(off+8), uint64(uint32(next[1]))|uint64(uint32(next[2]))<<32)
 		if !atomic.CompareAndSwapUint64(qw, q, queueWord(next[0], waiting)) {
 			continue // a grant came in meanwhile
 		}
+		atomic.StoreUint64(hw, held)
 		left := uint64(g - given)
 		for _, w := range kw.q {
 			if given == 0 {

@@ -107,16 +107,41 @@ const (
 // lane's dispatcher delivers grants to its oldest waiters. So a unit that
 // comes back goes to the oldest waiter of the whole fleet, whichever process
 // it is in, even when units come back faster than lanes deliver them.
+//
+// The third word names the oldest of the lane's waiters that were delivered a
+// grant and have not yet taken it (bit 32 set, the ticket's low half below),
+// or is 0. Such a waiter is in neither count of the first word, yet a unit is
+// on its way to it: a younger waiter of another lane that re-checks meanwhile
+// must leave that unit to it (see eligible).
 const (
-	queueSize  = 16
+	queueSize  = 24
+	qHeldOff   = 16
+	qHeldValid = 1 << 32
 	qGrantMask = 1<<16 - 1
 	qUngShift  = 16
 	qTickShift = 32
 )
 
-func qGrants(q uint64) int    { return int(q & qGrantMask) }
-func qWaiting(q uint64) int   { return int(q >> qUngShift & 0xffff) }
-func qTicket(q uint64) uint32 { return uint32(q >> qTickShift) }
+func qGrants(q uint64) int          { return int(q & qGrantMask) }
+func qWaiting(q uint64) int         { return int(q >> qUngShift & 0xffff) }
+func qTicket(q uint64) uint32       { return uint32(q >> qTickShift) }
+func heldWord(ticket uint64) uint64 { return qHeldValid | uint64(uint32(ticket)) }
+
+// olderHeld is whichever of two held words names the older ticket.
+func olderHeld(a, b uint64) uint64 {
+	if a == 0 || b != 0 && ticketBefore(uint32(b), uint32(a)) {
+		return b
+	}
+	return a
+}
+
+// laneHeld reports the ticket of lane l's oldest waiter on key k that holds a
+// delivered grant it has not taken.
+func (s *segment) laneHeld(l, k int) (ticket uint32, ok bool) {
+	h := atomic.LoadUint64(s.u64(s.queueOff(l, k) + qHeldOff))
+	return uint32(h), h&qHeldValid != 0
+}
+
 func queueWord(ticket uint64, waiting int) uint64 {
 	return uint64(uint32(ticket))<<qTickShift | uint64(min(waiting, 0xffff))<<qUngShift
 }
