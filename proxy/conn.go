@@ -36,6 +36,11 @@ type conn struct {
 	abortOnce sync.Once
 	abortErr  atomic.Pointer[error] // why the conn was torn down mid-exchange
 	closed    atomic.Bool
+
+	// lingers: a failed exchange leaves the descriptor open, for its
+	// owner to close once the upstream has closed its side (see
+	// Node.finish). Set before the conn's first exchange.
+	lingers bool
 }
 
 const (
@@ -61,6 +66,10 @@ func newConn(nc, raw net.Conn) *conn {
 func (c *conn) abort(err error) {
 	c.abortOnce.Do(func() {
 		c.abortErr.Store(&err)
+		if c.lingers {
+			c.nc.SetDeadline(aLongTimeAgo)
+			return
+		}
 		c.close()
 	})
 }
@@ -79,10 +88,17 @@ func (c *conn) close() {
 	}
 }
 
+// maxCloseDrain bounds what closeAfterPeer reads: the rest of a large
+// response a failed exchange left is not worth reading, and closing with it
+// unread resets the connection, which stops the upstream sending it.
+const maxCloseDrain = 256 << 10
+
 // closeAfterPeer half-closes the connection and reads, discarding it, what
 // the peer still sends until the peer closes its side too, at most d, and at
 // most closeWait more once stop is closed (nil: never); then it closes the
-// connection. It reports whether the peer closed.
+// connection. It reports whether the peer closed. A peer that sends more
+// than maxCloseDrain meanwhile is reset, and the wait runs its course: the
+// peer may count the connection until it has read the reset.
 func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 	peerClosed := false
 	if c.closeWrite() == nil {
@@ -101,12 +117,21 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 				}
 			}()
 		}
-		_, err := io.Copy(io.Discard, c.nc)
-		peerClosed = err == nil
+		_, err := io.CopyN(io.Discard, c.nc, maxCloseDrain)
 		// A TLS peer sends close_notify before it closes the socket: wait for the socket.
-		if c.raw != c.nc {
-			_, err = io.Copy(io.Discard, c.raw)
-			peerClosed = peerClosed && err == nil
+		if err == io.EOF && c.raw != c.nc {
+			_, err = io.CopyN(io.Discard, c.raw, maxCloseDrain)
+		}
+		peerClosed = err == io.EOF
+		if err == nil {
+			c.close()
+			t := time.NewTimer(time.Until(deadline))
+			select {
+			case <-t.C:
+			case <-stop:
+				time.Sleep(min(closeWait, time.Until(deadline)))
+			}
+			t.Stop()
 		}
 	}
 	c.close()

@@ -24,7 +24,7 @@ type outcome uint8
 
 const (
 	outcomeReusable outcome = iota // idle, ready for the next exchange
-	outcomeBroken                  // closed; it must leave any pool
+	outcomeBroken                  // closed, unless it lingers; it must leave any pool
 	outcomeHijacked                // a 101 body owns it now; it must leave any pool, not be closed
 )
 
@@ -295,7 +295,9 @@ func (x *exchange) finish(ok bool) {
 	case x.keepAlive.Load() && x.c.aborted() == nil:
 		x.o.done(x.c, outcomeReusable)
 	default:
-		x.c.close()
+		if !x.c.lingers {
+			x.c.close()
+		}
 		x.o.done(x.c, outcomeBroken)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"runtime"
 	"sync"
@@ -389,6 +390,13 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.slots))
 	}
 	oc := &owned{id: id, key: key, c: c, s: s}
+	if kc := n.capOf(key); kc != nil && kc.max.Load() > 0 {
+		// An upstream may enforce the cap too: when an exchange fails,
+		// the connection keeps its unit until the upstream has let it go
+		// (see finish). Only a plain TCP one: a TLS one whose write was
+		// torn down cannot send its close_notify.
+		_, c.lingers = c.nc.(*net.TCPConn)
+	}
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())
 	n.slots[slot].Store(oc)
@@ -530,6 +538,12 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	case outcomeHijacked:
 		n.retire(oc)
 	default:
+		if oc.c.lingers {
+			// A capped upstream counts the connection until it has
+			// read the close: a replacement dialed sooner is refused.
+			n.retireInOrder(oc, exec)
+			return
+		}
 		oc.c.close()
 		n.retire(oc)
 	}
