@@ -98,12 +98,14 @@
 // waiter gets the unit if it is within the same window. The window is 0,
 // strict order, unless the embedder sets it.
 //
-// What is not strict: once a process has delivered a unit to a goroutine, a
-// younger waiter that finds itself the oldest still waiting can take that
-// unit before the goroutine runs; the older one keeps its ticket and is first
-// for the next unit. A return announced as more units than are there (a
-// creation claim is counted with its resource) lets the grantees race for the
-// units that are. And a lane publishes only its three oldest tickets: while a
+// What is not strict: some returns are announced as more units than there may
+// be (a waiter that found capacity nobody handed it has the next waiter look
+// too, a closed Readiness passes one on, a reclaimed lane hands on one more
+// than it was given). A grantee that then finds nothing keeps its ticket and
+// is first for the next unit, but a unit that came back while its grant was on
+// its way has gone to a younger waiter; and such units that find no waiter
+// are counted as unclaimed, which a waiter deferring to a grant may take,
+// until the key's last waiter leaves. And a lane publishes only its three oldest tickets: while a
 // sibling's dispatcher has not yet delivered three or more grants, a return
 // of several units at once (a capacity raised, a lane reclaimed) ranks that
 // lane by its third waiter, which can pass a waiter elsewhere by the lane's

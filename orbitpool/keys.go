@@ -147,6 +147,7 @@ func (p *Pool) resetKeyEntry(idx int) {
 		clear(s.data[s.statOff(l, idx) : s.statOff(l, idx)+statSize])
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)+8), 0)
+		atomic.StoreUint64(s.u64(s.queueOff(l, idx)+qHeldOff), 0)
 		atomic.AndUint64(s.u64(s.roomOff(idx, l)), 0)
 	}
 }

@@ -132,7 +132,7 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 			if l == p.lane || l >= p.l.nlanes {
 				continue
 			}
-			t, q, ok := s.laneNext(l, w.key)
+			t, q, ok, h := s.laneOrder(l, w.key)
 			if ok && ticketBefore(t, uint32(w.ticket)) {
 				return false
 			}
@@ -142,7 +142,7 @@ func (t *waiterTable) eligible(p *Pool, w *waiter) bool {
 			if qGrants(q) > 0 && ticketBefore(qTicket(q), uint32(w.ticket)) {
 				behindGrant = true
 			}
-			if h, ok := s.laneHeld(l, w.key); ok && ticketBefore(h, uint32(w.ticket)) {
+			if h&qHeldValid != 0 && ticketBefore(uint32(h), uint32(w.ticket)) {
 				behindGrant = true
 			}
 		}
@@ -194,6 +194,12 @@ func (t *waiterTable) take(p *Pool, w *waiter) (ch <-chan struct{}, granted bool
 // meant for went away.
 func (t *waiterTable) leave(p *Pool, w *waiter, holding bool) {
 	t.mu.Lock()
+	if t.closed {
+		// closeAll passed on what the waiter held, and the lane may be
+		// another process's by now.
+		t.mu.Unlock()
+		return
+	}
 	var pass uint64
 	if holding {
 		pass++
@@ -247,14 +253,15 @@ func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 			}
 		}
 		// A waiter moves between the first word and the held one: it is
-		// in both while the first is swapped, so that a sibling reading
-		// them in between never finds it in neither.
-		atomic.StoreUint64(hw, olderHeld(atomic.LoadUint64(hw), held))
+		// in both while the first is swapped, and a sibling reads the
+		// held word before and after the first (laneOrder), so that it
+		// never finds the waiter in neither.
+		storeHeld(hw, olderHeld(atomic.LoadUint64(hw), held))
 		atomic.StoreUint64(s.u64(off+8), uint64(uint32(next[1]))|uint64(uint32(next[2]))<<32)
 		if !atomic.CompareAndSwapUint64(qw, q, queueWord(next[0], waiting)) {
 			continue // a grant came in meanwhile
 		}
-		atomic.StoreUint64(hw, held)
+		storeHeld(hw, held)
 		left := uint64(g - given)
 		for _, w := range kw.q {
 			if given == 0 {
@@ -316,7 +323,17 @@ func (t *waiterTable) release(p *Pool, k int, kw *keyWaiters) {
 		return
 	}
 	delete(t.keys, k)
-	atomic.AndUint64(p.seg.u64(p.seg.maskOff(k, p.lane)), ^laneBit(p.lane))
+	s := p.seg
+	atomic.AndUint64(s.u64(s.maskOff(k, p.lane)), ^laneBit(p.lane))
+	// With nobody left waiting, units counted as unclaimed stand for
+	// nothing a waiter needs: a newcomer tries for capacity itself. Left
+	// counted, they would let a later waiter pass an older one's grant.
+	if !p.queued(k) {
+		u := s.u64(s.keyOff(k) + kfUnclaimed)
+		if n := atomic.LoadUint64(u); n != 0 {
+			atomic.CompareAndSwapUint64(u, n, 0)
+		}
+	}
 }
 
 // closeAll wakes every waiter for good: the pool is closing. Grants this lane

@@ -109,17 +109,20 @@ const (
 // it is in, even when units come back faster than lanes deliver them.
 //
 // The third word names the oldest of the lane's waiters that were delivered a
-// grant and have not yet taken it (bit 32 set, the ticket's low half below),
-// or is 0. Such a waiter is in neither count of the first word, yet a unit is
-// on its way to it: a younger waiter of another lane that re-checks meanwhile
-// must leave that unit to it (see eligible).
+// grant and have not yet taken it (bit 32 set, the ticket's low half below;
+// bit 32 clear when there is none). Such a waiter is in neither count of the
+// first word, yet a unit is on its way to it: a younger waiter of another lane
+// that re-checks meanwhile must leave that unit to it (see eligible). Bits
+// 33..63 count the word's stores, so that a reader that reads it before and
+// after the first word can tell whether it read one state.
 const (
-	queueSize  = 24
-	qHeldOff   = 16
-	qHeldValid = 1 << 32
-	qGrantMask = 1<<16 - 1
-	qUngShift  = 16
-	qTickShift = 32
+	queueSize     = 24
+	qHeldOff      = 16
+	qHeldValid    = 1 << 32
+	qHeldVerShift = 33
+	qGrantMask    = 1<<16 - 1
+	qUngShift     = 16
+	qTickShift    = 32
 )
 
 func qGrants(q uint64) int          { return int(q & qGrantMask) }
@@ -127,19 +130,41 @@ func qWaiting(q uint64) int         { return int(q >> qUngShift & 0xffff) }
 func qTicket(q uint64) uint32       { return uint32(q >> qTickShift) }
 func heldWord(ticket uint64) uint64 { return qHeldValid | uint64(uint32(ticket)) }
 
-// olderHeld is whichever of two held words names the older ticket.
+// olderHeld is whichever of two held words names the older ticket, without
+// its count of stores.
 func olderHeld(a, b uint64) uint64 {
-	if a == 0 || b != 0 && ticketBefore(uint32(b), uint32(a)) {
+	a, b = a&(1<<qHeldVerShift-1), b&(1<<qHeldVerShift-1)
+	if a&qHeldValid == 0 || b&qHeldValid != 0 && ticketBefore(uint32(b), uint32(a)) {
 		return b
 	}
 	return a
 }
 
-// laneHeld reports the ticket of lane l's oldest waiter on key k that holds a
-// delivered grant it has not taken.
-func (s *segment) laneHeld(l, k int) (ticket uint32, ok bool) {
-	h := atomic.LoadUint64(s.u64(s.queueOff(l, k) + qHeldOff))
-	return uint32(h), h&qHeldValid != 0
+// storeHeld stores h, a held word without its count, into the held word at w,
+// counting the store. Only the lane's own process stores it, under its
+// waiter table's lock.
+func storeHeld(w *uint64, h uint64) {
+	n := atomic.LoadUint64(w)>>qHeldVerShift + 1
+	atomic.StoreUint64(w, n<<qHeldVerShift|h)
+}
+
+// laneOrder is laneNext, with the held word of the same state: it is read
+// before and after the queue words, again while a store came between, and a
+// waiter still moving after a few tries counts as held if either read names
+// it.
+func (s *segment) laneOrder(l, k int) (next uint32, q uint64, ok bool, held uint64) {
+	hw := s.u64(s.queueOff(l, k) + qHeldOff)
+	for try := 0; ; try++ {
+		held = atomic.LoadUint64(hw)
+		next, q, ok = s.laneNext(l, k)
+		if h := atomic.LoadUint64(hw); h != held {
+			if try < 3 {
+				continue
+			}
+			held = olderHeld(held, h)
+		}
+		return next, q, ok, held
+	}
 }
 
 func queueWord(ticket uint64, waiting int) uint64 {
