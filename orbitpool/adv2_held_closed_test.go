@@ -34,28 +34,15 @@ func TestAdv2HeldReadinessClosedAfterPoolCloses(t *testing.T) {
 	a, b := open(), open()
 	k := Key{0xad2e, 0xc105}
 	lim := Limits{MaxResources: 1}
-	plan, err := a.Acquire(context.Background(), k, LocalOnly{}, lim)
-	if err != nil || plan.Kind != PlanCreate {
-		t.Fatalf("first acquire: %v %v", plan.Kind, err)
-	}
-	r, err := b.Watch(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan.Permit.Close()
-	select {
-	case <-r.Ready():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the unit given back was not handed to the watcher")
-	}
+	r := handedTheUnit(t, a, b, k, lim)
 	bLane := b.Lane()
 	b.Close()
 	c := open()
 	if c.Lane() != bLane {
-		t.Skipf("the new process took lane %d, not the closed one's %d", c.Lane(), bLane)
+		t.Fatalf("the new process took lane %d, not the closed one's %d", c.Lane(), bLane)
 	}
 	// The budget is taken again, and c's waiter parks.
-	plan, err = a.Acquire(context.Background(), k, LocalOnly{}, lim)
+	plan, err := a.Acquire(context.Background(), k, LocalOnly{}, lim)
 	if err != nil || plan.Kind != PlanCreate {
 		t.Fatalf("second acquire: %v %v", plan.Kind, err)
 	}

@@ -17,20 +17,7 @@ import (
 func adv2HeldDefers(t *testing.T, x, y *Pool, k Key) {
 	t.Helper()
 	lim := Limits{MaxResources: 1}
-	plan, err := x.Acquire(context.Background(), k, LocalOnly{}, lim)
-	if err != nil || plan.Kind != PlanCreate {
-		t.Fatalf("first acquire: %v %v", plan.Kind, err)
-	}
-	r, err := x.Watch(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan.Permit.Close()
-	select {
-	case <-r.Ready():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the unit given back was not handed to the watcher")
-	}
+	r := handedTheUnit(t, x, x, k, lim)
 	ref, _ := x.lookupKey(k)
 	if h, ok := x.seg.heldOf(x.Lane(), ref.idx); !ok || h != uint32(r.w.ticket) {
 		t.Fatalf("lane %d's held word: %d %v, want ticket %d", x.Lane(), h, ok, uint32(r.w.ticket))
@@ -50,7 +37,7 @@ func adv2HeldDefers(t *testing.T, x, y *Pool, k Key) {
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	plan, err = y.Acquire(ctx, k, LocalOnly{}, lim)
+	plan, err := y.Acquire(ctx, k, LocalOnly{}, lim)
 	if err != nil || plan.Kind != PlanCreate {
 		t.Fatalf("acquire after the watcher left: %v %v", plan.Kind, err)
 	}

@@ -1,13 +1,7 @@
 package proxy
 
 import (
-	"bufio"
-	"context"
-	"io"
-	"net/http"
-	"sync"
 	"testing"
-	"time"
 
 	countingupstream "github.com/orbitproxy/orbit/integration/upstream"
 )
@@ -23,40 +17,7 @@ func TestFailedExchangeLeavesBeforeItsBudget(t *testing.T) {
 	const limit, rounds = 2, 15
 	up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit})
 	ms := newFleet(t, 2, func(tr *Transport) { tr.MaxConnsPerKey = limit })
-	var wg sync.WaitGroup
-	errs := make(chan error, 4*rounds)
-	for i := range 4 {
-		m := ms[i%2]
-		abandon := i < 2
-		wg.Go(func() {
-			for range rounds {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				path := "/"
-				if abandon {
-					path = "/stream?n=20&gap=2ms"
-				}
-				req, _ := http.NewRequestWithContext(ctx, "GET", up.URL+path, nil)
-				resp, err := m.tr.RoundTrip(req)
-				if err == nil {
-					if abandon {
-						// Read the first chunk, then go.
-						_, err = bufio.NewReader(resp.Body).ReadString('\n')
-						cancel()
-					} else {
-						_, err = io.Copy(io.Discard, resp.Body)
-					}
-					resp.Body.Close()
-				}
-				cancel()
-				if err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range capClients(ms, up.URL, rounds, 2) {
 		t.Errorf("request failed: %v", err)
 	}
 	if st := up.Stats(); st.Refused != 0 || st.Peak > limit {

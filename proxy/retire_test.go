@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net/http"
@@ -36,29 +37,7 @@ func TestRetiredConnectionLeavesBeforeItsBudget(t *testing.T) {
 		tr.MaxConnsPerKey = limit
 		tr.MaxRequestsPerConn = 1
 	})
-	var wg sync.WaitGroup
-	errs := make(chan error, 4*perGoroutine)
-	for i := range 4 {
-		m := ms[i%2]
-		wg.Go(func() {
-			for range perGoroutine {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				req, _ := http.NewRequestWithContext(ctx, "GET", up.URL+"/", nil)
-				resp, err := m.tr.RoundTrip(req)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-				cancel()
-				if err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	for _, err := range capClients(ms, up.URL, perGoroutine, 0) {
 		t.Errorf("request failed: %v", err)
 	}
 	st := up.Stats()
@@ -68,4 +47,47 @@ func TestRetiredConnectionLeavesBeforeItsBudget(t *testing.T) {
 	if st.Accepted < 4*perGoroutine {
 		t.Errorf("the upstream accepted %d connections for %d requests, each on a connection of its own", st.Accepted, 4*perGoroutine)
 	}
+}
+
+// capClients runs four clients of rounds requests each, on the members of ms
+// in turn, and returns the errors they met. The first abandoning of them ask
+// for a streamed response and leave after its first chunk, which fails
+// their exchange; the others get "/" in full.
+func capClients(ms []*member, url string, rounds, abandoning int) []error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for i := range 4 {
+		m := ms[i%len(ms)]
+		abandon := i < abandoning
+		wg.Go(func() {
+			for range rounds {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				path := "/"
+				if abandon {
+					path = "/stream?n=20&gap=2ms"
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", url+path, nil)
+				resp, err := m.tr.RoundTrip(req)
+				if err == nil {
+					if abandon {
+						_, err = bufio.NewReader(resp.Body).ReadString('\n')
+					} else {
+						_, err = io.Copy(io.Discard, resp.Body)
+					}
+					resp.Body.Close()
+				}
+				cancel()
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
 }
