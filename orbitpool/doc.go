@@ -105,11 +105,12 @@
 // is first for the next unit, but a unit that came back while its grant was on
 // its way has gone to a younger waiter; and such units that find no waiter
 // are counted as unclaimed, which a waiter deferring to a grant may take,
-// until the key's last waiter leaves. And a lane publishes only its three oldest tickets: while a
-// sibling's dispatcher has not yet delivered three or more grants, a return
-// of several units at once (a capacity raised, a lane reclaimed) ranks that
-// lane by its third waiter, which can pass a waiter elsewhere by the lane's
-// undelivered grants. A process delivers its own lane's grants at once.
+// until the key's last waiter leaves. And a lane publishes only its three
+// oldest tickets: while a sibling's dispatcher has not yet delivered three or
+// more grants, a return of several units at once (a capacity raised, a lane
+// reclaimed) ranks that lane by its third waiter, which can pass a waiter
+// elsewhere by the lane's undelivered grants. A process delivers its own
+// lane's grants at once.
 //
 // # Finding a key and a sibling's room
 //
