@@ -101,7 +101,13 @@ const maxCloseDrain = 256 << 10
 // peer may count the connection until it has read the reset.
 func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 	peerClosed := false
-	if c.closeWrite() == nil {
+	src, err := c.nc, c.closeWrite()
+	if err != nil && c.raw != c.nc {
+		// A TLS connection whose write was torn down (see abort) sends no
+		// close_notify; its socket can still tell the peer it is done.
+		src, err = c.raw, closeWrite(c.raw)
+	}
+	if err == nil {
 		deadline := time.Now().Add(d)
 		c.nc.SetReadDeadline(deadline)
 		if stop != nil {
@@ -117,9 +123,9 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 				}
 			}()
 		}
-		_, err := io.CopyN(io.Discard, c.nc, maxCloseDrain)
+		_, err := io.CopyN(io.Discard, src, maxCloseDrain)
 		// A TLS peer sends close_notify before it closes the socket: wait for the socket.
-		if err == io.EOF && c.raw != c.nc {
+		if err == io.EOF && src != c.raw {
 			_, err = io.CopyN(io.Discard, c.raw, maxCloseDrain)
 		}
 		peerClosed = err == io.EOF
@@ -139,12 +145,8 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 }
 
 // closeWrite half-closes the connection's write side.
-func (c *conn) closeWrite() error {
-	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return errors.New("proxy: connection does not support CloseWrite")
-}
+func (c *conn) closeWrite() error { return closeWrite(c.nc) }
+
 
 // limitReader caps how many bytes a response header may take. The exchange
 // sets n before reading a head and lifts it for the body, like net/http.

@@ -393,9 +393,8 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 	if kc := n.capOf(key); kc != nil && kc.max.Load() > 0 {
 		// An upstream may enforce the cap too: when an exchange fails,
 		// the connection keeps its unit until the upstream has let it go
-		// (see finish). Only a plain TCP one: a TLS one whose write was
-		// torn down cannot send its close_notify.
-		_, c.lingers = c.nc.(*net.TCPConn)
+		// (see finish).
+		_, c.lingers = c.raw.(*net.TCPConn)
 	}
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())

@@ -327,8 +327,10 @@ func tunnel(up *upgradeBody, nc net.Conn, br *bufio.Reader, reqDone func() bool,
 	nc.Close()
 }
 
-func closeWrite(c any) {
+// closeWrite half-closes c's write side, if it has one.
+func closeWrite(c any) error {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
+		return cw.CloseWrite()
 	}
+	return errors.New("proxy: connection does not support CloseWrite")
 }
