@@ -147,7 +147,6 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 // closeWrite half-closes the connection's write side.
 func (c *conn) closeWrite() error { return closeWrite(c.nc) }
 
-
 // limitReader caps how many bytes a response header may take. The exchange
 // sets n before reading a head and lifts it for the body, like net/http.
 type limitReader struct {
