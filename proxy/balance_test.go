@@ -175,7 +175,7 @@ func TestMoveOfAGoneConnectionEnds(t *testing.T) {
 	b.moving.Store(true)
 	a, c := net.Pipe()
 	defer c.Close()
-	m.node.retireToward(&owned{key: key, c: newConn(a, a)}, nil, 1)
+	m.node.retireToward(&owned{key: key, c: newConn(a, a)}, nil, 1, nil)
 	if b.moving.Load() || b.off.Load() {
 		t.Errorf("after the move of a connection no longer in the slots: moving %v, off %v; want neither", b.moving.Load(), b.off.Load())
 	}

@@ -26,15 +26,19 @@ type body struct {
 	// upstream: its trailers may carry the upstream's reset of the stream.
 	h2 *http.Response
 
-	mu     sync.Mutex
-	closed bool
-	rerr   error
-	ended  atomic.Bool
+	mu      sync.Mutex
+	closed  bool
+	rerr    error
+	reading int // Reads under way: a Close meanwhile leaves end to the last
+	ended   atomic.Bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	closed, rerr := b.closed, b.rerr
+	if !closed && rerr == nil {
+		b.reading++
+	}
 	b.mu.Unlock()
 	if closed {
 		return 0, errReadOnClosedBody
@@ -43,6 +47,13 @@ func (b *body) Read(p []byte) (int, error) {
 		return 0, rerr
 	}
 	n, err := b.rc.Read(p)
+	b.mu.Lock()
+	b.reading--
+	closedMeanwhile := b.closed && b.reading == 0
+	b.mu.Unlock()
+	if closedMeanwhile && err == nil {
+		b.end(false)
+	}
 	if err == nil {
 		return n, nil
 	}
@@ -119,6 +130,10 @@ func (b *body) end(eof bool) {
 	}
 }
 
+// Close tears the connection down unless the body was read to its end. A
+// Read still under way returns, and it, not Close, releases the connection:
+// its owner may hand the connection on, or read what is left of it (see
+// conn.lingers), only once nothing else reads it.
 func (b *body) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -126,12 +141,14 @@ func (b *body) Close() error {
 		return nil
 	}
 	b.closed = true
-	rerr := b.rerr
+	rerr, reading := b.rerr, b.reading > 0
 	b.mu.Unlock()
 	if rerr == nil && !b.ended.Load() {
 		b.x.c.abort(errBodyClosed)
 	}
-	b.end(rerr == io.EOF)
+	if !reading {
+		b.end(rerr == io.EOF)
+	}
 	return nil
 }
 

@@ -447,12 +447,14 @@ const closeWait = 250 * time.Millisecond
 // use that retires it, completes last; an idle one (exec nil) takes no new
 // reservation.
 func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
-	n.retireToward(oc, exec, -1)
+	n.retireToward(oc, exec, -1, nil)
 }
 
 // retireToward is retireInOrder for a connection that leaves so that lane
 // creates the next one (see balanceEvery), -1 for the fleet's oldest waiter.
-func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
+// slow, if set, runs when the upstream did not close its side in time (lane
+// -1 only).
+func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow func()) {
 	complete := func() {
 		if exec != nil {
 			exec.Complete()
@@ -483,7 +485,9 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
 	go func() {
 		defer n.closing.Done()
 		if lane < 0 {
-			oc.c.closeAfterPeer(closeWait, nil)
+			if !oc.c.closeAfterPeer(closeWait, nil) && slow != nil {
+				slow()
+			}
 		} else {
 			start := time.Now()
 			closed := oc.c.closeAfterPeer(moveCloseWait, n.stop)
@@ -492,6 +496,19 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int) {
 		n.unregisterToward(oc, lane)
 		complete()
 	}()
+}
+
+// lingeredInVain records that the upstream of oc, a connection whose
+// exchange failed, did not close its side within closeWait: it was still busy
+// with the request, most likely, and will be with the next one that fails.
+// Holding each such connection's unit that long makes the key's waiters wait
+// for nothing an upstream that closes at once would need, so from now on the
+// key's failed connections close at once, as the stock transport closes them.
+func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
+	if !kc.noLinger.Swap(true) {
+		n.log.Info("upstream slow to close a connection whose exchange failed: the key's failed connections now close at once",
+			zap.Stringer("id", oc.id), zap.Duration("waited", closeWait))
+	}
 }
 
 // dispose ends exec, whose connection oc (nil if gone) take did not hand
@@ -528,7 +545,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 			return
 		default:
 			if lane := n.balanceToward(oc, kc); lane >= 0 {
-				n.retireToward(oc, exec, lane)
+				n.retireToward(oc, exec, lane, nil)
 				return
 			}
 			oc.idle.Store(now.UnixNano())
@@ -537,10 +554,10 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	case outcomeHijacked:
 		n.retire(oc)
 	default:
-		if oc.c.lingers {
+		if kc := n.capOf(oc.key); oc.c.lingers && kc != nil && !kc.noLinger.Load() {
 			// A capped upstream counts the connection until it has
 			// read the close: a replacement dialed sooner is refused.
-			n.retireInOrder(oc, exec)
+			n.retireToward(oc, exec, -1, func() { n.lingeredInVain(oc, kc) })
 			return
 		}
 		oc.c.close()
@@ -698,7 +715,11 @@ type keyCap struct {
 	leaving atomic.Int64  // connections leaving for a lowered cap
 	uses    atomic.Uint64 // reusable uses of this process's connections
 	moving  atomic.Bool   // a connection is leaving toward a sibling
-	off     atomic.Bool   // the upstream was slow to close a moved connection
+	// noLinger: the upstream once kept a failed connection open past
+	// closeWait, so the key's failed connections now close at once (see
+	// lingeredInVain).
+	noLinger atomic.Bool
+	off      atomic.Bool // the upstream was slow to close a moved connection
 }
 
 // setCap records the fleet-wide cap on key's connections that the latest
