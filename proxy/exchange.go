@@ -80,6 +80,7 @@ type exchange struct {
 	hijacked  atomic.Bool
 	headDone  atomic.Bool
 	stopCtx   func() bool
+	ctxDone   atomic.Bool // stopCtx was called
 	headTimer atomic.Pointer[time.Timer]
 	// writeState is 0 while the request is being written, writeOver once
 	// it is out (or never will be), writeAborted once finishRead gave up
@@ -250,9 +251,7 @@ func (x *exchange) finishRead(ok bool) {
 	// may cancel the moment it has the response (a server cancels a
 	// request's context as its handler returns), no longer concerns this
 	// connection. What is left of the request write is bounded below.
-	if x.stopCtx != nil {
-		x.stopCtx()
-	}
+	x.unwatchCtx()
 	if x.writeState.Load() == 0 {
 		c := x.c
 		t := time.AfterFunc(maxWriteWait, func() {
@@ -263,6 +262,16 @@ func (x *exchange) finishRead(ok bool) {
 		x.writeTimer.Store(t)
 	}
 	x.finish(ok)
+}
+
+// unwatchCtx stops the watch on the caller's context, once. A watch that
+// has begun to abort the connection cannot be stopped, and its abort may not
+// have been recorded yet: the connection is then not to be reused, for the
+// abort would tear down its next exchange.
+func (x *exchange) unwatchCtx() {
+	if x.stopCtx != nil && x.ctxDone.CompareAndSwap(false, true) && !x.stopCtx() {
+		x.keepAlive.Store(false)
+	}
 }
 
 const (
@@ -280,9 +289,7 @@ func (x *exchange) finish(ok bool) {
 	if x.pending.Add(-1) != 0 {
 		return
 	}
-	if x.stopCtx != nil {
-		x.stopCtx()
-	}
+	x.unwatchCtx()
 	if t := x.headTimer.Load(); t != nil {
 		t.Stop()
 	}
