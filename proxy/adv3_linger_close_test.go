@@ -7,57 +7,9 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 )
-
-// stallingUpstream accepts connections, answers every request head with a
-// chunked response of one chunk, then sends nothing more and never closes
-// (it reads and discards, so it sees our FIN but ignores it) until the test
-// ends: a slow handler that ignores its client going away.
-func stallingUpstream(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	t.Cleanup(func() {
-		close(done)
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go func() {
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				_ = req
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-				io.Copy(io.Discard, br) // sees EOF, does not close
-				<-done
-			}()
-		}
-	}()
-	return "http://" + ln.Addr().String()
-}
 
 // TestAdv3LingerConcurrentCloseUnblocksRead: a body Read blocked on the
 // connection while another goroutine closes the body must return at once,
@@ -72,7 +24,13 @@ func TestAdv3LingerConcurrentCloseUnblocksRead(t *testing.T) {
 		cap  int
 	}{{"nocap", 0}, {"cap", 1}} {
 		t.Run(tc.name, func(t *testing.T) {
-			url := stallingUpstream(t)
+			// One chunk, then nothing, and no close: the upstream reads our
+			// FIN and ignores it, as a slow handler does.
+			url := rawUpstream(t, func(c net.Conn, br *bufio.Reader, _ *http.Request) bool {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+				io.Copy(io.Discard, br)
+				return false
+			})
 			tr := localTransport(t, func(tr *Transport) { tr.MaxConnsPerKey = tc.cap })
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 			for i := range 5 {

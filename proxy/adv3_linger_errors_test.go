@@ -9,43 +9,9 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-// scriptedUpstream runs serve on every accepted connection; the listener
-// and connections close when t ends.
-func scriptedUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go serve(c, bufio.NewReader(c))
-		}
-	}()
-	return "http://" + ln.Addr().String()
-}
 
 type slowReader struct{ n int }
 
@@ -82,32 +48,32 @@ func outcomeOf(tr *Transport, build func() (*http.Request, context.CancelFunc), 
 // exchange is torn down are the same with a cap (the connection lingers)
 // as without.
 func TestAdv3LingerErrorsMatchUncapped(t *testing.T) {
-	silent := func(c net.Conn, br *bufio.Reader) {
-		http.ReadRequest(br)
+	silent := func(c net.Conn, br *bufio.Reader, _ *http.Request) bool {
 		io.Copy(io.Discard, br)
+		return false
 	}
-	deaf := func(c net.Conn, br *bufio.Reader) { // reads the head, nothing of the body
-		http.ReadRequest(br)
+	deaf := func(net.Conn, *bufio.Reader, *http.Request) bool { // reads the head, nothing of the body
 		time.Sleep(3 * time.Second)
+		return false
 	}
-	early := func(c net.Conn, br *bufio.Reader) { // answers before reading the body
-		http.ReadRequest(br)
+	early := func(c net.Conn, _ *bufio.Reader, _ *http.Request) bool { // answers before reading the body
 		io.WriteString(c, "HTTP/1.1 413 Too Large\r\nContent-Length: 2\r\n\r\nno")
 		time.Sleep(3 * time.Second)
+		return false
 	}
-	stream := func(c net.Conn, br *bufio.Reader) {
-		http.ReadRequest(br)
+	stream := func(c net.Conn, _ *bufio.Reader, _ *http.Request) bool {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
 		for range 100 {
 			if _, err := io.WriteString(c, "5\r\nhello\r\n"); err != nil {
-				return
+				return false
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+		return false
 	}
 	cases := []struct {
 		name     string
-		serve    func(net.Conn, *bufio.Reader)
+		serve    func(net.Conn, *bufio.Reader, *http.Request) bool
 		conf     func(*Transport)
 		build    func(url string) func() (*http.Request, context.CancelFunc)
 		readBody bool
@@ -158,7 +124,7 @@ func TestAdv3LingerErrorsMatchUncapped(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			url := scriptedUpstream(t, tc.serve) + "/"
+			url := rawUpstream(t, tc.serve) + "/"
 			var got [2]string
 			for i, cp := range []int{0, 1} {
 				tr := localTransport(t, func(tr *Transport) {

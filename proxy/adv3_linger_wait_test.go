@@ -20,19 +20,14 @@ import (
 // close at once, and the waiter is served as soon as the first gives up.
 // Lingering every time made each cancelled request cost the queue 250 ms.
 func TestAdv3LingerWaiterPaysForCancelledRequest(t *testing.T) {
-	url := scriptedUpstream(t, func(c net.Conn, br *bufio.Reader) {
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			if strings.HasPrefix(req.URL.Path, "/slow") {
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-				time.Sleep(5 * time.Second) // the handler, still busy; the FIN is not read
-				return
-			}
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	url := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		if strings.HasPrefix(req.URL.Path, "/slow") {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+			time.Sleep(5 * time.Second) // the handler, still busy; the FIN is not read
+			return false
 		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
 	})
 	tr := localTransport(t, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
 	for i := range 3 {
