@@ -22,15 +22,7 @@ import (
 // the budget free until its dispatcher wakes on its own (ReconcileInterval).
 func TestAdv2HeldReadinessClosedAfterPoolCloses(t *testing.T) {
 	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: 4, Keys: 8, ResourcesPerLane: 8}
-	opts := Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour}
-	open := func() *Pool {
-		p, err := Open(spec, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		return p
-	}
+	open := opener(t, spec, Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour})
 	a, b := open(), open()
 	k := Key{0xad2e, 0xc105}
 	lim := Limits{MaxResources: 1}

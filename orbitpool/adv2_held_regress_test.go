@@ -94,15 +94,7 @@ func TestAdv2HeldManyLanes(t *testing.T) {
 // waiters defer to nothing of the old one's.
 func TestAdv2HeldWordClearedEveryWay(t *testing.T) {
 	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: 4, Keys: 2, ResourcesPerLane: 4}
-	opts := Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour}
-	open := func() *Pool {
-		p, err := Open(spec, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		return p
-	}
+	open := opener(t, spec, Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour})
 	a, b := open(), open()
 	lim := Limits{MaxResources: 1}
 	anyHeld := func(p *Pool, idx int) string {

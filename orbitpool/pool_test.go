@@ -29,16 +29,26 @@ func openShared(t testing.TB, spec PoolSpec, n int) []*Pool {
 	if spec.Path == "" {
 		spec.Path = filepath.Join(t.TempDir(), "seg")
 	}
+	open := opener(t, spec, testOpts)
 	var ps []*Pool
 	for range n {
-		p, err := Open(spec, testOpts)
+		ps = append(ps, open())
+	}
+	return ps
+}
+
+// opener returns a function that opens a member of the fleet of spec with
+// opts, closed when t ends.
+func opener(t testing.TB, spec PoolSpec, opts Options) func() *Pool {
+	return func() *Pool {
+		t.Helper()
+		p, err := Open(spec, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.Close() })
-		ps = append(ps, p)
+		return p
 	}
-	return ps
 }
 
 var small = PoolSpec{Lanes: 4, Keys: 16, ResourcesPerLane: 16}
