@@ -93,25 +93,13 @@ func TestAdv2ShutdownTimeoutDoesNotReplayPOST(t *testing.T) {
 			owner, client := remotePair(t, nil)
 			warm(t, owner, u.srv.URL+"/warm")
 
-			done := make(chan roundTripResult, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
-				defer cancel()
-				var body io.Reader
-				if tc.body != "" {
-					body = io.NopCloser(strings.NewReader(tc.body))
-				}
-				req, _ := http.NewRequestWithContext(ctx, "POST", u.srv.URL+"/hang", body)
-				req.ContentLength = int64(len(tc.body))
-				resp, err := client.tr.RoundTrip(req)
-				if err != nil {
-					done <- roundTripResult{err: err}
-					return
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				done <- roundTripResult{string(b), err}
-			}()
+			var body io.Reader
+			if tc.body != "" {
+				body = io.NopCloser(strings.NewReader(tc.body))
+			}
+			req, _ := http.NewRequest("POST", u.srv.URL+"/hang", body)
+			req.ContentLength = int64(len(tc.body))
+			done := sendAsync(client.tr, req)
 			select {
 			case <-u.arrived:
 			case <-time.After(5 * time.Second):
@@ -535,19 +523,9 @@ func TestShutdownTimeoutRefusesWaitingRequest(t *testing.T) {
 	held := gov.Acquire()
 	defer held.Release()
 
-	done := make(chan roundTripResult, 1)
-	go func() {
-		req, _ := http.NewRequest("POST", u.srv.URL+"/hang", io.NopCloser(strings.NewReader("once")))
-		req.ContentLength = 4
-		resp, err := client.tr.RoundTrip(req)
-		if err != nil {
-			done <- roundTripResult{err: err}
-			return
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		done <- roundTripResult{string(b), err}
-	}()
+	req, _ := http.NewRequest("POST", u.srv.URL+"/hang", io.NopCloser(strings.NewReader("once")))
+	req.ContentLength = 4
+	done := sendAsync(client.tr, req)
 	waitFor(t, 2*time.Second, "the POST to wait on the owner", func() bool { return client.node.Stats().ReusedRemote == 1 })
 	time.Sleep(50 * time.Millisecond)
 	sctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

@@ -309,12 +309,18 @@ type roundTripResult struct {
 // roundTripAsync sends a request through rt in the background, for at most
 // 10s, and delivers its response body or its error.
 func roundTripAsync(rt http.RoundTripper, method, url string, body io.Reader) <-chan roundTripResult {
+	req, _ := http.NewRequest(method, url, body)
+	return sendAsync(rt, req)
+}
+
+// sendAsync is roundTripAsync for a request already made: a body of declared
+// length without GetBody, say, which net/http's constructor would not make.
+func sendAsync(rt http.RoundTripper, req *http.Request) <-chan roundTripResult {
 	done := make(chan roundTripResult, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(req.Context(), 10*time.Second)
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, method, url, body)
-		resp, err := rt.RoundTrip(req)
+		resp, err := rt.RoundTrip(req.WithContext(ctx))
 		if err != nil {
 			done <- roundTripResult{err: err}
 			return
