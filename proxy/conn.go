@@ -123,10 +123,12 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 				}
 			}()
 		}
-		_, err := io.CopyN(io.Discard, src, maxCloseDrain)
+		// One byte past the bound tells a peer that closed right after
+		// it from one that sends more.
+		_, err := io.CopyN(io.Discard, src, maxCloseDrain+1)
 		// A TLS peer sends close_notify before it closes the socket: wait for the socket.
 		if err == io.EOF && src != c.raw {
-			_, err = io.CopyN(io.Discard, c.raw, maxCloseDrain)
+			_, err = io.CopyN(io.Discard, c.raw, maxCloseDrain+1)
 		}
 		peerClosed = err == io.EOF
 		if err == nil {

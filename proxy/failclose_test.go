@@ -3,7 +3,10 @@ package proxy
 import (
 	"crypto/tls"
 	"fmt"
+	"io"
+	"net"
 	"testing"
+	"time"
 
 	countingupstream "github.com/orbitproxy/orbit/integration/upstream"
 )
@@ -30,6 +33,64 @@ func TestFailedExchangeLeavesBeforeItsBudget(t *testing.T) {
 			if st := up.Stats(); st.Refused != 0 || st.Peak > limit {
 				t.Errorf("the upstream refused %d connections, and saw %d at once, with the fleet's cap at its own %d", st.Refused, st.Peak, limit)
 			}
+		})
+	}
+}
+
+// A peer that sends what is left of its response and then closes has let
+// the connection go, however much that was, up to the drain's bound; past
+// the bound the connection is reset and counts as held to the end.
+func TestCloseAfterPeerDrainBound(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		send   int
+		closes bool
+	}{
+		{"exactly the bound, then close", maxCloseDrain, true},
+		{"one byte past the bound", maxCloseDrain + 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			peerDone := make(chan struct{})
+			go func() {
+				defer close(peerDone)
+				pc, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer pc.Close()
+				// Wait for the half-close, so that everything sent
+				// comes after it, as it does from a failed exchange.
+				io.Copy(io.Discard, pc)
+				pc.Write(make([]byte, tc.send))
+				if !tc.closes {
+					pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+					pc.Read(make([]byte, 1)) // until reset
+				}
+			}()
+			nc, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newConn(nc, nc)
+			const wait = 2 * time.Second
+			start := time.Now()
+			closed := c.closeAfterPeer(wait, nil)
+			took := time.Since(start)
+			if closed != tc.closes {
+				t.Fatalf("closeAfterPeer = %v after %d bytes, want %v", closed, tc.send, tc.closes)
+			}
+			if tc.closes && took > wait/2 {
+				t.Errorf("a peer that closed was waited for %v", took)
+			}
+			if !tc.closes && took < wait {
+				t.Errorf("a reset connection was given back after %v, before its wait of %v", took, wait)
+			}
+			<-peerDone
 		})
 	}
 }
