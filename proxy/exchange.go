@@ -126,6 +126,10 @@ var closedChan = func() chan struct{} {
 
 const defaultMaxHeaderBytes = 10 << 20
 
+// abortOnCancel tears down the connection of an exchange whose context was
+// cancelled. Tests delay it to land after the exchange has ended.
+var abortOnCancel = (*conn).abort
+
 // roundTrip runs one exchange. On error the connection has been closed and
 // o.done called (or it will be, once the body writer notices).
 func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, error) {
@@ -137,7 +141,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	ctx := req.Context()
 	x.trace = httptrace.ContextClientTrace(ctx)
 	if ctx.Done() != nil {
-		x.stopCtx = context.AfterFunc(ctx, func() { c.abort(ctx.Err()) })
+		x.stopCtx = context.AfterFunc(ctx, func() { abortOnCancel(c, ctx.Err()) })
 	}
 
 	hasBody := req.Body != nil && req.Body != http.NoBody
