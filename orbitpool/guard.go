@@ -105,9 +105,15 @@ func (e *Execution) ID() ResourceID { return e.g.id }
 
 // Complete ends the use. Calls after the first do nothing, as does a Complete
 // on a resource that was unregistered meanwhile.
+//
+// When the unit goes to a goroutine of this process that waits for it,
+// Complete yields the processor, as sync.Mutex does in its starvation mode:
+// the waiter then starts its use at once, rather than after whatever the
+// caller does next (a proxy writes its own client's response), and the
+// resource sits idle for less time between two uses.
 func (e *Execution) Complete() {
-	if atomic.CompareAndSwapUint32(&e.g.state, guardHeld, guardDone) {
-		e.p.completeUse(e.g)
+	if atomic.CompareAndSwapUint32(&e.g.state, guardHeld, guardDone) && e.p.completeUse(e.g) {
+		runtime.Gosched()
 	}
 }
 
@@ -117,11 +123,13 @@ func (e *Execution) Close() error {
 	return nil
 }
 
-func (p *Pool) completeUse(g *useGuard) {
+// completeUse gives back the guard's use and reports whether it went to a
+// waiter of this process.
+func (p *Pool) completeUse(g *useGuard) bool {
 	if p.closed.Load() {
-		return
+		return false
 	}
-	p.dropUse(p.seg.slotOff(p.lane, g.id.Slot()), g.id.Generation(), int(g.key))
+	return p.dropUse(p.seg.slotOff(p.lane, g.id.Slot()), g.id.Generation(), int(g.key))
 }
 
 // CreationPermit is one unit of a key's creation budget, held while a resource

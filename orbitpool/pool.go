@@ -386,9 +386,9 @@ func (p *Pool) wake(k int, n uint64) {
 // -1 for none: this process's own lane for room on its own resources, which
 // can then stay here, or the lane UnregisterToward names. The others
 // (creation budget, grants passed on) go in strict order.
-func (p *Pool) grant(k int, n uint64, prefer int) {
+func (p *Pool) grant(k int, n uint64, prefer int) (here bool) {
 	var rung [MaxLanes / 64]uint64
-	if n = p.grantLanes(k, n, prefer, &rung); n > 0 {
+	if n, here = p.grantLanes(k, n, prefer, &rung); n > 0 {
 		// No waiter to hand these to: every one the scan saw has a unit
 		// on its way. A waiter that published itself since may have
 		// deferred to those; it finds these as unclaimed, or the scan
@@ -400,7 +400,9 @@ func (p *Pool) grant(k int, n uint64, prefer int) {
 			if u == 0 || !atomic.CompareAndSwapUint64(unclaimed, u, u-1) {
 				break
 			}
-			if p.grantLanes(k, 1, -1, &rung) != 0 {
+			left, h := p.grantLanes(k, 1, -1, &rung)
+			here = here || h
+			if left != 0 {
 				atomic.AddUint64(unclaimed, 1)
 				break
 			}
@@ -411,13 +413,14 @@ func (p *Pool) grant(k int, n uint64, prefer int) {
 			p.ring(i*64 + trailingZeros(m))
 		}
 	}
+	return here
 }
 
 // grantLanes adds up to n grants to the lanes of key k, each to the lane
 // whose next waiter is the oldest (or to lane prefer's, within the order
 // window), delivers this lane's, marks the other lanes in rung, and returns
-// how many it could not give.
-func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint64) uint64 {
+// how many it could not give and whether it delivered any here.
+func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint64) (left uint64, here bool) {
 	s := p.seg
 	base := s.keyOff(k) + kfMasks
 	for fails := 0; n > 0 && fails < 4*p.l.nlanes+8; {
@@ -462,31 +465,28 @@ func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint
 			// Delivered at once, so that this lane's word names its next
 			// waiter exactly for the units still to hand out.
 			p.waiters.deliver(p, k)
+			here = true
 		} else {
 			rung[best>>6] |= laneBit(best)
 		}
 	}
-	return n
+	return n, here
 }
 
 // unitBack is setRoom and wake for one unit of this lane's, the hot path of
-// Complete: with at most 64 lanes, both masks are one word of one line.
-func (p *Pool) unitBack(k int) {
+// Complete: with at most 64 lanes, both masks are one word of one line. It
+// reports whether the unit went to a waiter of this process.
+func (p *Pool) unitBack(k int) (handed bool) {
 	if p.l.maskWords != 1 {
 		p.setRoom(p.lane, k)
-		if p.queued(k) {
-			p.grant(k, 1, p.lane)
-		}
-		return
+		return p.queued(k) && p.grant(k, 1, p.lane)
 	}
 	off := p.seg.keyOff(k) + kfMasks
 	room, bit := p.seg.u64(off+8), laneBit(p.lane)
 	if atomic.LoadUint64(room)&bit == 0 {
 		atomic.OrUint64(room, bit)
 	}
-	if atomic.LoadUint64(p.seg.u64(off)) != 0 {
-		p.grant(k, 1, p.lane)
-	}
+	return atomic.LoadUint64(p.seg.u64(off)) != 0 && p.grant(k, 1, p.lane)
 }
 
 // setRoom notes that lane l may have room on a resource of key k, for

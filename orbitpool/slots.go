@@ -433,17 +433,17 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 	}
 }
 
-// dropUse gives back one use of the slot at off in generation gen.
-func (p *Pool) dropUse(off int, gen uint64, k int) {
+// dropUse gives back one use of the slot at off in generation gen, and
+// reports whether it went to a waiter of this process.
+func (p *Pool) dropUse(off int, gen uint64, k int) (handed bool) {
 	word := p.seg.u64(off + slWord)
 	for {
 		w := atomic.LoadUint64(word)
 		if wGen(w) != gen || wState(w) != StateLive || wUse(w) == 0 {
-			return
+			return false
 		}
 		if atomic.CompareAndSwapUint64(word, w, w-useOne) {
-			p.unitBack(k)
-			return
+			return p.unitBack(k)
 		}
 	}
 }
