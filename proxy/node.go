@@ -502,14 +502,22 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow
 // exchange failed, did not close its side within closeWait: it was still busy
 // with the request, most likely, and will be with the next one that fails.
 // Holding each such connection's unit that long makes the key's waiters wait
-// for nothing an upstream that closes at once would need, so from now on the
-// key's failed connections close at once, as the stock transport closes them.
+// for nothing an upstream that closes at once would need, so for lingerPause
+// the key's failed connections close at once, as the stock transport closes
+// them.
 func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
-	if !kc.noLinger.Swap(true) {
-		n.log.Info("upstream slow to close a connection whose exchange failed: the key's failed connections now close at once",
-			zap.Stringer("id", oc.id), zap.Duration("waited", closeWait))
+	now := time.Now()
+	if until := kc.noLingerUntil.Swap(now.Add(lingerPause).UnixNano()); until < now.UnixNano() {
+		n.log.Info("upstream slow to close a connection whose exchange failed: the key's failed connections close at once for a while",
+			zap.Stringer("id", oc.id), zap.Duration("waited", closeWait), zap.Duration("for", lingerPause))
 	}
 }
+
+// lingerPause is how long a key's failed connections close at once after
+// its upstream kept one open past closeWait. Then they wait for the upstream
+// again: one that was busy then may not be now, and under a cap it refuses a
+// replacement dialed too soon.
+var lingerPause = time.Minute
 
 // dispose ends exec, whose connection oc (nil if gone) take did not hand
 // over. One take found unfit leaves the pool: in good order if the upstream
@@ -554,7 +562,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	case outcomeHijacked:
 		n.retire(oc)
 	default:
-		if kc := n.capOf(oc.key); oc.c.lingers && kc != nil && !kc.noLinger.Load() {
+		if kc := n.capOf(oc.key); oc.c.lingers && kc != nil && kc.lingering(time.Now()) {
 			// A capped upstream counts the connection until it has
 			// read the close: a replacement dialed sooner is refused.
 			n.retireToward(oc, exec, -1, func() { n.lingeredInVain(oc, kc) })
@@ -715,11 +723,17 @@ type keyCap struct {
 	leaving atomic.Int64  // connections leaving for a lowered cap
 	uses    atomic.Uint64 // reusable uses of this process's connections
 	moving  atomic.Bool   // a connection is leaving toward a sibling
-	// noLinger: the upstream once kept a failed connection open past
-	// closeWait, so the key's failed connections now close at once (see
-	// lingeredInVain).
-	noLinger atomic.Bool
-	off      atomic.Bool // the upstream was slow to close a moved connection
+	// noLingerUntil (Unix nanoseconds): the upstream kept a failed
+	// connection open past closeWait, so until then the key's failed
+	// connections close at once (see lingeredInVain).
+	noLingerUntil atomic.Int64
+	off           atomic.Bool // the upstream was slow to close a moved connection
+}
+
+// lingering reports whether a failed connection of the key waits for its
+// upstream to close before it gives its unit back.
+func (kc *keyCap) lingering(now time.Time) bool {
+	return now.UnixNano() >= kc.noLingerUntil.Load()
 }
 
 // setCap records the fleet-wide cap on key's connections that the latest
