@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -130,7 +131,8 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 		if err == io.EOF && src != c.raw {
 			_, err = io.CopyN(io.Discard, c.raw, maxCloseDrain+1)
 		}
-		peerClosed = err == io.EOF
+		// A reset is the peer's close too: it has let the connection go.
+		peerClosed = err == io.EOF || errors.Is(err, syscall.ECONNRESET)
 		if err == nil {
 			c.close()
 			t := time.NewTimer(time.Until(deadline))

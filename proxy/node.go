@@ -506,8 +506,8 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow
 // the key's failed connections close at once, as the stock transport closes
 // them.
 func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
-	now := time.Now()
-	if until := kc.noLingerUntil.Swap(now.Add(lingerPause).UnixNano()); until < now.UnixNano() {
+	now := sinceStart(time.Now())
+	if until := kc.noLingerUntil.Swap(now + int64(lingerPause)); until < now {
 		n.log.Info("upstream slow to close a connection whose exchange failed: the key's failed connections close at once for a while",
 			zap.Stringer("id", oc.id), zap.Duration("waited", closeWait), zap.Duration("for", lingerPause))
 	}
@@ -723,9 +723,9 @@ type keyCap struct {
 	leaving atomic.Int64  // connections leaving for a lowered cap
 	uses    atomic.Uint64 // reusable uses of this process's connections
 	moving  atomic.Bool   // a connection is leaving toward a sibling
-	// noLingerUntil (Unix nanoseconds): the upstream kept a failed
-	// connection open past closeWait, so until then the key's failed
-	// connections close at once (see lingeredInVain).
+	// noLingerUntil (nanoseconds since processStart): the upstream kept
+	// a failed connection open past closeWait, so until then the key's
+	// failed connections close at once (see lingeredInVain).
 	noLingerUntil atomic.Int64
 	off           atomic.Bool // the upstream was slow to close a moved connection
 }
@@ -733,8 +733,15 @@ type keyCap struct {
 // lingering reports whether a failed connection of the key waits for its
 // upstream to close before it gives its unit back.
 func (kc *keyCap) lingering(now time.Time) bool {
-	return now.UnixNano() >= kc.noLingerUntil.Load()
+	return sinceStart(now) >= kc.noLingerUntil.Load()
 }
+
+// processStart is the origin of the times keyCap keeps in integers, so that
+// they follow the monotonic clock: a step of the wall clock neither
+// lengthens nor cuts short a pause.
+var processStart = time.Now()
+
+func sinceStart(t time.Time) int64 { return int64(t.Sub(processStart)) }
 
 // setCap records the fleet-wide cap on key's connections that the latest
 // Transport to use key was configured with (0: none).
