@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// adv4PeerPair dials a loopback peer run by serve and returns the client
+// peerPair dials a loopback peer run by serve and returns the client
 // side as a conn, TLS if useTLS. serve gets the server side (TLS or plain)
 // and the raw TCP connection under it.
-func adv4PeerPair(t *testing.T, useTLS bool, serve func(c net.Conn, raw *net.TCPConn)) (*conn, <-chan struct{}) {
+func peerPair(t *testing.T, useTLS bool, serve func(c net.Conn, raw *net.TCPConn)) (*conn, <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,7 +64,7 @@ func adv4PeerPair(t *testing.T, useTLS bool, serve func(c net.Conn, raw *net.TCP
 // maxCloseDrain bytes after our close_notify and then closes in good order
 // (close_notify, FIN) has closed.
 func TestAdv4CloseAfterPeerTLSExactBound(t *testing.T) {
-	c, done := adv4PeerPair(t, true, func(pc net.Conn, _ *net.TCPConn) {
+	c, done := peerPair(t, true, func(pc net.Conn, _ *net.TCPConn) {
 		io.Copy(io.Discard, pc) // until our close_notify
 		pc.Write(make([]byte, maxCloseDrain))
 		pc.Close()
@@ -84,7 +84,7 @@ func TestAdv4CloseAfterPeerTLSExactBound(t *testing.T) {
 // exchange calls the upstream slow to close (lingeredInVain) and a moved
 // connection turns moves off for the key (Node.moved).
 func TestAdv4CloseAfterPeerClosedWithoutNotify(t *testing.T) {
-	c, done := adv4PeerPair(t, true, func(pc net.Conn, raw *net.TCPConn) {
+	c, done := peerPair(t, true, func(pc net.Conn, raw *net.TCPConn) {
 		io.Copy(io.Discard, pc) // until our close_notify
 		raw.Close()             // no close_notify
 	})
@@ -100,7 +100,7 @@ func TestAdv4CloseAfterPeerClosedWithoutNotify(t *testing.T) {
 // reads our half-close has let it go at once.
 func TestAdv4CloseAfterPeerReset(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
-		c, done := adv4PeerPair(t, useTLS, func(pc net.Conn, raw *net.TCPConn) {
+		c, done := peerPair(t, useTLS, func(pc net.Conn, raw *net.TCPConn) {
 			io.Copy(io.Discard, pc)
 			raw.SetLinger(0)
 			raw.Close()

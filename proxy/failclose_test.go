@@ -50,33 +50,14 @@ func TestCloseAfterPeerDrainBound(t *testing.T) {
 		{"one byte past the bound", maxCloseDrain + 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			peerDone := make(chan struct{})
-			go func() {
-				defer close(peerDone)
-				pc, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				defer pc.Close()
-				// Wait for the half-close, so that everything sent
-				// comes after it, as it does from a failed exchange.
+			c, done := peerPair(t, false, func(pc net.Conn, _ *net.TCPConn) {
+				// After the half-close, as from a failed exchange.
 				io.Copy(io.Discard, pc)
 				pc.Write(make([]byte, tc.send))
 				if !tc.closes {
-					pc.SetReadDeadline(time.Now().Add(5 * time.Second))
 					pc.Read(make([]byte, 1)) // until reset
 				}
-			}()
-			nc, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := newConn(nc, nc)
+			})
 			const wait = 2 * time.Second
 			start := time.Now()
 			closed := c.closeAfterPeer(wait, nil)
@@ -90,7 +71,7 @@ func TestCloseAfterPeerDrainBound(t *testing.T) {
 			if !tc.closes && took < wait {
 				t.Errorf("a reset connection was given back after %v, before its wait of %v", took, wait)
 			}
-			<-peerDone
+			<-done
 		})
 	}
 }
