@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -153,28 +152,7 @@ func TestAdv2HeldKillsLeaveNoWaiterBehind(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	rounds := mpScale(12, 5)
 	args := mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 100 * time.Millisecond, Lifetime: 60 * time.Second}
-	for round := range rounds {
-		var cs []*mpChild
-		for i := range 2 {
-			a := args
-			a.Seed = uint64(round*2 + i + 1)
-			cs = append(cs, mpStart(t, "adv2-held-churner", a))
-		}
-		var pids []int
-		for _, c := range cs {
-			pids = append(pids, c.expect("ready", 30*time.Second).PID)
-		}
-		time.Sleep(time.Duration(rng.IntN(100000)) * time.Microsecond)
-		for _, c := range cs {
-			c.kill()
-			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
-		}
-		if _, ok := mpWaitSnap(p, 3*time.Second, func(s Snapshot) bool {
-			return !slices.ContainsFunc(s.Lanes, func(l LaneInfo) bool { return slices.Contains(pids, l.PID) })
-		}); !ok {
-			t.Fatalf("round %d: killed lanes not reclaimed in 3s", round)
-		}
-	}
+	killRounds(t, p, "adv2-held-churner", args, rounds, rng, 100*time.Millisecond, nil)
 	// The parent alone now: its waiters must keep being served.
 	time.Sleep(200 * time.Millisecond)
 	stop.Store(true)

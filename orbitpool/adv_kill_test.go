@@ -151,31 +151,11 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	rounds := mpScale(20, 6)
 	args := mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 100 * time.Millisecond, IDs: ids, Lifetime: 60 * time.Second}
-	for round := range rounds {
-		var cs []*mpChild
-		for i := range 2 {
-			a := args
-			a.Seed = uint64(round*2 + i + 1)
-			cs = append(cs, mpStart(t, "adv-killee", a))
-		}
-		var pids []int
-		for _, c := range cs {
-			pids = append(pids, c.expect("ready", 30*time.Second).PID)
-		}
-		time.Sleep(time.Duration(rng.IntN(20000)) * time.Microsecond)
-		for _, c := range cs {
-			c.kill()
-			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
-		}
-		if _, ok := mpWaitSnap(p, 3*time.Second, func(s Snapshot) bool {
-			return !slices.ContainsFunc(s.Lanes, func(l LaneInfo) bool { return slices.Contains(pids, l.PID) })
-		}); !ok {
-			t.Fatalf("round %d: killed lanes not reclaimed in 3s", round)
-		}
+	killRounds(t, p, "adv-killee", args, rounds, rng, 20*time.Millisecond, func(round int) {
 		if v := bad.Load(); v != nil {
 			t.Fatalf("round %d: %v", round, v)
 		}
-	}
+	})
 	close(stop)
 	<-done
 	if v := bad.Load(); v != nil {
@@ -215,4 +195,37 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 		}
 	}
 	t.Logf("%d rounds of 2 kills; %d leases accepted", rounds, accepted.Load())
+}
+
+// killRounds runs rounds of two children in role, started with args (each
+// with its own seed). Once both are ready it waits up to lead, SIGKILLs them
+// a few milliseconds apart, and waits for their lanes to be reclaimed; then
+// after, if set, checks the round.
+func killRounds(t *testing.T, p *Pool, role string, args mpArgs, rounds int, rng *rand.Rand, lead time.Duration, after func(round int)) {
+	t.Helper()
+	for round := range rounds {
+		var cs []*mpChild
+		for i := range 2 {
+			a := args
+			a.Seed = uint64(round*2 + i + 1)
+			cs = append(cs, mpStart(t, role, a))
+		}
+		var pids []int
+		for _, c := range cs {
+			pids = append(pids, c.expect("ready", 30*time.Second).PID)
+		}
+		time.Sleep(time.Duration(rng.Int64N(int64(lead))))
+		for _, c := range cs {
+			c.kill()
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		}
+		if _, ok := mpWaitSnap(p, 3*time.Second, func(s Snapshot) bool {
+			return !slices.ContainsFunc(s.Lanes, func(l LaneInfo) bool { return slices.Contains(pids, l.PID) })
+		}); !ok {
+			t.Fatalf("round %d: killed lanes not reclaimed in 3s", round)
+		}
+		if after != nil {
+			after(round)
+		}
+	}
 }

@@ -94,19 +94,11 @@ func modelTicketOrder(t *testing.T, seed uint64, window uint32) {
 	const lanes, capacity, steps = 4, 3, 250
 	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: lanes, Keys: 8, ResourcesPerLane: 16}
 	opts := Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour, OrderWindow: window}
+	open := opener(t, spec, opts)
 	ps := make([]*Pool, lanes)
 	for i := range ps {
-		p, err := Open(spec, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps[i] = p
+		ps[i] = open()
 	}
-	defer func() {
-		for _, p := range ps {
-			p.Close()
-		}
-	}()
 	k := Key{0x6f72, seed}
 	lim := Limits{MaxResources: capacity}
 	rng := rand.New(rand.NewPCG(seed, 99))
@@ -267,11 +259,7 @@ func modelTicketOrder(t *testing.T, seed uint64, window uint32) {
 				}
 				time.Sleep(100 * time.Microsecond)
 			}
-			p, err := Open(spec, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ps[l] = p
+			ps[l] = open()
 			settle(step, "close")
 		}
 	}

@@ -27,8 +27,8 @@ func (r *slowReader) Read(p []byte) (int, error) {
 
 // outcomeOf describes what a caller sees: RoundTrip's error, its retry
 // safety, and what reading the body gave.
-func outcomeOf(tr *Transport, build func() (*http.Request, context.CancelFunc), readBody bool) string {
-	req, cancel := build()
+func outcomeOf(tr *Transport, rc lingerRequest, readBody bool) string {
+	req, cancel := rc.build()
 	defer cancel()
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
@@ -42,6 +42,31 @@ func outcomeOf(tr *Transport, build func() (*http.Request, context.CancelFunc), 
 		s += fmt.Sprintf(" body err=%v canceled=%v", err, errors.Is(err, context.Canceled))
 	}
 	return s
+}
+
+// lingerRequest describes a request of TestAdv3LingerErrorsMatchUncapped.
+type lingerRequest struct {
+	url         string
+	post        bool          // with a 64 MiB body sent slowly
+	cancelAfter time.Duration // 0: never cancelled
+	timeout     time.Duration // 0: none
+}
+
+func (rc lingerRequest) build() (*http.Request, context.CancelFunc) {
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	switch {
+	case rc.timeout > 0:
+		ctx, cancel = context.WithTimeout(ctx, rc.timeout)
+	case rc.cancelAfter > 0:
+		ctx, cancel = context.WithCancel(ctx)
+		time.AfterFunc(rc.cancelAfter, cancel)
+	}
+	method, body := "GET", io.Reader(nil)
+	if rc.post {
+		method, body = "POST", io.NopCloser(&slowReader{n: 64 << 20})
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, rc.url, body)
+	return req, cancel
 }
 
 // TestAdv3LingerErrorsMatchUncapped: the errors a caller sees when an
@@ -75,52 +100,15 @@ func TestAdv3LingerErrorsMatchUncapped(t *testing.T) {
 		name     string
 		serve    func(net.Conn, *bufio.Reader, *http.Request) bool
 		conf     func(*Transport)
-		build    func(url string) func() (*http.Request, context.CancelFunc)
+		req      lingerRequest // its url is the upstream's
 		readBody bool
 	}{
-		{"cancel-awaiting-head", silent, nil, func(url string) func() (*http.Request, context.CancelFunc) {
-			return func() (*http.Request, context.CancelFunc) {
-				ctx, cancel := context.WithCancel(context.Background())
-				time.AfterFunc(50*time.Millisecond, cancel)
-				req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-				return req, cancel
-			}
-		}, false},
-		{"deadline-awaiting-head", silent, nil, func(url string) func() (*http.Request, context.CancelFunc) {
-			return func() (*http.Request, context.CancelFunc) {
-				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-				req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-				return req, cancel
-			}
-		}, false},
-		{"header-timeout", silent, func(tr *Transport) { tr.ResponseHeaderTimeout = 50 * time.Millisecond }, func(url string) func() (*http.Request, context.CancelFunc) {
-			return func() (*http.Request, context.CancelFunc) {
-				req, _ := http.NewRequest("GET", url, nil)
-				return req, func() {}
-			}
-		}, false},
-		{"cancel-writing-body", deaf, nil, func(url string) func() (*http.Request, context.CancelFunc) {
-			return func() (*http.Request, context.CancelFunc) {
-				ctx, cancel := context.WithCancel(context.Background())
-				time.AfterFunc(100*time.Millisecond, cancel)
-				req, _ := http.NewRequestWithContext(ctx, "POST", url, io.NopCloser(&slowReader{n: 64 << 20}))
-				return req, cancel
-			}
-		}, false},
-		{"early-answer-body-stalls", early, nil, func(url string) func() (*http.Request, context.CancelFunc) {
-			return func() (*http.Request, context.CancelFunc) {
-				req, _ := http.NewRequest("POST", url, io.NopCloser(&slowReader{n: 64 << 20}))
-				return req, func() {}
-			}
-		}, true},
-		{"cancel-reading-body", stream, nil, func(url string) func() (*http.Request, context.CancelFunc) {
-			return func() (*http.Request, context.CancelFunc) {
-				ctx, cancel := context.WithCancel(context.Background())
-				time.AfterFunc(100*time.Millisecond, cancel)
-				req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-				return req, cancel
-			}
-		}, true},
+		{"cancel-awaiting-head", silent, nil, lingerRequest{cancelAfter: 50 * time.Millisecond}, false},
+		{"deadline-awaiting-head", silent, nil, lingerRequest{timeout: 300 * time.Millisecond}, false},
+		{"header-timeout", silent, func(tr *Transport) { tr.ResponseHeaderTimeout = 50 * time.Millisecond }, lingerRequest{}, false},
+		{"cancel-writing-body", deaf, nil, lingerRequest{post: true, cancelAfter: 100 * time.Millisecond}, false},
+		{"early-answer-body-stalls", early, nil, lingerRequest{post: true}, true},
+		{"cancel-reading-body", stream, nil, lingerRequest{cancelAfter: 100 * time.Millisecond}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,7 +121,9 @@ func TestAdv3LingerErrorsMatchUncapped(t *testing.T) {
 						tc.conf(tr)
 					}
 				})
-				got[i] = outcomeOf(tr, tc.build(url), tc.readBody)
+				rc := tc.req
+				rc.url = url
+				got[i] = outcomeOf(tr, rc, tc.readBody)
 				// the port part of an address differs; compare shapes
 				got[i] = stripAddrs(got[i])
 			}
