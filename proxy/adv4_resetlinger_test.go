@@ -52,7 +52,7 @@ func TestAdv4ResetIsNotSlowToClose(t *testing.T) {
 	if kc == nil {
 		t.Fatal("no cap state for the key")
 	}
-	if !kc.lingering(time.Now()) {
+	if !kc.lingering() {
 		t.Errorf("an upstream that reset the failed connection at once was taken as slow to close: lingering is off for %v more",
 			time.Duration(kc.noLingerUntil.Load()-sinceStart(time.Now())))
 	}

@@ -562,7 +562,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	case outcomeHijacked:
 		n.retire(oc)
 	default:
-		if kc := n.capOf(oc.key); oc.c.lingers && kc != nil && kc.lingering(time.Now()) {
+		if kc := n.capOf(oc.key); oc.c.lingers && kc != nil && kc.lingering() {
 			// A capped upstream counts the connection until it has
 			// read the close: a replacement dialed sooner is refused.
 			n.retireToward(oc, exec, -1, func() { n.lingeredInVain(oc, kc) })
@@ -732,8 +732,8 @@ type keyCap struct {
 
 // lingering reports whether a failed connection of the key waits for its
 // upstream to close before it gives its unit back.
-func (kc *keyCap) lingering(now time.Time) bool {
-	return sinceStart(now) >= kc.noLingerUntil.Load()
+func (kc *keyCap) lingering() bool {
+	return sinceStart(time.Now()) >= kc.noLingerUntil.Load()
 }
 
 // processStart is the origin of the times keyCap keeps in integers, so that
