@@ -80,6 +80,11 @@ type server struct {
 
 	watcher watcher
 
+	// life ends when the server closes: a sibling's request waiting for
+	// a worker stops waiting then, rather than holding close up.
+	life    context.Context
+	endLife context.CancelFunc
+
 	// draining refuses new leases, retry-safe, while active exchanges
 	// finish: see Node.Shutdown.
 	draining atomic.Bool
@@ -111,9 +116,10 @@ func newServer(ln *net.UnixListener, acc acceptor, log *zap.Logger) *server {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	life, endLife := context.WithCancel(context.Background())
 	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]bool),
 		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns,
-		maxLeaseWait: defaultMaxLeaseWait}
+		maxLeaseWait: defaultMaxLeaseWait, life: life, endLife: endLife}
 }
 
 // serve accepts peers until the listener closes.
@@ -247,6 +253,7 @@ func (s *server) close() error {
 		c.Close()
 	}
 	s.mu.Unlock()
+	s.endLife()
 	s.wg.Wait()
 	return err
 }
@@ -279,6 +286,7 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	br := bufio.NewReaderSize(lr, readBufSize)
 	bw := bufio.NewWriterSize(nc, writeBufSize)
 	wait := peerHeadTimeout // a new stream comes with its first frame
+	between := betweenExchanges.Load()
 	// One frame for the stream's life: an exchange keeps a pointer to it,
 	// which would otherwise cost an allocation per frame.
 	var f requestFrame
@@ -305,13 +313,22 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 			}
 			return
 		}
-		ok := s.serveOne(nc, cr, lr, br, bw, &f)
-		s.exchanging(nc, false)
-		if !ok {
+		if !s.serveOne(nc, cr, lr, br, bw, &f) {
+			// Out of step: the stream closes still marked as carrying
+			// an exchange, so that close writes no refusal into it,
+			// where the peer may be reading a body.
 			return
+		}
+		if between != nil {
+			(*between)()
 		}
 	}
 }
+
+// betweenExchanges, if set, runs on a stream after each exchange that left
+// it in step. Tests use it to stop a stream there; it is read once per
+// stream.
+var betweenExchanges atomic.Pointer[func()]
 
 // exchanging marks stream c as carrying an exchange that may reach the
 // upstream, unless the server is closed, or done with it. close refuses
@@ -470,23 +487,31 @@ func (s *server) refuseLease(nc net.Conn, lr *limitReader, br *bufio.Reader, bw 
 // budget takes the worker a sibling's exchange runs on: it waits no longer
 // than maxLeaseWait, and ends near the frame's deadline (dl, zero for none)
 // as the caller's own wait would, so that a lease the owner cannot start in
-// time is rejected, retry-safe, rather than served late or aged out.
-func (s *server) budget(ctx context.Context, dl time.Time) (*governor.LeaseSet, uint16, error) {
+// time is rejected, retry-safe, rather than served late or aged out. The
+// wait also ends when the server closes: close has refused the request by
+// then, unless it was too late to.
+func (s *server) budget(dl time.Time) (*governor.LeaseSet, uint16, error) {
 	if s.gov == nil {
 		return nil, 0, nil
+	}
+	if ls, ok := s.gov.TryAcquireMany(1, ownerStreamBytes); ok {
+		return ls, 0, nil
 	}
 	start := time.Now()
 	bound, code := start.Add(s.maxLeaseWait), uint16(rejectOverload)
 	if !dl.IsZero() && dl.Add(-s.near).Before(bound) {
 		bound, code = dl.Add(-s.near), rejectDeadline
 	}
-	wctx, cancel := context.WithDeadline(ctx, bound)
+	wctx, cancel := context.WithDeadline(s.life, bound)
 	defer cancel()
 	ls, err := s.gov.AcquireManyContext(wctx, 1, ownerStreamBytes)
-	if err != nil {
-		return nil, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, time.Since(start).Round(time.Millisecond))
+	switch {
+	case err == nil:
+		return ls, 0, nil
+	case s.life.Err() != nil:
+		return nil, rejectClosing, errOwnerLeaving
 	}
-	return ls, 0, nil
+	return nil, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, time.Since(start).Round(time.Millisecond))
 }
 
 // ownerStreamBytes is what a sibling's exchange holds on the owner besides
@@ -496,7 +521,7 @@ const ownerStreamBytes = exchangeBuf + 2*readBufSize + 2*writeBufSize
 
 // serveOne runs one exchange and reports whether the stream can carry
 // another.
-func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) bool {
+func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) (inStep bool) {
 	var deadline, dl time.Time
 	if d, ok := f.deadlineTime(); ok {
 		dl = d
@@ -514,7 +539,17 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	// Counted before the check, so that Shutdown, which marks the server
 	// draining and then waits for the count, never misses one.
 	inFlight := s.active.Add(1) - 1
-	defer s.active.Add(-1)
+	defer func() {
+		// A stream whose exchange is over and left it in step carries
+		// none before the count drops: Shutdown, which closes once the
+		// count is 0, then finds it idle and refuses the frame the peer
+		// may already have sent on it, rather than closing the stream
+		// under that frame.
+		if inStep {
+			s.exchanging(nc, false)
+		}
+		s.active.Add(-1)
+	}()
 	if s.draining.Load() {
 		return s.refuseLease(nc, lr, br, bw, f, rejectClosing, errOwnerLeaving)
 	}
@@ -524,7 +559,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	ls, code, err := s.budget(ctx, dl)
+	ls, code, err := s.budget(dl)
 	if err != nil {
 		return s.refuseLease(nc, lr, br, bw, f, code, err)
 	}
