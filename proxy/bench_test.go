@@ -290,12 +290,16 @@ func BenchmarkLargeBody(b *testing.B) {
 
 // BenchmarkRemoteAddedLatency alternates requests on the local path and on
 // the remote path (through an owner in this process, over its unix socket)
-// and reports p50 and p99 of each and of the difference.
+// and reports p50 and p99 of each and of the difference. Between the two it
+// times a bare round trip on a unix stream to an echo goroutine of this
+// process, the floor of any hop: the remote path's added latency over that
+// floor is what the hop's own work costs, whatever the machine's load.
 func BenchmarkRemoteAddedLatency(b *testing.B) {
 	url := startBenchUpstream(b) + "/ok"
 	local := localTransport(b, nil)
 	owner, client := remotePair(b, nil)
 	warm(b, owner, url)
+	rtt := unixEcho(b)
 	body := bytes.Repeat([]byte("b"), 1<<10)
 	for _, method := range []string{"GET", "POST"} {
 		// A POST's body waits on the remote path for the owner's accept.
@@ -311,7 +315,7 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 			req := newReq()
 			benchGet(b, local, req)
 			benchGet(b, client.tr, newReq())
-			var lt, rtimes []time.Duration
+			var lt, rtimes, ut []time.Duration
 			before := client.node.Stats().ReusedRemote
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -325,8 +329,10 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 				t1 := time.Now()
 				benchGet(b, client.tr, rreq)
 				t2 := time.Now()
+				rtt()
 				lt = append(lt, t1.Sub(t0))
 				rtimes = append(rtimes, t2.Sub(t1))
+				ut = append(ut, time.Since(t2))
 			}
 			b.StopTimer()
 			if client.node.Stats().ReusedRemote-before < uint64(len(rtimes)) {
@@ -344,7 +350,41 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 			b.ReportMetric(rp99, "remote-p99-us")
 			b.ReportMetric(rp50-lp50, "added-p50-us")
 			b.ReportMetric(rp99-lp99, "added-p99-us")
+			up50 := pct(ut, .5)
+			b.ReportMetric(up50, "unix-rtt-p50-us")
+			b.ReportMetric(rp50-lp50-up50, "added-over-rtt-p50-us")
 		})
+	}
+}
+
+// unixEcho starts a goroutine that echoes what it reads on one end of a unix
+// stream pair, and returns a function that sends a request-sized message on
+// the other end and reads the echo.
+func unixEcho(b *testing.B) func() {
+	b.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "echo")
+		conns[i], err = net.FileConn(f)
+		f.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() { conns[0].Close(); conns[1].Close() })
+	go io.Copy(conns[1], conns[1])
+	msg := make([]byte, 128)
+	return func() {
+		if _, err := conns[0].Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(conns[0], msg); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
