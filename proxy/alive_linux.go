@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -103,45 +104,60 @@ func (c *conn) idleCheck() ([]byte, error) {
 	return nil, nil
 }
 
+// peeker looks at what waits on a socket without taking it. It is built at
+// a connection's first check and kept, so that the check before each reuse
+// allocates nothing.
+type peeker struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr) bool
+	buf [64]byte
+	n   int
+	err error
+}
+
 // peekSocket returns up to 64 bytes waiting on the socket without taking
-// them (in c.peekBuf, valid until the next peek), or errIdleGone if the
+// them (in c.peek.buf, valid until the next peek), or errIdleGone if the
 // upstream closed it.
 func (c *conn) peekSocket() ([]byte, error) {
-	sc, ok := c.raw.(syscall.Conn)
-	if !ok {
-		return nil, nil
+	p := &c.peek
+	if p.rc == nil {
+		sc, ok := c.raw.(syscall.Conn)
+		if !ok {
+			return nil, nil
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return nil, errIdleGone
+		}
+		p.rc, p.fn = rc, p.recv
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	if err := p.rc.Read(p.fn); err != nil {
 		return nil, errIdleGone
 	}
-	buf := c.peekBuf[:]
-	var (
-		n    int
-		perr error
-	)
-	err = rc.Read(func(fd uintptr) bool {
-		var err error
-		n, _, err = unix.Recvfrom(int(fd), buf, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	if p.err != nil || p.n == 0 {
+		return nil, p.err
+	}
+	return p.buf[:p.n], nil
+}
+
+// recv is one non-blocking MSG_PEEK. It never asks to wait: an idle socket
+// with nothing on it is the common, healthy case.
+func (p *peeker) recv(fd uintptr) bool {
+	for {
+		n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), uintptr(len(p.buf)),
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 		switch {
-		case n > 0:
-		case n < 0 && (err == unix.EAGAIN || err == unix.EWOULDBLOCK):
-			n = 0
-		default:
-			n, perr = 0, errIdleGone
+		case errno == unix.EINTR:
+			continue
+		case errno == 0 && n > 0:
+			p.n, p.err = int(n), nil
+		case errno == unix.EAGAIN:
+			p.n, p.err = 0, nil
+		default: // 0 bytes: the upstream closed; or the socket failed
+			p.n, p.err = 0, errIdleGone
 		}
 		return true
-	})
-	if err != nil {
-		return nil, errIdleGone
 	}
-	if perr != nil {
-		return nil, perr
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	return buf[:n], nil
 }
 
 // is408 reports whether b starts a 408 response, which an upstream sends

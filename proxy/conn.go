@@ -32,7 +32,7 @@ type conn struct {
 	created  time.Time
 	idleAt   time.Time // when it last went idle; touched only by whoever holds the conn
 	requests int       // exchanges started; touched only by whoever holds the conn
-	peekBuf  [64]byte  // what an idle check saw on the socket; touched only by whoever holds the conn
+	peek     peeker    // the idle check's look at the socket; touched only by whoever holds the conn
 
 	abortOnce sync.Once
 	abortErr  atomic.Pointer[error] // why the conn was torn down mid-exchange
