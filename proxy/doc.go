@@ -177,7 +177,9 @@
 // SETTINGS: the ClientConn's state is read when a stream starts or ends, at
 // every sweep, and whenever the connection's read loop goes back to the
 // socket (so before it reads anything after the SETTINGS frame), and the
-// pool told with [orbitpool.Pool.SetCapacity]. Grants taken in between may
+// pool told with [orbitpool.Pool.SetCapacity]; a limit of 0 leaves the
+// connection no room, so a request dials another within the budget, as
+// net/http's HTTP/2 client does. Grants taken in between may
 // exceed a lowered limit; they wait in the ClientConn for a stream to end
 // (StrictMaxConcurrentStreams) and never put more streams on the
 // connection than the peer allows. A
@@ -195,6 +197,10 @@
 // A reset before the response head fails the sibling's request as the
 // owner's failure (ErrOwnerFailed wrapping ErrConnBroken, with the stream
 // error's text), not as http2.StreamError.
+// A response that ends with its HEADERS (gRPC's trailers-only answer, a
+// 204) has length 0 and an empty body, here and in a sibling, and its
+// stream's unit comes back before RoundTrip returns, as for an answer to
+// HEAD.
 // A request that declares both a Content-Length and trailers crosses the
 // unix leg chunked, with its length in the request frame, so that an HTTP/2
 // upstream gets both, as from a local exchange. Interim responses are

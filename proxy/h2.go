@@ -57,12 +57,15 @@ type h2conn struct {
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 }
 
-// streamCapacity is the pool capacity a peer's stream limit allows.
+// streamCapacity is the pool capacity a peer's stream limit allows. The
+// ClientConn reports 0 before it has read the peer's SETTINGS, which
+// startH2 waits for; after them, 0 is the peer's own limit (it takes no
+// new stream on the connection for now), and the connection has no room:
+// a request waits for another one or dials it, as net/http's HTTP/2
+// client then dials, rather than wait in the ClientConn for a stream the
+// peer will not allow.
 func streamCapacity(max uint32) int {
-	switch {
-	case max == 0:
-		return 1 // no SETTINGS seen: one stream, as the creator uses
-	case max > orbitpool.MaxCapacity:
+	if max > orbitpool.MaxCapacity {
 		return orbitpool.MaxCapacity
 	}
 	return int(max)
@@ -280,7 +283,13 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 		end()
 		return nil, h2Error(req, err)
 	}
-	if resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 && resp.Request.Method == http.MethodHead {
+	if resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 || req.Method == http.MethodHead {
+		// No body to read: x/net/http2 gives length 0 to a response that
+		// ended with its HEADERS (gRPC's trailers-only, a 204) and an
+		// empty body to any answer to HEAD. The unit comes back now, not
+		// when the caller closes a body it need not read, as on the
+		// HTTP/1.1 path; the ClientConn still counts the stream against
+		// the peer's limit until its END_STREAM, if that is yet to come.
 		end()
 		return resp, nil
 	}
@@ -412,6 +421,11 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	}
 	// Siblings woken by the new room may present leases on it before it is
 	// installed here: accept waits for the install (awaitH2).
+	// A peer that allows no stream yet still gets the creator's, which
+	// waits in the ClientConn as x/net/http2 has it wait (see
+	// StrictMaxConcurrentStreams); the follower then sets the capacity
+	// to the peer's 0.
+	capacity = max(capacity, 1)
 	n.beginH2Install()
 	exec, err := permit.RegisterAndAccept(capacity)
 	if err != nil {

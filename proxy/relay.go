@@ -170,9 +170,20 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		if len(resp.Trailer) > 0 {
 			keys := make([]string, 0, len(resp.Trailer))
 			for k := range resp.Trailer {
+				switch k {
+				case "Content-Length", "Transfer-Encoding", "Trailer":
+					// An HTTP/2 upstream may announce these, and
+					// x/net/http2 takes them; net/http's HTTP/1.1
+					// reader refuses the whole response for them
+					// ("bad trailer key"). Not announced, a value
+					// sent still arrives.
+					continue
+				}
 				keys = append(keys, k)
 			}
-			bw.WriteString("Trailer: " + strings.Join(keys, ", ") + "\r\n")
+			if len(keys) > 0 {
+				bw.WriteString("Trailer: " + strings.Join(keys, ", ") + "\r\n")
+			}
 		}
 	}
 	bw.WriteString("\r\n")

@@ -238,6 +238,7 @@ func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) {
 // version the upstream spoke, its close-delimited framing and its wish to
 // close the connection.
 func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
+	chunked := len(resp.TransferEncoding) > 0
 	if f&headProto10 != 0 {
 		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.0", 1, 0
 	}
@@ -251,9 +252,30 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/2.0", 2, 0
 		resp.TransferEncoding = nil
 		resp.Close = false
-		if f&headLength != 0 {
+		switch {
+		case f&headLength != 0:
 			resp.ContentLength = l.length
 			resp.Header.Set("Content-Length", strconv.FormatInt(l.length, 10))
+		case resp.ContentLength < 0 && !chunked &&
+			resp.Request != nil && resp.Request.Method != http.MethodHead && bodyAllowedForStatus(resp.StatusCode):
+			// The relay frames every HTTP/2 body as chunked, so a head
+			// with neither a length nor chunking is a response the
+			// upstream ended with its HEADERS (gRPC's trailers-only,
+			// an empty 200 without Content-Length): x/net/http2 gives
+			// it length 0 and an empty body. Read as HTTP/1.1 it would
+			// be a body running to the unix stream's close.
+			resp.ContentLength = 0
+			resp.Body = http.NoBody
 		}
 	}
+}
+
+// bodyAllowedForStatus reports whether a response of this status may have
+// a body, as net/http judges it.
+func bodyAllowedForStatus(code int) bool {
+	switch {
+	case code >= 100 && code <= 199, code == http.StatusNoContent, code == http.StatusNotModified:
+		return false
+	}
+	return true
 }

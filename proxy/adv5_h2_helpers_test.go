@@ -1,0 +1,314 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// rawH2 is an h2c upstream written with x/net/http2's Framer, for answers
+// a net/http server does not give: a response that is HEADERS with
+// END_STREAM and no Content-Length (gRPC's trailers-only), a connection
+// cut under streams in flight. Each stream that opens calls handle, in a
+// goroutine of its own, once its request has ended (END_STREAM), or at
+// once for a path that begins with /early; request bodies are read and
+// credited.
+type rawH2 struct {
+	t      testing.TB
+	ln     net.Listener
+	url    string
+	handle func(s *rawStream)
+
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+	done  chan struct{}
+	opens atomic.Int64
+	rsts  atomic.Int64
+	acks  atomic.Int64 // SETTINGS ACKs from clients
+	raws  []*rawConn   // guarded by mu
+}
+
+type rawStream struct {
+	id      uint32
+	path    string
+	method  string
+	bodyLen int
+	c       *rawConn
+}
+
+type rawConn struct {
+	nc   net.Conn
+	wmu  sync.Mutex
+	fr   *http2.Framer
+	henc *hpack.Encoder
+	hbuf bytes.Buffer
+}
+
+func newRawH2(t testing.TB, handle func(s *rawStream)) *rawH2 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawH2{t: t, ln: ln, url: "http://" + ln.Addr().String(), handle: handle, done: make(chan struct{})}
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.mu.Lock()
+			u.conns = append(u.conns, nc)
+			u.mu.Unlock()
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				defer nc.Close()
+				u.serve(nc)
+			}()
+		}
+	}()
+	t.Cleanup(u.close)
+	return u
+}
+
+func (u *rawH2) close() {
+	select {
+	case <-u.done:
+	default:
+		close(u.done)
+	}
+	u.ln.Close()
+	u.cut()
+	u.wg.Wait()
+}
+
+// setLimit sends SETTINGS_MAX_CONCURRENT_STREAMS on every connection
+// open now; new ones get 100.
+func (u *rawH2) setLimit(limit uint32) {
+	u.mu.Lock()
+	raws := append([]*rawConn(nil), u.raws...)
+	u.mu.Unlock()
+	for _, c := range raws {
+		c.wmu.Lock()
+		c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: limit})
+		c.wmu.Unlock()
+	}
+}
+
+// cut closes every connection the upstream accepted.
+func (u *rawH2) cut() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range u.conns {
+		c.Close()
+	}
+}
+
+func (u *rawH2) serve(nc net.Conn) {
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(nc, preface); err != nil || string(preface) != http2.ClientPreface {
+		return
+	}
+	c := &rawConn{nc: nc, fr: http2.NewFramer(nc, nc)}
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.henc = hpack.NewEncoder(&c.hbuf)
+	u.mu.Lock()
+	u.raws = append(u.raws, c)
+	u.mu.Unlock()
+	c.wmu.Lock()
+	c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 100})
+	c.wmu.Unlock()
+	streams := map[uint32]*rawStream{}
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				c.wmu.Lock()
+				c.fr.WriteSettingsAck()
+				c.wmu.Unlock()
+			} else {
+				u.acks.Add(1)
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				c.wmu.Lock()
+				c.fr.WritePing(true, f.Data)
+				c.wmu.Unlock()
+			}
+		case *http2.MetaHeadersFrame:
+			s := streams[f.StreamID]
+			if s == nil {
+				s = &rawStream{id: f.StreamID, path: f.PseudoValue("path"), method: f.PseudoValue("method"), c: c}
+				streams[f.StreamID] = s
+				u.opens.Add(1)
+			}
+			if f.StreamEnded() || strings.HasPrefix(s.path, "/early") {
+				u.start(s)
+			}
+		case *http2.DataFrame:
+			s := streams[f.StreamID]
+			if n := len(f.Data()); n > 0 {
+				c.wmu.Lock()
+				c.fr.WriteWindowUpdate(0, uint32(n))
+				c.fr.WriteWindowUpdate(f.StreamID, uint32(n))
+				c.wmu.Unlock()
+				if s != nil {
+					s.bodyLen += n
+				}
+			}
+			if f.StreamEnded() && s != nil && !strings.HasPrefix(s.path, "/early") {
+				u.start(s)
+			}
+		case *http2.RSTStreamFrame:
+			u.rsts.Add(1)
+		}
+	}
+}
+
+func (u *rawH2) start(s *rawStream) {
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		u.handle(s)
+	}()
+}
+
+// headers writes a header block on the stream; pairs are name, value.
+func (s *rawStream) headers(end bool, pairs ...string) {
+	c := s.c
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.hbuf.Reset()
+	for i := 0; i+1 < len(pairs); i += 2 {
+		c.henc.WriteField(hpack.HeaderField{Name: pairs[i], Value: pairs[i+1]})
+	}
+	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.hbuf.Bytes(), EndHeaders: true, EndStream: end})
+}
+
+func (s *rawStream) data(end bool, p []byte) error {
+	s.c.wmu.Lock()
+	defer s.c.wmu.Unlock()
+	return s.c.fr.WriteData(s.id, end, p)
+}
+
+func (s *rawStream) rst(code http2.ErrCode) {
+	s.c.wmu.Lock()
+	defer s.c.wmu.Unlock()
+	s.c.fr.WriteRSTStream(s.id, code)
+}
+
+func (s *rawStream) goAway(last uint32) {
+	s.c.wmu.Lock()
+	defer s.c.wmu.Unlock()
+	s.c.fr.WriteGoAway(last, http2.ErrCodeNo, nil)
+}
+
+// outcome is what a caller saw of one exchange, for comparing paths.
+type h2Outcome struct {
+	status   int
+	proto    string
+	length   int64
+	header   http.Header
+	body     string
+	trailer  http.Header
+	err      string // of RoundTrip or of the body read
+	duration time.Duration
+}
+
+// roundTripOutcome runs req through rt and reads the whole body.
+func roundTripOutcome(rt http.RoundTripper, req *http.Request) h2Outcome {
+	start := time.Now()
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return h2Outcome{err: err.Error(), duration: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	o := h2Outcome{status: resp.StatusCode, proto: resp.Proto, length: resp.ContentLength, header: resp.Header,
+		body: string(b), trailer: resp.Trailer, duration: time.Since(start)}
+	if err != nil {
+		o.err = err.Error()
+	}
+	return o
+}
+
+// refH2C is net/http's own HTTP/2 client (x/net/http2) for h2c upstreams.
+func refH2C() *http2.Transport {
+	return &http2.Transport{AllowHTTP: true, DisableCompression: true,
+		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}}
+}
+
+// capacityBack waits until the owner's connections to url have nothing in
+// use or pending.
+func capacityBack(t testing.TB, owner *member, url string) {
+	t.Helper()
+	key := mustKey(t, owner.tr, url)
+	waitFor(t, 5*time.Second, "every stream's capacity to come back", func() bool {
+		c, _ := owner.pool.Candidates(key, nil)
+		for _, r := range c {
+			if r.InUse != 0 || r.Pending != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// h2cServer is net/http's server speaking h2c (prior knowledge) only, with
+// h as its handler; it counts connections.
+type h2cServer struct {
+	url   string
+	srv   *http.Server
+	conns atomic.Int64
+}
+
+func newH2CServer(t testing.TB, h http.HandlerFunc, maxStreams ...int) *h2cServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &h2cServer{url: "http://" + ln.Addr().String()}
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	s.srv = &http.Server{Handler: h, Protocols: &p, ConnState: func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}}
+	if len(maxStreams) > 0 {
+		s.srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: maxStreams[0]}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		s.srv.Close()
+		<-done
+	})
+	return s
+}
