@@ -420,7 +420,14 @@ func (x *exchange) writeError(err error) error {
 		// while copying the body in a type of its own, which stays
 		// ErrConnBroken): as in readError, a replayable request may go
 		// again.
-		return &Error{Op: "write", RetrySafe: nothing, idleClosed: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
+		//
+		// A request written whole in this write (no body, or the body
+		// with its head: writeDone is closedChan) whose write failed
+		// never reached the owner whole, and the owner sends upstream
+		// only a head and a body-with-head it read in full: nothing
+		// went anywhere, whatever the method.
+		return &Error{Op: "write", RetrySafe: nothing || x.writeDone == closedChan, idleClosed: true,
+			Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
 	}
 	return &Error{Op: "write", RetrySafe: nothing, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
 }
@@ -434,7 +441,7 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	c.lr.n = maxHeader
 	if x.o.leg != nil {
 		if err := x.o.leg.readPreamble(c.br); err != nil {
-			return nil, x.readError(err, false)
+			return nil, x.unread(x.readError(err, false), err)
 		}
 		if x.acceptCh != nil {
 			x.acceptCh <- true
@@ -531,6 +538,25 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// unread settles RetrySafe for a unix stream that broke before the owner's
+// first answer to a request written whole before it was read for (no body,
+// or the body with its head): a unix stream fails with ECONNRESET only when
+// its peer closed it (exited, was killed, or closed the stream) with bytes
+// we wrote still unread, and we wrote nothing after the request, so the
+// owner never had all of it and cannot have sent it upstream. Nothing can
+// have reached the upstream then, whatever the method. A stream that ends
+// with EOF instead (the owner read all we wrote) keeps readError's verdict.
+func (x *exchange) unread(err, cause error) error {
+	pe, ok := err.(*Error)
+	if !ok || pe.RetrySafe || x.writeDone != closedChan || !errors.Is(pe, ErrOwnerGone) ||
+		!errors.Is(cause, syscall.ECONNRESET) {
+		return err
+	}
+	e := *pe
+	e.RetrySafe = true
+	return &e
 }
 
 // readError classifies a failure to read a response head.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/orbitproxy/orbit/backpressure"
@@ -539,7 +540,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			case err == nil:
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
-			case errors.Is(err, errOwnerLeaving):
+			case errors.Is(err, errOwnerLeaving), notListening(err):
 				avoid.leaving = append(avoid.leaving, lane)
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
@@ -601,6 +602,15 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
 		}
 	}
+}
+
+// notListening reports whether err is a dial to an owner that has no
+// listener: it closed it as it left the fleet, or it died. Its connections
+// may stay in the table a little longer (until it has retired them, or a
+// sibling has reclaimed its lane), and a request's later attempts must keep
+// off them rather than spend every retry dialing it again at once.
+func notListening(err error) bool {
+	return errors.Is(err, ErrOwnerGone) && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT))
 }
 
 // CloseIdleConnections closes every idle connection this process owns.
