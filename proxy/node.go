@@ -86,6 +86,7 @@ type Node struct {
 	open, dialing atomic.Int64
 
 	stop     chan struct{}
+	closed   chan struct{} // closed when Close has finished
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
 	isClosed bool
@@ -150,6 +151,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
 		h2wake:  make(chan *h2conn, h2WakeQueue),
 		stop:    make(chan struct{}),
+		closed:  make(chan struct{}),
 	}
 	if n.sweep <= 0 {
 		n.sweep = time.Second
@@ -225,16 +227,20 @@ func (n *Node) Shutdown(ctx context.Context) error {
 }
 
 // Close stops serving siblings, closes the streams to them and every upstream
-// connection this process owns, unregistering them.
+// connection this process owns, unregistering them. A Close (or Shutdown)
+// made while another is under way returns when that one has finished, so
+// that its caller may close the pool then.
 func (n *Node) Close() error {
 	n.closeMu.Lock()
 	if n.isClosed {
 		n.closeMu.Unlock()
+		<-n.closed
 		return nil
 	}
 	n.isClosed = true
 	close(n.stop)
 	n.closeMu.Unlock()
+	defer close(n.closed)
 	if n.srv != nil {
 		n.srv.close()
 	}
