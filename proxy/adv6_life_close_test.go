@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,5 +89,93 @@ func TestAdv6LifeSecondCloseWaits(t *testing.T) {
 				t.Fatalf("the second %s hung", second)
 			}
 		})
+	}
+}
+
+// TestAdv6LifeCloseBoundedWithHangingUpstream: Close, and Shutdown whose
+// drain times out, return in bounded time while a sibling's exchange waits
+// on an upstream that never answers, for a request with no deadline (the
+// owner's watcher then has none to enforce): closing the stream must end the
+// exchange rather than wait for the upstream. A hanging request was sent
+// upstream: the sibling must not send it again.
+func TestAdv6LifeCloseBoundedWithHangingUpstream(t *testing.T) {
+	for _, how := range []string{"Close", "Shutdown"} {
+		for _, method := range []string{"GET", "POST"} {
+			t.Run(how+"/"+method, func(t *testing.T) {
+				u := newHangUpstream(t)
+				owner, client := remotePair(t, nil)
+				func() {
+					req, _ := http.NewRequest("GET", u.srv.URL+"/warm", nil)
+					resp, err := owner.tr.RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					drain(resp)
+				}()
+				req, _ := http.NewRequest(method, u.srv.URL+"/hang", nil)
+				if method == "POST" {
+					req = postOnce(u.srv.URL+"/hang", "once")
+				}
+				done := make(chan error, 1)
+				go func() {
+					resp, err := client.tr.RoundTrip(req) // no deadline
+					if err == nil {
+						_, err = io.ReadAll(resp.Body)
+						resp.Body.Close()
+					}
+					done <- err
+				}()
+				select {
+				case <-u.arrived:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the request never reached the upstream")
+				}
+				start := time.Now()
+				closed := make(chan struct{})
+				go func() {
+					if how == "Close" {
+						owner.node.Close()
+					} else {
+						ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+						owner.node.Shutdown(ctx)
+						cancel()
+					}
+					close(closed)
+				}()
+				select {
+				case <-closed:
+				case <-time.After(2 * time.Second):
+					close(u.release)
+					<-closed
+					t.Fatalf("%s waited on the upstream (%s) with a sibling's exchange outstanding", how, time.Since(start))
+				}
+				if method == "GET" {
+					// Replayable: the sibling sends it again, on a
+					// connection of its own, where it hangs as well.
+					close(u.release)
+				}
+				var err error
+				select {
+				case err = <-done:
+				case <-time.After(2 * time.Second):
+					if method == "POST" {
+						close(u.release)
+					}
+					t.Fatal("the sibling's request did not end when its owner closed")
+				}
+				if method == "GET" {
+					if err != nil {
+						t.Fatalf("a GET whose owner closed before any answer was not sent again: %v", err)
+					}
+					return
+				}
+				if err == nil {
+					t.Fatal("a POST whose owner closed under it succeeded")
+				}
+				if n := u.count("POST once"); n != 1 {
+					t.Fatalf("the upstream saw the POST %d times", n)
+				}
+			})
+		}
 	}
 }
