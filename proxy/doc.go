@@ -225,7 +225,10 @@
 // net/http.Transport (same upstream, in another process): requests/s, CPU
 // time of this process per request, and allocations per request.
 // BenchmarkRemoteAddedLatency reports p50/p99 of the local and remote paths
-// and their difference. BenchmarkMemoryPerIdleConn and
+// and their difference, and times a bare round trip on a unix stream in the
+// same loop: what the hop adds over that (added-over-rtt-p50-us) is its own
+// work, which a loaded machine inflates less than the difference itself.
+// BenchmarkMemoryPerIdleConn and
 // BenchmarkMemoryPerRemoteStream report bytes per idle connection and per
 // in-flight remote stream (both ends). BenchmarkUnixLegCodec measures the
 // codec work of the unix leg.
