@@ -77,6 +77,10 @@ type Error struct {
 	// it accepted the request's body: neither end read or sent any of the
 	// body, and both keep the stream.
 	beforeAccept bool
+	// freshStream marks a stream to an owner, dialed for this attempt,
+	// that broke before the owner answered: the owner is dying or leaving,
+	// and the request's later attempts keep off its connections.
+	freshStream bool
 }
 
 func (e *Error) Error() string {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -167,9 +168,15 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 			}
 		},
 	}
+	fresh := c.requests == 0
 	resp, err := c.roundTrip(req, &rx.opts)
 	if resp != nil {
 		resp.Request = orig
+	}
+	if pe, ok := err.(*Error); ok && fresh && errors.Is(err, ErrOwnerGone) {
+		e := *pe
+		e.freshStream = true
+		err = &e
 	}
 	return resp, err
 }

@@ -540,7 +540,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			case err == nil:
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
-			case errors.Is(err, errOwnerLeaving), notListening(err):
+			case errors.Is(err, errOwnerLeaving), notListening(err), brokeFresh(err):
 				avoid.leaving = append(avoid.leaving, lane)
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
@@ -611,6 +611,15 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 // off them rather than spend every retry dialing it again at once.
 func notListening(err error) bool {
 	return errors.Is(err, ErrOwnerGone) && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT))
+}
+
+// brokeFresh reports whether err is a stream dialed to an owner for this
+// attempt that broke before the owner answered: a dying owner's listener
+// still takes dials until the kernel has closed it, and resets them, while
+// its lane still looks alive in the table.
+func brokeFresh(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.freshStream
 }
 
 // CloseIdleConnections closes every idle connection this process owns.
