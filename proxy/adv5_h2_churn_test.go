@@ -23,10 +23,7 @@ import (
 // goroutines are back where they were.
 func TestAdv5H2ChurnNoLeak(t *testing.T) {
 	up := newEndlessUpstream(t, 4)
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	round := func(m *member, i int) error {
 		switch i % 4 {
 		case 0:
@@ -108,17 +105,7 @@ func TestAdv5H2ChurnNoLeak(t *testing.T) {
 	}
 	capacityBack(t, owner, up.url)
 	waitFor(t, 3*time.Second, "the upstream's handlers to end", func() bool { return up.running.Load() == 0 })
-	deadline := time.Now().Add(3 * time.Second)
-	g := runtime.NumGoroutine()
-	for g > g0+2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		g = runtime.NumGoroutine()
-	}
-	if g > g0+2 {
-		buf := make([]byte, 1<<20)
-		st := string(buf[:runtime.Stack(buf, true)])
-		t.Errorf("goroutines: %d before, %d after\n%s", g0, g, st[:min(len(st), 10000)])
-	}
+	goroutinesBackTo(t, g0)
 	if s := client.node.Stats(); s.ReusedRemote == 0 {
 		t.Errorf("sibling %+v: want its requests through the owner", s)
 	}

@@ -46,10 +46,7 @@ func duplexUpstream(t *testing.T) *h2cServer {
 // stream's unit comes back.
 func TestAdv5H2ResponseEndsWhileRequestStreams(t *testing.T) {
 	up := duplexUpstream(t)
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	ref := refH2C()
 	defer ref.CloseIdleConnections()
 	for _, name := range []string{"x/net", "owner", "sibling"} {
@@ -111,25 +108,13 @@ func TestAdv5H2ResponseEndsWhileRequestStreams(t *testing.T) {
 // the cancel only when that Read returns. The sibling's is stricter.)
 func TestAdv5H2CancelMidUpload(t *testing.T) {
 	up := duplexUpstream(t)
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	for _, m := range []*member{client} {
 		name := "sibling"
 		ctx, cancel := context.WithCancel(context.Background())
 		pr, pw := io.Pipe()
 		req := grpcReq(t, ctx, up.url+"/stream", pr)
-		got := make(chan *http.Response, 1)
-		errc := make(chan error, 1)
-		go func() {
-			resp, err := m.tr.RoundTrip(req)
-			if err != nil {
-				errc <- err
-				return
-			}
-			got <- resp
-		}()
+		got, errc := headAsync(m.tr, req)
 		pw.Write(grpcmsg.Frame([]byte("a")))
 		var resp *http.Response
 		select {

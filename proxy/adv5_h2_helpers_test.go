@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -258,6 +259,50 @@ func refH2C() *http2.Transport {
 			var d net.Dialer
 			return d.DialContext(ctx, network, addr)
 		}}
+}
+
+// h2Pair is remotePair over h2c after the owner has made its connection to
+// the upstream at url: the client's requests go through the owner.
+func h2Pair(t *testing.T, url string) (owner, client *member) {
+	t.Helper()
+	owner, client = remotePair(t, h2cConf)
+	if err := getOK(owner, context.Background(), url+"/"); err != nil {
+		t.Fatal(err)
+	}
+	return owner, client
+}
+
+// headAsync runs req through rt in the background and delivers its response
+// as soon as the head is in (a streaming request's body may still be open),
+// or its error.
+func headAsync(rt http.RoundTripper, req *http.Request) (<-chan *http.Response, <-chan error) {
+	got, errc := make(chan *http.Response, 1), make(chan error, 1)
+	go func() {
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- resp
+	}()
+	return got, errc
+}
+
+// goroutinesBackTo waits up to 3s for the process to be back to g0
+// goroutines (give or take two), and fails with their stacks if it is not.
+func goroutinesBackTo(t *testing.T, g0 int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	g := runtime.NumGoroutine()
+	for g > g0+2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		g = runtime.NumGoroutine()
+	}
+	if g > g0+2 {
+		buf := make([]byte, 1<<20)
+		st := string(buf[:runtime.Stack(buf, true)])
+		t.Errorf("goroutines: %d before, %d after\n%s", g0, g, st[:min(len(st), 10000)])
+	}
 }
 
 // capacityBack waits until the owner's connections to url have nothing in

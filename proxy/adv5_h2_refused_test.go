@@ -42,10 +42,7 @@ func TestAdv5H2RefusedAndGoAwayRetried(t *testing.T) {
 		s.headers(false, ":status", "200", "content-type", "application/grpc")
 		s.data(true, []byte("ok"))
 	})
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	n := 0
 	for _, kind := range []string{"/refused", "/goaway"} {
 		for _, m := range []*member{owner, client} {

@@ -36,10 +36,7 @@ func TestAdv5H2HeadNoContentNotModified(t *testing.T) {
 			io.WriteString(w, "ok")
 		}
 	})
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	ref := refH2C()
 	defer ref.CloseIdleConnections()
 	for _, tc := range []struct{ method, path string }{{"HEAD", "/head"}, {"GET", "/204"}, {"GET", "/304"}, {"HEAD", "/204"}} {

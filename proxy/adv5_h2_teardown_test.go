@@ -65,10 +65,7 @@ func newEndlessUpstream(t *testing.T, maxStreams ...int) *endlessUpstream {
 // request works.
 func TestAdv5H2CloseBodyEarlyThroughSibling(t *testing.T) {
 	up := newEndlessUpstream(t)
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	for i, m := range []*member{owner, client, client} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := m.tr.RoundTrip(grpcReq(t, ctx, up.url+"/endless", http.NoBody))
@@ -104,10 +101,7 @@ func TestAdv5H2CloseBodyEarlyThroughSibling(t *testing.T) {
 // upstream and its unit comes back.
 func TestAdv5H2DeadlineWithoutAnswer(t *testing.T) {
 	up := newEndlessUpstream(t)
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	for i, m := range []*member{owner, client} {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		start := time.Now()
@@ -131,10 +125,7 @@ func TestAdv5H2DeadlineWithoutAnswer(t *testing.T) {
 // next request dials a connection of its own and works.
 func TestAdv5H2OwnerClosedMidStream(t *testing.T) {
 	up := newEndlessUpstream(t)
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	resp, err := client.tr.RoundTrip(grpcReq(t, ctx, up.url+"/endless", http.NoBody))
@@ -193,10 +184,7 @@ func TestAdv5H2UpstreamCutWithStreamsInFlight(t *testing.T) {
 			s.data(true, []byte("ok"))
 		}
 	})
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var bodies []io.ReadCloser
@@ -274,17 +262,7 @@ func TestAdv5H2LargeBodiesBothWaysNoLeak(t *testing.T) {
 		run()
 	}
 	capacityBack(t, owner, up.url)
-	deadline := time.Now().Add(3 * time.Second)
-	g := runtime.NumGoroutine()
-	for g > g0+2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		g = runtime.NumGoroutine()
-	}
-	if g > g0+2 {
-		buf := make([]byte, 1<<20)
-		st := string(buf[:runtime.Stack(buf, true)])
-		t.Errorf("goroutines: %d before, %d after\n%s", g0, g, st[:min(len(st), 8000)])
-	}
+	goroutinesBackTo(t, g0)
 	if s := client.node.Stats(); s.Created != 0 || s.ReusedRemote != 4 {
 		t.Errorf("sibling %+v: want every request through the owner", s)
 	}
@@ -304,16 +282,7 @@ func TestAdv5H2OwnerShutdownLetsSiblingStreamFinish(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	req := grpcReq(t, ctx, up.url+"/echo", pr)
-	got := make(chan *http.Response, 1)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := client.tr.RoundTrip(req)
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- resp
-	}()
+	got, errc := headAsync(client.tr, req)
 	pw.Write(grpcmsg.Frame([]byte("m0")))
 	var resp *http.Response
 	select {

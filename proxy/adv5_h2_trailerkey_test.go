@@ -24,10 +24,7 @@ func TestAdv5H2ForbiddenTrailerNameThroughSibling(t *testing.T) {
 			s.data(true, []byte("ok"))
 		}
 	})
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	ref := refH2C()
 	defer ref.CloseIdleConnections()
 	for i, rt := range []http.RoundTripper{ref, owner.tr, client.tr} {

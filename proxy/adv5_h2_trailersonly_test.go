@@ -30,10 +30,7 @@ func TestAdv5H2TrailersOnlyThroughSibling(t *testing.T) {
 			s.data(true, []byte("ok"))
 		}
 	})
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	ref := refH2C()
 	defer ref.CloseIdleConnections()
 	for _, path := range []string{"/trailers-only", "/empty-200"} {
@@ -130,10 +127,7 @@ func TestAdv5H2EmptyResponseFreesStreamAtOnce(t *testing.T) {
 			s.data(true, []byte("ok"))
 		}
 	})
-	owner, client := remotePair(t, h2cConf)
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client := h2Pair(t, up.url)
 	key := mustKey(t, owner.tr, up.url)
 	for _, path := range []string{"/trailers-only", "/204", "/head"} {
 		for _, m := range []*member{owner, client} {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -17,43 +16,11 @@ import (
 func TestAdv6LifeSecondCloseWaits(t *testing.T) {
 	for _, second := range []string{"Close", "Shutdown"} {
 		t.Run(second, func(t *testing.T) {
-			u := newHangUpstream(t)
-			close(u.release)
-			owner, client := remotePair(t, nil)
-			warm(t, owner, u.srv.URL+"/warm")
-
-			var armed atomic.Bool
-			paused, resume := make(chan struct{}), make(chan struct{})
-			hook := func() {
-				if armed.CompareAndSwap(true, false) {
-					paused <- struct{}{}
-					<-resume
-				}
-			}
-			betweenExchanges.Store(&hook)
-			t.Cleanup(func() { betweenExchanges.Store(nil) })
-			resumed := false
-			defer func() {
-				if !resumed {
-					close(resume)
-				}
-			}()
-			armed.Store(true)
-			if r := <-sendAsync(client.tr, postOnce(u.srv.URL+"/hang", "one")); r.err != nil || r.body != "ok" {
-				t.Fatalf("POST through the owner: %q, %v", r.body, r.err)
-			}
-			select {
-			case <-paused:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the owner's stream did not finish its exchange")
-			}
+			po := pauseOwnerAfterPOST(t)
+			owner := po.owner
 			first := make(chan struct{})
 			go func() { owner.node.Close(); close(first) }()
-			waitFor(t, 2*time.Second, "the first Close to close the server", func() bool {
-				owner.node.srv.mu.Lock()
-				defer owner.node.srv.mu.Unlock()
-				return owner.node.srv.closed
-			})
+			waitServerClosed(t, owner)
 			open := make(chan int, 1)
 			go func() {
 				if second == "Close" {
@@ -70,8 +37,7 @@ func TestAdv6LifeSecondCloseWaits(t *testing.T) {
 			case early = <-open:
 			case <-time.After(100 * time.Millisecond):
 			}
-			close(resume)
-			resumed = true
+			po.resume()
 			select {
 			case <-first:
 			case <-time.After(5 * time.Second):

@@ -4,11 +4,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -118,36 +116,8 @@ func TestAdv6LifeCloseUnreadPOSTRetried(t *testing.T) {
 }
 
 func closeUnreadRetried(t *testing.T, method string) {
-	u := newHangUpstream(t)
-	close(u.release)
-	owner, client := remotePair(t, nil)
-	warm(t, owner, u.srv.URL+"/warm")
-
-	var armed atomic.Bool
-	paused, resume := make(chan struct{}), make(chan struct{})
-	hook := func() {
-		if armed.CompareAndSwap(true, false) {
-			paused <- struct{}{}
-			<-resume
-		}
-	}
-	betweenExchanges.Store(&hook)
-	t.Cleanup(func() { betweenExchanges.Store(nil) })
-	resumed := false
-	defer func() {
-		if !resumed {
-			close(resume)
-		}
-	}()
-	armed.Store(true)
-	if r := <-sendAsync(client.tr, postOnce(u.srv.URL+"/hang", "one")); r.err != nil || r.body != "ok" {
-		t.Fatalf("first POST: %q, %v", r.body, r.err)
-	}
-	select {
-	case <-paused:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the owner's stream did not finish its exchange")
-	}
+	po := pauseOwnerAfterPOST(t)
+	u, owner, client := po.u, po.owner, po.client
 	second, key := postOnce(u.srv.URL+"/hang", "two"), "POST two"
 	if method == "GET" {
 		second, _ = http.NewRequest("GET", u.srv.URL+"/hang", nil)
@@ -159,11 +129,7 @@ func closeUnreadRetried(t *testing.T, method string) {
 
 	closed := make(chan error, 1)
 	go func() { closed <- owner.node.Close() }()
-	waitFor(t, 2*time.Second, "the owner to close its streams", func() bool {
-		owner.node.srv.mu.Lock()
-		defer owner.node.srv.mu.Unlock()
-		return owner.node.srv.closed
-	})
+	waitServerClosed(t, owner)
 	// The owner's connection stays in the table while Close is held.
 	var early *roundTripResult
 	select {
@@ -171,8 +137,7 @@ func closeUnreadRetried(t *testing.T, method string) {
 		early = &r
 	case <-time.After(300 * time.Millisecond):
 	}
-	close(resume)
-	resumed = true
+	po.resume()
 	if early == nil {
 		select {
 		case r := <-done:
@@ -216,73 +181,4 @@ func waitStopped(t *testing.T, pid int) {
 		}
 		return true
 	})
-}
-
-// TestAdv6LifeKilledOwnerForwardedPOSTNotReplayed: the counterpart. The
-// owner read the POST whole and sent it upstream, which holds its answer;
-// the owner is then killed -9. The stream ends with EOF (the owner read all
-// the sibling wrote), and the POST, which the upstream may act on, must
-// fail rather than be sent again: with a short body sent with its head,
-// and with none.
-func TestAdv6LifeKilledOwnerForwardedPOSTNotReplayed(t *testing.T) {
-	for _, body := range []string{"short", ""} {
-		name := "body-with-head"
-		if body == "" {
-			name = "no-body"
-		}
-		t.Run(name, func(t *testing.T) {
-			var hits atomic.Int32
-			arrived, release := make(chan struct{}), make(chan struct{})
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path == "/hang" {
-					io.Copy(io.Discard, r.Body)
-					if hits.Add(1) == 1 {
-						close(arrived)
-						select {
-						case <-release:
-						case <-r.Context().Done():
-						}
-						return
-					}
-				}
-				io.WriteString(w, "ok")
-			}))
-			defer srv.Close()
-			defer close(release)
-			seg := filepath.Join(t.TempDir(), "seg")
-			owner := startChild(t, seg, srv.URL, 0, 1)
-			owner.send(t, "warm 1")
-			if got := owner.expect(t, "warmed"); got != "1" {
-				t.Fatalf("owner made %s connections", got)
-			}
-			spec := testSpec
-			spec.Path = seg
-			me := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
-			req := postOnce(srv.URL+"/hang", body)
-			if body == "" {
-				req.Body = nil
-			}
-			done := sendAsync(me.tr, req)
-			select {
-			case <-arrived:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the POST never reached the upstream")
-			}
-			if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			var r roundTripResult
-			select {
-			case r = <-done:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the POST hung after its owner was killed")
-			}
-			if st := me.node.Stats(); st.ReusedRemote < 1 {
-				t.Fatalf("not sent through the owner: %+v", st)
-			}
-			if r.err == nil || hits.Load() != 1 {
-				t.Fatalf("a POST that reached the upstream: %q, %v; the upstream saw it %d times", r.body, r.err, hits.Load())
-			}
-		})
-	}
 }

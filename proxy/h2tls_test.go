@@ -127,16 +127,7 @@ func TestH2TLSLocalAndRemote(t *testing.T) {
 
 	pr, pw := io.Pipe()
 	req := grpcReq(t, context.Background(), up.url+"/echo", pr)
-	got := make(chan *http.Response, 1)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := client.tr.RoundTrip(req)
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- resp
-	}()
+	got, errc := headAsync(client.tr, req)
 	if _, err := pw.Write(grpcmsg.Frame([]byte("b0"))); err != nil {
 		t.Fatal(err)
 	}

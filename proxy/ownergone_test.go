@@ -229,13 +229,25 @@ func TestInterimSentThenOwnerGoneIsNotReplayed(t *testing.T) {
 // while a sibling's request waits for the upstream's answer on the owner's
 // connection. A GET is sent again and answered, on a connection of the
 // sibling's own; a POST, which reached the upstream, fails and is not sent
-// again.
+// again, whether its body streamed, went whole with its head, or it had
+// none: the owner had read all of it, so its stream ends without a reset.
 func TestOwnerSIGKILLedBeforeAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test")
 	}
-	for _, method := range []string{"GET", "POST"} {
-		t.Run(method, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  func(url string) *http.Request
+	}{
+		{"GET", func(url string) *http.Request { r, _ := http.NewRequest("GET", url, nil); return r }},
+		{"POST streamed", func(url string) *http.Request {
+			r, _ := http.NewRequest("POST", url, io.NopCloser(strings.NewReader("payload")))
+			return r
+		}},
+		{"POST body with head", func(url string) *http.Request { return postOnce(url, "short") }},
+		{"POST no body", func(url string) *http.Request { r, _ := http.NewRequest("POST", url, nil); return r }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			var hits atomic.Int32
 			arrived, release := make(chan struct{}), make(chan struct{})
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -264,11 +276,8 @@ func TestOwnerSIGKILLedBeforeAnswer(t *testing.T) {
 			spec.Path = seg
 			me := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
 
-			var body io.Reader
-			if method == "POST" {
-				body = io.NopCloser(strings.NewReader("payload"))
-			}
-			done := roundTripAsync(me.tr, method, srv.URL+"/hang", body)
+			req := tc.req(srv.URL + "/hang")
+			done := sendAsync(me.tr, req)
 			select {
 			case <-arrived:
 			case <-time.After(10 * time.Second):
@@ -287,9 +296,9 @@ func TestOwnerSIGKILLedBeforeAnswer(t *testing.T) {
 			if st.ReusedRemote < 1 {
 				t.Fatalf("not sent through the owner: %+v", st)
 			}
-			if method == "POST" {
+			if req.Method == "POST" {
 				if r.err == nil || hits.Load() != 1 {
-					t.Fatalf("POST: %q, %v; the upstream saw it %d times", r.body, r.err, hits.Load())
+					t.Fatalf("a POST that reached the upstream: %q, %v; the upstream saw it %d times", r.body, r.err, hits.Load())
 				}
 				return
 			}

@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"context"
-	"io"
-	"net/http"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,49 +17,15 @@ import (
 // sends it elsewhere) rather than close the stream under it, which fails a
 // POST that never reached the upstream.
 func TestShutdownRefusesFrameSentAsExchangeEnds(t *testing.T) {
-	u := newHangUpstream(t)
-	close(u.release)
-	owner, client := remotePair(t, nil)
-	warm(t, owner, u.srv.URL+"/warm")
-
-	var armed atomic.Bool
-	paused, resume := make(chan struct{}), make(chan struct{})
-	hook := func() {
-		if armed.CompareAndSwap(true, false) {
-			paused <- struct{}{}
-			<-resume
-		}
-	}
-	betweenExchanges.Store(&hook)
-	t.Cleanup(func() { betweenExchanges.Store(nil) })
-	resumed := false
-	defer func() {
-		if !resumed {
-			close(resume)
-		}
-	}()
-
-	post := func(body string) *http.Request {
-		req, _ := http.NewRequest("POST", u.srv.URL+"/hang", io.NopCloser(strings.NewReader(body)))
-		req.ContentLength = int64(len(body))
-		return req
-	}
-	armed.Store(true)
-	if r := <-sendAsync(client.tr, post("one")); r.err != nil || r.body != "ok" {
-		t.Fatalf("first POST: %q, %v", r.body, r.err)
-	}
-	select {
-	case <-paused:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the owner's stream did not finish its exchange")
-	}
+	po := pauseOwnerAfterPOST(t)
+	u, owner, client := po.u, po.owner, po.client
 
 	// The owner's stream is between its exchange and its next frame: the
 	// sibling sends that frame now, on the stream it has back.
 	if client.node.Stats().IdlePeerConns != 1 {
 		t.Fatalf("the sibling has no idle stream to the owner: %+v", client.node.Stats())
 	}
-	done := sendAsync(client.tr, post("two"))
+	done := sendAsync(client.tr, postOnce(u.srv.URL+"/hang", "two"))
 	waitFor(t, 2*time.Second, "the second POST to take the stream", func() bool { return client.node.Stats().IdlePeerConns == 0 })
 	time.Sleep(20 * time.Millisecond) // its frame is written right after
 
@@ -69,13 +33,8 @@ func TestShutdownRefusesFrameSentAsExchangeEnds(t *testing.T) {
 	defer cancel()
 	shut := make(chan error, 1)
 	go func() { shut <- owner.node.Shutdown(sctx) }()
-	waitFor(t, 2*time.Second, "the owner to close its streams", func() bool {
-		owner.node.srv.mu.Lock()
-		defer owner.node.srv.mu.Unlock()
-		return owner.node.srv.closed
-	})
-	close(resume)
-	resumed = true
+	waitServerClosed(t, owner)
+	po.resume()
 
 	select {
 	case r := <-done:
@@ -93,6 +52,59 @@ func TestShutdownRefusesFrameSentAsExchangeEnds(t *testing.T) {
 	}
 }
 
+// pausedOwner is a hang upstream that answers at once, an owner and a
+// client with one connection per key, after one POST through the owner
+// whose stream is held between that exchange and its next frame.
+type pausedOwner struct {
+	u             *hangUpstream
+	owner, client *member
+	resume        func() // lets the stream go on; once is enough, more is harmless
+}
+
+func pauseOwnerAfterPOST(t *testing.T) *pausedOwner {
+	t.Helper()
+	u := newHangUpstream(t)
+	close(u.release)
+	owner, client := remotePair(t, nil)
+	warm(t, owner, u.srv.URL+"/warm")
+
+	var armed atomic.Bool
+	paused, release := make(chan struct{}), make(chan struct{})
+	hook := func() {
+		if armed.CompareAndSwap(true, false) {
+			paused <- struct{}{}
+			<-release
+		}
+	}
+	var once sync.Once
+	po := &pausedOwner{u: u, owner: owner, client: client, resume: func() { once.Do(func() { close(release) }) }}
+	betweenExchanges.Store(&hook)
+	t.Cleanup(func() {
+		po.resume()
+		betweenExchanges.Store(nil)
+	})
+	armed.Store(true)
+	if r := <-sendAsync(client.tr, postOnce(u.srv.URL+"/hang", "one")); r.err != nil || r.body != "ok" {
+		t.Fatalf("first POST: %q, %v", r.body, r.err)
+	}
+	select {
+	case <-paused:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the owner's stream did not finish its exchange")
+	}
+	return po
+}
+
+// waitServerClosed waits until m's server has closed its streams.
+func waitServerClosed(t *testing.T, m *member) {
+	t.Helper()
+	waitFor(t, 2*time.Second, "the owner to close its streams", func() bool {
+		m.node.srv.mu.Lock()
+		defer m.node.srv.mu.Unlock()
+		return m.node.srv.closed
+	})
+}
+
 // TestShutdownEndsWaitForWorker: a sibling's request waiting for a worker
 // of the owner's budget when the owner's drain times out is refused as the
 // owner closes, and its wait ends there: close does not wait for it, which
@@ -108,9 +120,7 @@ func TestShutdownEndsWaitForWorker(t *testing.T) {
 	held := gov.Acquire()
 	defer held.Release()
 
-	req, _ := http.NewRequest("POST", u.srv.URL+"/hang", io.NopCloser(strings.NewReader("once")))
-	req.ContentLength = 4
-	done := sendAsync(client.tr, req)
+	done := sendAsync(client.tr, postOnce(u.srv.URL+"/hang", "once"))
 	waitFor(t, 2*time.Second, "the POST to wait on the owner", func() bool { return client.node.Stats().ReusedRemote == 1 })
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
