@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -29,7 +28,8 @@ evenly over the sockets, and since the fleet holds every socket for its whole
 life, a worker that reloads, crashes or restarts resets none of the
 connections waiting to be accepted. HTTP/3 (UDP) is bound by each worker with
 SO_REUSEPORT. Addresses a reload adds are bound by each worker until the
-fleet restarts.
+fleet restarts; the fleet's sockets of an address a reload drops are closed,
+and the address is bound by each worker if a later reload brings it back.
 
 The fleet refuses to start on an address another process already listens on
 (with SO_REUSEPORT the two would silently split the clients), unless
@@ -45,7 +45,10 @@ ORBIT_FLEET_WORKERS in their environment.
 
 A worker that exits is started again, after a delay that doubles from 100ms
 to 10s while it keeps failing. SIGHUP reloads the configuration file into
-every worker (gracefully, through its admin endpoint); SIGTERM or SIGINT stops
+every worker (gracefully, through its admin endpoint). A configuration that
+every worker refuses leaves the fleet on the one it runs, which a worker
+that restarts also gets; a worker that was starting during a reload gets the
+new configuration once it is ready. SIGTERM or SIGINT stops
 the fleet listening and every worker gracefully, killing those still running
 after --stop-timeout.
 
@@ -104,12 +107,6 @@ func cmdOrbitFleet(fl caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("run directory: %w", err)
 	}
-	if pidfile := fl.String("pidfile"); pidfile != "" {
-		if err := os.WriteFile(pidfile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
-			return caddy.ExitCodeFailedStartup, fmt.Errorf("writing pidfile: %w", err)
-		}
-		defer os.Remove(pidfile)
-	}
 	s := &supervisor{
 		exe:          exe,
 		configFile:   fl.String("config"),
@@ -119,6 +116,7 @@ func cmdOrbitFleet(fl caddycmd.Flags) (int, error) {
 		stopTimeout:  fl.Duration("stop-timeout"),
 		startTimeout: fl.Duration("start-timeout"),
 		handover:     fl.Bool("handover"),
+		pidfile:      fl.String("pidfile"),
 		log:          caddy.Log().Named("orbit-fleet"),
 	}
 	if err := s.run(); err != nil {

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -428,6 +430,39 @@ type fleetSockets struct {
 	files [][]*os.File   // per worker slot, passed as descriptors 3, 4, ...
 	fds   map[string]int // listenerKey -> descriptor in every worker
 	taken []string       // listenerKeys another process was listening on
+	// unclaimed are listenerKeys opened without claimAddress's lock,
+	// which something held too long.
+	unclaimed []string
+}
+
+// claimAddressWait bounds how long claimAddress waits for another fleet to
+// open an address.
+const claimAddressWait = 2 * time.Second
+
+// claimAddress takes, for a moment, a host-wide lock on opening the TCP
+// address key: an abstract unix socket named after it (in the network
+// namespace, as the address is), which the kernel releases if this process
+// dies. ok is false if it stayed taken for claimAddressWait: another user
+// may bind the name, and must not be able to keep the fleet from starting
+// by holding it.
+func claimAddress(key string) (release func(), ok bool) {
+	name := "@orbit-fleet/" + key
+	if len(name) > 100 {
+		h := fnv.New64a()
+		h.Write([]byte(key))
+		name = fmt.Sprintf("@orbit-fleet/%x", h.Sum64())
+	}
+	deadline := time.Now().Add(claimAddressWait)
+	for {
+		ln, err := net.Listen("unix", name)
+		if err == nil {
+			return func() { ln.Close() }, true
+		}
+		if !errors.Is(err, unix.EADDRINUSE) || time.Now().After(deadline) {
+			return nil, false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // openFleetSockets opens, for every TCP address the HTTP servers of config
@@ -451,6 +486,14 @@ func openFleetSockets(config []byte, slots int, handover bool) (*fleetSockets, e
 			key := listenerKey(na.Network, na.Host, p)
 			if _, ok := fs.fds[key]; ok {
 				continue
+			}
+			// Held until every address is open: a fleet opening the
+			// same address at the same moment finds it taken, instead
+			// of both finding it free and both opening it.
+			if release, ok := claimAddress(key); ok {
+				defer release()
+			} else {
+				fs.unclaimed = append(fs.unclaimed, key)
 			}
 			addr := net.JoinHostPort(na.Host, strconv.FormatUint(uint64(p), 10))
 			if taken, err := listenedOn(na.Network, addr); err != nil {
@@ -502,10 +545,48 @@ func listenedOn(network, addr string) (bool, error) {
 func (fs *fleetSockets) close() {
 	for _, files := range fs.files {
 		for _, f := range files {
-			f.Close()
+			if f != nil {
+				f.Close()
+			}
 		}
 	}
 	fs.files = nil
+}
+
+// dropUnused closes the sockets of the addresses config no longer listens
+// on, and returns their keys. The workers let go of theirs when their last
+// server on one closes; held by the supervisor, the socket would go on
+// queueing connections that no worker accepts. A later configuration that
+// listens there again is bound by each worker, as any new address is.
+// Their slots' descriptors are left closed in the workers started from now
+// on.
+func (fs *fleetSockets) dropUnused(config []byte) []string {
+	addrs, err := tcpListenAddrs(config)
+	if err != nil {
+		return nil
+	}
+	want := make(map[string]bool)
+	for _, na := range addrs {
+		for p := na.StartPort; p <= na.EndPort; p++ {
+			want[listenerKey(na.Network, na.Host, p)] = true
+		}
+	}
+	var dropped []string
+	for key, fd := range fs.fds {
+		if want[key] {
+			continue
+		}
+		for _, files := range fs.files {
+			if i := fd - 3; i < len(files) && files[i] != nil {
+				files[i].Close()
+				files[i] = nil
+			}
+		}
+		delete(fs.fds, key)
+		dropped = append(dropped, key)
+	}
+	slices.Sort(dropped)
+	return dropped
 }
 
 // env is the environment variable telling a worker which descriptor holds

@@ -54,14 +54,21 @@ type supervisor struct {
 	stopTimeout  time.Duration
 	startTimeout time.Duration
 	handover     bool // start beside another process listening on the same addresses
+	pidfile      string
 	log          *zap.Logger
 
-	ln        net.Listener  // pingbacks: a worker echoes its token once its config runs
-	sockets   *fleetSockets // listening sockets shared by the workers
-	events    chan event
-	spawn     chan spawnRequest
-	workers   []*worker
-	config    []byte // the adapted configuration, before per-worker changes
+	ln      net.Listener  // pingbacks: a worker echoes its token once its config runs
+	sockets *fleetSockets // listening sockets shared by the workers
+	events  chan event
+	spawn   chan spawnRequest
+	workers []*worker
+	// config is the adapted configuration the fleet runs, before
+	// per-worker changes: the last one a worker accepted on a reload (or
+	// the first). A worker (re)starts with it. cfgGen numbers it, and
+	// genSeq numbers every configuration a reload tries.
+	config    []byte
+	cfgGen    int
+	genSeq    int
 	stopping  bool
 	reloading bool
 	reloadDue bool
@@ -81,6 +88,11 @@ type worker struct {
 	ready   bool
 	delay   time.Duration
 	timer   *time.Timer
+	// cfgGen is the configuration this worker runs, or the one it was
+	// started with until it is ready; refused, the last one it refused
+	// to load.
+	cfgGen  int
+	refused int
 }
 
 type eventKind int
@@ -102,6 +114,17 @@ type event struct {
 	err   error
 	token string
 	sig   os.Signal
+	// A reload's outcome (evReloaded): the configuration it loaded, its
+	// generation, and what each worker answered.
+	config []byte
+	loads  []loadResult
+}
+
+// loadResult is a worker's answer to a configuration load: id is its slot,
+// gen its process generation.
+type loadResult struct {
+	id, gen int
+	err     error
 }
 
 type spawnRequest struct {
@@ -119,14 +142,35 @@ func (s *supervisor) run() error {
 	}
 	defer lock.Close()
 
-	if err := s.loadConfig(); err != nil {
+	if s.config, err = s.adapt(); err != nil {
 		return err
 	}
+	s.cfgGen, s.genSeq = 1, 1
 	s.sockets, err = openFleetSockets(s.config, s.n, s.handover)
 	if err != nil {
 		return err
 	}
 	defer s.sockets.close()
+	if len(s.sockets.unclaimed) > 0 {
+		s.log.Warn("opened addresses without the lock that keeps two fleets from opening one address at once: something held it too long",
+			zap.Strings("addresses", s.sockets.unclaimed))
+	}
+	// Only now, with the run directory and the addresses this fleet's:
+	// a fleet refused for either must not replace the pid file of the one
+	// that holds them.
+	if s.pidfile != "" {
+		pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
+		if err := os.WriteFile(s.pidfile, pid, 0o644); err != nil {
+			return fmt.Errorf("writing pidfile: %w", err)
+		}
+		defer func() {
+			// A fleet that took over (--handover) may have written its
+			// own pid there since.
+			if b, err := os.ReadFile(s.pidfile); err == nil && bytes.Equal(b, pid) {
+				os.Remove(s.pidfile)
+			}
+		}()
+	}
 	if len(s.sockets.taken) > 0 {
 		s.log.Warn("starting beside other processes listening on the same addresses (--handover): clients go to both until they stop",
 			zap.Strings("addresses", s.sockets.taken))
@@ -228,6 +272,9 @@ func (s *supervisor) loop(startErr error) error {
 					s.log.Info("worker ready", zap.Int("worker", w.id), zap.Int("pid", w.proc.Pid), zap.String("admin", "unix/"+w.sock))
 				}
 			}
+			if !s.reloading && !s.stopping {
+				s.catchUp()
+			}
 			if starting && s.readyCount() == s.n {
 				starting = false
 				startTimer.Stop()
@@ -280,9 +327,16 @@ func (s *supervisor) loop(startErr error) error {
 
 		case evReloaded:
 			s.reloading = false
-			if s.reloadDue && !s.stopping {
+			if s.stopping {
+				break
+			}
+			s.reloaded(ev)
+			if s.reloadDue {
 				s.reloadDue = false
 				s.reload()
+			}
+			if !s.reloading {
+				s.catchUp()
 			}
 
 		case evStartTimeout:
@@ -351,7 +405,18 @@ func (s *supervisor) start(w *worker) error {
 	if _, err := rand.Read(b[:]); err != nil {
 		return fmt.Errorf("making a pingback token: %w", err)
 	}
+	// The worker runs the fleet's configuration, whatever a reload since
+	// its last start tried.
+	body, err := workerConfig(s.config, w.sock, s.sockets)
+	if err == nil {
+		err = privdir.WriteFile(w.cfgPath, body)
+	}
+	if err != nil {
+		return fmt.Errorf("writing worker %d configuration: %w", w.id, err)
+	}
 	w.gen++
+	w.cfgGen = s.cfgGen
+	w.refused = 0
 	w.token = hex.EncodeToString(b[:])
 	reply := make(chan error, 1)
 	s.spawn <- spawnRequest{w: w, reply: reply}
@@ -458,50 +523,128 @@ func (s *supervisor) killAll() {
 	}
 }
 
-// reload loads the configuration file again and hands it to every worker.
-// A worker that is not running gets it when it next starts.
+// reload adapts the configuration file again and loads it into every ready
+// worker. It becomes the fleet's configuration, the one workers restart
+// with, only if a worker accepted it (or none was ready to try it): a
+// configuration every worker refused leaves the fleet as it was, as `caddy
+// reload` leaves a lone Caddy. A worker still starting gets it once ready.
 func (s *supervisor) reload() {
 	s.log.Info("reloading configuration", zap.String("config", s.configFile))
-	if err := s.loadConfig(); err != nil {
+	cfg, err := s.adapt()
+	if err == nil {
+		// Refuse what no worker could run (admin off) before trying it.
+		_, err = workerConfig(cfg, "", nil)
+	}
+	if err != nil {
 		s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
 		return
 	}
-	if err := s.writeConfigs(); err != nil {
-		s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
-		return
-	}
-	type target struct {
-		id   int
-		sock string
-		cfg  string
-	}
-	var targets []target
+	var targets []*worker
 	for _, w := range s.workers {
 		if w.running && w.ready {
-			targets = append(targets, target{w.id, w.sock, w.cfgPath})
+			targets = append(targets, w)
 		}
+	}
+	s.genSeq++
+	s.push(cfg, s.genSeq, targets)
+}
+
+// catchUp loads the fleet's configuration into the ready workers that were
+// started with an older one (they started while a reload was under way),
+// unless they already refused it.
+func (s *supervisor) catchUp() {
+	var targets []*worker
+	var ids []int
+	for _, w := range s.workers {
+		if w.running && w.ready && w.cfgGen != s.cfgGen && w.refused != s.cfgGen {
+			targets = append(targets, w)
+			ids = append(ids, w.id)
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	s.log.Info("loading the current configuration into workers that started with an older one", zap.Ints("workers", ids))
+	s.push(s.config, s.cfgGen, targets)
+}
+
+// push loads cfg, generation gen, into the targets, all at once (each
+// worker hands its sockets from its old servers to its new ones, so none
+// stops serving meanwhile); an evReloaded event reports the outcome.
+func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
+	type target struct {
+		id, gen int
+		sock    string
+		body    []byte
+	}
+	var ts []target
+	for _, w := range targets {
+		body, err := workerConfig(cfg, w.sock, s.sockets)
+		if err != nil {
+			s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
+			return
+		}
+		ts = append(ts, target{w.id, w.gen, w.sock, body})
 	}
 	s.reloading = true
 	go func() {
-		defer func() { s.events <- event{kind: evReloaded} }()
-		// All at once: each worker hands its sockets from its old servers
-		// to its new ones, so none stops serving meanwhile.
+		loads := make([]loadResult, len(ts))
 		var wg sync.WaitGroup
-		for _, t := range targets {
+		for i, t := range ts {
 			wg.Go(func() {
-				body, err := os.ReadFile(t.cfg)
-				if err == nil {
-					err = loadInto(t.sock, body)
-				}
+				err := loadInto(t.sock, t.body)
 				if err != nil {
-					s.log.Error("reloading worker", zap.Int("worker", t.id), zap.Error(err))
-					return
+					s.log.Error("reloading worker: it keeps running its previous configuration", zap.Int("worker", t.id), zap.Error(err))
+				} else {
+					s.log.Info("worker reloaded", zap.Int("worker", t.id))
 				}
-				s.log.Info("worker reloaded", zap.Int("worker", t.id))
+				loads[i] = loadResult{id: t.id, gen: t.gen, err: err}
 			})
 		}
 		wg.Wait()
+		s.events <- event{kind: evReloaded, config: cfg, gen: gen, loads: loads}
 	}()
+}
+
+// reloaded takes in a reload's outcome: a new configuration a worker
+// accepted becomes the fleet's.
+func (s *supervisor) reloaded(ev event) {
+	accepted := 0
+	for _, l := range ev.loads {
+		if l.err == nil {
+			accepted++
+		}
+	}
+	if ev.gen != s.cfgGen {
+		if accepted == 0 && len(ev.loads) > 0 {
+			s.log.Error("reload failed: every worker refused the new configuration; the fleet keeps running the previous one, and restarts workers with it")
+			for _, l := range ev.loads {
+				s.workers[l.id].refused = ev.gen
+			}
+			return
+		}
+		s.config, s.cfgGen = ev.config, ev.gen
+		if dropped := s.sockets.dropUnused(s.config); len(dropped) > 0 {
+			s.log.Info("the configuration no longer listens on these addresses: closed the fleet's sockets for them", zap.Strings("addresses", dropped))
+		}
+		if err := s.writeConfigs(); err != nil {
+			s.log.Warn("writing the workers' configuration files", zap.Error(err))
+		}
+		if accepted < len(ev.loads) {
+			s.log.Error("reload partly failed: the workers that refused the new configuration keep running the previous one until they restart or the next reload")
+		}
+	}
+	for _, l := range ev.loads {
+		w := s.workers[l.id]
+		if l.gen != w.gen {
+			continue // restarted meanwhile, with the fleet's configuration
+		}
+		if l.err == nil {
+			w.cfgGen = ev.gen
+		} else {
+			w.refused = ev.gen
+		}
+	}
 }
 
 // loadInto makes the worker at admin socket sock run config, even if it is
@@ -517,17 +660,16 @@ func loadInto(sock string, config []byte) error {
 	return nil
 }
 
-// loadConfig reads and adapts the configuration file.
-func (s *supervisor) loadConfig() error {
+// adapt reads and adapts the configuration file.
+func (s *supervisor) adapt() ([]byte, error) {
 	cfg, _, _, err := caddycmd.LoadConfig(s.configFile, s.adapter)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(cfg) == 0 {
-		return errors.New("no configuration to run: use --config")
+		return nil, errors.New("no configuration to run: use --config")
 	}
-	s.config = cfg
-	return nil
+	return cfg, nil
 }
 
 // writeConfigs writes each worker's configuration file.

@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/orbitproxy/orbit/internal/privdir"
+)
+
+// adv7RunCommand runs `caddy orbit-fleet` with args in this process, as
+// Caddy's main would.
+func adv7RunCommand(t *testing.T, args ...string) error {
+	t.Helper()
+	c, ok := caddycmd.Commands()["orbit-fleet"]
+	if !ok {
+		t.Fatal("orbit-fleet is not registered")
+	}
+	cc := &cobra.Command{Use: "orbit-fleet"}
+	c.CobraFunc(cc)
+	if err := cc.ParseFlags(args); err != nil {
+		t.Fatal(err)
+	}
+	_, err := cmdOrbitFleet(caddycmd.Flags{FlagSet: cc.Flags()})
+	return err
+}
+
+// TestAdv7FleetPidfileOfRefusedFleet: a second `caddy orbit-fleet` given the
+// running fleet's --pidfile, refused because the fleet holds the run
+// directory or the address, leaves the pid file alone: an operator's (or an
+// init script's) `kill -HUP $(cat pidfile)` still reaches the running fleet.
+func TestAdv7FleetPidfileOfRefusedFleet(t *testing.T) {
+	dir := t.TempDir()
+	runDir := filepath.Join(dir, "run")
+	if err := privdir.Ensure(runDir); err != nil {
+		t.Fatal(err)
+	}
+	// The running fleet: it holds the run directory's lock and listens on
+	// the address.
+	lock, err := lockRunDir(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := filepath.Join(dir, "caddy.json")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`{"apps": {"http": {"servers": {"a": {"listen": [%q]}}}}}`, ln.Addr().String())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pidfile := filepath.Join(dir, "fleet.pid")
+	const running = "4242\n"
+	if err := os.WriteFile(pidfile, []byte(running), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ runDir, want string }{
+		{runDir, "another orbit-fleet is running"},
+		{filepath.Join(dir, "other-run"), "another process is listening"},
+	} {
+		err := adv7RunCommand(t, "--config", cfg, "--workers", "1", "--run-dir", c.runDir, "--pidfile", pidfile)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("second fleet in %s: %v, want an error saying %q", c.runDir, err, c.want)
+		}
+		if b, err := os.ReadFile(pidfile); err != nil || string(b) != running {
+			t.Errorf("after a second fleet in %s was refused, the pid file holds %q (%v); want the running fleet's %q", c.runDir, b, err, running)
+		}
+	}
+}
+
+// TestAdv7FleetSocketsOpenedAtOnce: two fleets (two supervisors, in two run
+// directories) opening the same free address at the same moment: one gets
+// it and the other is refused. Both getting it would have the kernel split
+// the clients between two fleets, unnoticed, which is what the refusal of a
+// taken address is there to prevent.
+func TestAdv7FleetSocketsOpenedAtOnce(t *testing.T) {
+	for i := range 150 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		cfg := []byte(fmt.Sprintf(`{"apps": {"http": {"servers": {"a": {"listen": [%q]}}}}}`, addr))
+		var fss [2]*fleetSockets
+		var errs [2]error
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for j := range 2 {
+			wg.Go(func() {
+				<-start
+				fss[j], errs[j] = openFleetSockets(cfg, 2, false)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for _, fs := range fss {
+			if fs != nil {
+				fs.close()
+			}
+		}
+		if errs[0] == nil && errs[1] == nil {
+			t.Fatalf("attempt %d: two fleets opened %s at once; the kernel splits its clients between them", i, addr)
+		}
+		for _, err := range errs {
+			if err != nil && !strings.Contains(err.Error(), "another process is listening") {
+				t.Fatalf("attempt %d: %v", i, err)
+			}
+		}
+	}
+}
