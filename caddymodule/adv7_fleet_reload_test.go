@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -175,69 +174,6 @@ func (f *testFleet) adv7WaitAllOn(version string, d time.Duration) {
 		}
 		return len(seen) == f.workers
 	})
-}
-
-// TestAdv7FleetWorkerStartingDuringReload: SIGHUP while a worker that
-// replaces a dead one has read its (old) configuration file but has not yet
-// reported ready. That worker must end up on the new configuration, like the
-// others, rather than run the old one until the next reload.
-func TestAdv7FleetWorkerStartingDuringReload(t *testing.T) {
-	up := newFleetUpstream(t, 0)
-	f := adv7StartFleet(t, 2, up.hostport())
-	sock := filepath.Join(f.runDir, "worker-1.sock")
-	ino := func() uint64 {
-		var st syscall.Stat_t
-		if syscall.Stat(sock, &st) != nil {
-			return 0
-		}
-		return st.Ino
-	}
-
-	// Catch the replacement between its admin endpoint coming up (its
-	// configuration file read) and its pingback, and hold it there.
-	var caught int
-	for attempt := 0; attempt < 5 && caught == 0; attempt++ {
-		victim := f.workerPID(1)
-		oldIno := ino()
-		if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			if n := ino(); n != 0 && n != oldIno {
-				if pid := f.workerPID(1); pid != 0 && pid != victim {
-					syscall.Kill(pid, syscall.SIGSTOP)
-					if f.adv7CountLog("worker ready", fmt.Sprintf(`"pid":%d`, pid)) == 0 {
-						caught = pid
-					} else {
-						syscall.Kill(pid, syscall.SIGCONT)
-					}
-					break
-				}
-			}
-			time.Sleep(500 * time.Microsecond)
-		}
-		if caught == 0 {
-			f.adv7WaitReplaced(1, victim, 20*time.Second)
-		}
-	}
-	if caught == 0 {
-		t.Fatal("could not catch a starting worker before it was ready in 5 attempts")
-	}
-	defer syscall.Kill(caught, syscall.SIGCONT)
-
-	f.writeCaddyfile(up.hostport(), "v2")
-	if err := f.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, "worker 0 to reload", func() bool {
-		return f.adv7CountLog("worker reloaded", `"worker":0`) >= 1
-	})
-	syscall.Kill(caught, syscall.SIGCONT)
-	waitFor(t, 20*time.Second, "the held worker to report ready", func() bool {
-		return f.adv7CountLog("worker ready", fmt.Sprintf(`"pid":%d`, caught)) >= 1
-	})
-	f.adv7WaitAllOn("v2", 15*time.Second)
 }
 
 // TestAdv7FleetReloadDroppingAddress: a reload that drops one of the

@@ -2,15 +2,19 @@ package fleet
 
 import (
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/orbitproxy/orbit/internal/privdir"
 )
@@ -116,5 +120,60 @@ func TestAdv7FleetSocketsOpenedAtOnce(t *testing.T) {
 				t.Fatalf("attempt %d: %v", i, err)
 			}
 		}
+	}
+}
+
+// TestCatchUpLoadsFleetConfigIntoLaggingWorkers: a worker that became ready
+// running an older configuration than the fleet's (it was starting while a
+// reload went through) gets the fleet's configuration; one that already runs
+// it, and one that refused it, are left alone.
+func TestCatchUpLoadsFleetConfigIntoLaggingWorkers(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	loaded := map[int][]byte{}
+	admin := func(id int) string {
+		sock := filepath.Join(dir, fmt.Sprintf("w%d.sock", id))
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			if r.Method == http.MethodPost && r.URL.Path == "/load" {
+				mu.Lock()
+				loaded[id] = b
+				mu.Unlock()
+			}
+		})}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		return sock
+	}
+	s := &supervisor{
+		config: []byte(`{"apps":{"v":"2"}}`), cfgGen: 2,
+		events:  make(chan event, 1),
+		sockets: &fleetSockets{fds: map[string]int{}},
+		log:     zap.NewNop(),
+	}
+	for id, st := range []struct{ cfgGen, refused int }{{2, 0}, {1, 0}, {1, 2}} {
+		s.workers = append(s.workers, &worker{id: id, sock: admin(id), running: true, ready: true, gen: 1, cfgGen: st.cfgGen, refused: st.refused})
+	}
+	s.catchUp()
+	if !s.reloading {
+		t.Fatal("catchUp loaded nothing")
+	}
+	var ev event
+	select {
+	case ev = <-s.events:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the load did not end")
+	}
+	if ev.kind != evReloaded || ev.gen != 2 || len(ev.loads) != 1 || ev.loads[0].id != 1 || ev.loads[0].err != nil {
+		t.Fatalf("outcome %+v: want worker 1 alone loaded with generation 2", ev)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(loaded) != 1 || !strings.Contains(string(loaded[1]), `"v":"2"`) {
+		t.Fatalf("loads by worker: %v; want the fleet's configuration in worker 1 only", loaded)
 	}
 }
