@@ -324,16 +324,7 @@ func TestAdv7FleetStopKeepAlive(t *testing.T) {
 		}
 		return o
 	}
-	stockPort := freePort(t)
-	stock := startStock(t, fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy %s\n}\n", stockPort, up.hostport()))
-	stockURL := fmt.Sprintf("http://127.0.0.1:%d/", stockPort)
-	waitFor(t, 20*time.Second, "stock caddy to serve", func() bool {
-		resp, err := http.Get(stockURL)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	stock, stockURL := startStockServing(t, up.hostport())
 	base := run(t, stockURL, []int{stock.Process.Pid}, func() error { return stock.Process.Signal(syscall.SIGTERM) })
 	f := adv7StartFleet(t, 2, up.hostport())
 	o := run(t, f.url("/"), []int{f.workerPID(0), f.workerPID(1)}, func() error { return f.cmd.Process.Signal(syscall.SIGTERM) })

@@ -344,6 +344,23 @@ func diffSite(port int, plain, tlsUp, transport string) string {
 // ends.
 func startStock(t *testing.T, site string) *exec.Cmd { return startStockWith(t, "", site) }
 
+// startStockServing runs stock Caddy in front of upstream (host:port) on a
+// free loopback port, and returns once it answers there with a 200.
+func startStockServing(t *testing.T, upstream string) (*exec.Cmd, string) {
+	t.Helper()
+	port := freePort(t)
+	stock := startStock(t, fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\treverse_proxy %s\n}\n", port, upstream))
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	waitFor(t, 20*time.Second, "stock caddy to serve", func() bool {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	return stock, url
+}
+
 // startStockWith is startStock with more global options.
 func startStockWith(t *testing.T, global, site string) *exec.Cmd {
 	bin := caddyBinary(t)
