@@ -344,6 +344,9 @@ func (a *App) Validate() error {
 	if a.Workers < 0 {
 		return fmt.Errorf("workers must not be negative, got %d", a.Workers)
 	}
+	if a.Workers > governor.MaxWorkers {
+		return fmt.Errorf("workers must be at most %d, got %d", governor.MaxWorkers, a.Workers)
+	}
 	if a.AdmissionCeiling < 0 {
 		return fmt.Errorf("admission_ceiling must not be negative, got %d", a.AdmissionCeiling)
 	}

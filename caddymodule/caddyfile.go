@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"math"
 	"strconv"
 	"time"
 
@@ -189,6 +190,9 @@ func (t *Transport) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_response_header":
 			var n uint64
 			n, err = sizeArg(d)
+			if err == nil && n > math.MaxInt64 {
+				err = d.Errf("bad max_response_header value '%s': too large", d.Val())
+			}
 			t.MaxResponseHeaderSize = int64(n)
 		case "max_conns_per_host":
 			t.MaxConnsPerHost, err = intArg(d, 1)

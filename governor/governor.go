@@ -12,6 +12,10 @@ import (
 // of all workers together fit in a uint64 (see maxPerWorkerBytes).
 const maxWorkers = 1 << 20
 
+// MaxWorkers is the most workers a Governor has: New takes a larger count
+// as this one.
+const MaxWorkers = maxWorkers
+
 // Governor is the single source of parallelism in the process.
 //
 // Work units acquire LeaseSets rather than being handed a worker count, which
