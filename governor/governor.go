@@ -7,14 +7,11 @@ import (
 	"sync/atomic"
 )
 
-// maxWorkers bounds the worker count far above any machine, low enough that
-// the count stays inside the low half of the state word and that the charges
-// of all workers together fit in a uint64 (see maxPerWorkerBytes).
-const maxWorkers = 1 << 20
-
-// MaxWorkers is the most workers a Governor has: New takes a larger count
-// as this one.
-const MaxWorkers = maxWorkers
+// MaxWorkers is the most workers a Governor has (New takes a larger count
+// as this one): far above any machine, low enough that the count stays
+// inside the low half of the state word and that the charges of all workers
+// together fit in a uint64 (see maxPerWorkerBytes).
+const MaxWorkers = 1 << 20
 
 // Governor is the single source of parallelism in the process.
 //
@@ -52,7 +49,7 @@ type Governor struct {
 // bounded by workers alone; bytes are still counted in [Governor.ReservedBytes].
 func New(workers int, memoryLimit uint64) *Governor {
 	w := uint64(max(workers, 1))
-	w = min(w, maxWorkers)
+	w = min(w, MaxWorkers)
 	if memoryLimit == 0 {
 		memoryLimit = math.MaxUint64
 	}
@@ -100,10 +97,10 @@ func (g *Governor) fit(want, free, perWorkerBytes, reserved uint64) uint64 {
 }
 
 // maxPerWorkerBytes clamps a per-worker demand so that the sum of every
-// charge the governor can hold (at most maxWorkers workers) fits in a uint64.
+// charge the governor can hold (at most MaxWorkers workers) fits in a uint64.
 // The bound is 16 TiB per worker: a demand above it is larger than any real
 // budget, so the clamp changes no grant, only what is reported.
-const maxPerWorkerBytes = math.MaxUint64/maxWorkers - 1
+const maxPerWorkerBytes = math.MaxUint64/MaxWorkers - 1
 
 func clampPerWorker(perWorkerBytes uint64) uint64 {
 	return min(perWorkerBytes, maxPerWorkerBytes)

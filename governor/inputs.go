@@ -95,7 +95,7 @@ func workersFrom(in Inputs) int {
 		w = min(w, in.GOMAXPROCS)
 	}
 	if in.CPUQuota > 0 {
-		w = min(w, int(math.Ceil(min(in.CPUQuota, maxWorkers))))
+		w = min(w, int(math.Ceil(min(in.CPUQuota, MaxWorkers))))
 	}
 	if w == math.MaxInt {
 		return 1

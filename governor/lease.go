@@ -10,7 +10,7 @@ import (
 type LeaseSet struct {
 	g     *Governor
 	bytes uint64        // memory charged to g
-	held  uint32        // workers charged to g; at most maxWorkers
+	held  uint32        // workers charged to g; at most MaxWorkers
 	flags atomic.Uint32 // leaseBorrowed, fixed at creation; leaseReleased
 }
 
