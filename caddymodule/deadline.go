@@ -50,9 +50,13 @@ func (t *Transport) deadline(req *http.Request, now time.Time) (time.Time, strin
 		consider(d, DeadlineContext)
 	}
 	for _, name := range t.DeadlineHeaders {
-		for _, v := range req.Header.Values(name) {
-			if d, ok := ParseTimeout(v); ok {
-				consider(addDuration(now, d), DeadlineHeader)
+		for _, line := range req.Header.Values(name) {
+			// A proxy in front may have merged repeated lines into
+			// one, comma-separated: each value counts, as each line does.
+			for v := range strings.SplitSeq(line, ",") {
+				if d, ok := ParseTimeout(strings.TrimSpace(v)); ok {
+					consider(addDuration(now, d), DeadlineHeader)
+				}
 			}
 		}
 	}

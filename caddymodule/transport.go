@@ -111,7 +111,9 @@ type Transport struct {
 	// milliseconds, "5S" five seconds) or as a number of seconds
 	// ("Request-Timeout: 0.5"); see ParseTimeout. A value that parses
 	// gives the request a deadline that long after the transport received
-	// it; one that does not is ignored. Default: none.
+	// it; one that does not is ignored. Of several values (several lines,
+	// or one line of them comma-separated) the earliest counts. Default:
+	// none.
 	//
 	// A request's deadline is the earliest of its context's deadline, these
 	// headers', Timeout and the server's write_timeout; without any it has
