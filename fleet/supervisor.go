@@ -187,7 +187,9 @@ func (s *supervisor) run() error {
 		}
 		s.workers = append(s.workers, w)
 	}
-	if err := s.writeConfigs(); err != nil {
+	// Refuse what no worker could run (admin off) before starting any; each
+	// worker's file is written as it starts.
+	if _, err := workerConfig(s.config, "", nil); err != nil {
 		return err
 	}
 
@@ -615,20 +617,14 @@ func (s *supervisor) reloaded(ev event) {
 			accepted++
 		}
 	}
-	if ev.gen != s.cfgGen {
-		if accepted == 0 && len(ev.loads) > 0 {
-			s.log.Error("reload failed: every worker refused the new configuration; the fleet keeps running the previous one, and restarts workers with it")
-			for _, l := range ev.loads {
-				s.workers[l.id].refused = ev.gen
-			}
-			return
-		}
+	switch {
+	case ev.gen == s.cfgGen: // a catch-up, to the fleet's own configuration
+	case accepted == 0 && len(ev.loads) > 0:
+		s.log.Error("reload failed: every worker refused the new configuration; the fleet keeps running the previous one, and restarts workers with it")
+	default:
 		s.config, s.cfgGen = ev.config, ev.gen
 		if dropped := s.sockets.dropUnused(s.config); len(dropped) > 0 {
 			s.log.Info("the configuration no longer listens on these addresses: closed the fleet's sockets for them", zap.Strings("addresses", dropped))
-		}
-		if err := s.writeConfigs(); err != nil {
-			s.log.Warn("writing the workers' configuration files", zap.Error(err))
 		}
 		if accepted < len(ev.loads) {
 			s.log.Error("reload partly failed: the workers that refused the new configuration keep running the previous one until they restart or the next reload")
@@ -670,20 +666,6 @@ func (s *supervisor) adapt() ([]byte, error) {
 		return nil, errors.New("no configuration to run: use --config")
 	}
 	return cfg, nil
-}
-
-// writeConfigs writes each worker's configuration file.
-func (s *supervisor) writeConfigs() error {
-	for _, w := range s.workers {
-		b, err := workerConfig(s.config, w.sock, s.sockets)
-		if err != nil {
-			return err
-		}
-		if err := privdir.WriteFile(w.cfgPath, b); err != nil {
-			return fmt.Errorf("writing worker %d configuration: %w", w.id, err)
-		}
-	}
-	return nil
 }
 
 // workerConfig is config with its admin endpoint moved to the unix socket
