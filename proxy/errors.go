@@ -77,10 +77,12 @@ type Error struct {
 	// it accepted the request's body: neither end read or sent any of the
 	// body, and both keep the stream.
 	beforeAccept bool
-	// freshStream marks a stream to an owner, dialed for this attempt,
-	// that broke before the owner answered: the owner is dying or leaving,
-	// and the request's later attempts keep off its connections.
-	freshStream bool
+	// ownerDown marks an owner this attempt could not reach: the dial to
+	// it failed, or a stream dialed for the attempt broke before it
+	// answered. It is dying or gone (a dying process's listener still
+	// takes dials, and resets them), while its connections may still be
+	// in the table: the request's later attempts keep off them.
+	ownerDown bool
 }
 
 func (e *Error) Error() string {

@@ -63,7 +63,7 @@ func (p *peers) get(ctx context.Context, lane int) (*conn, error) {
 	p.mu.Unlock()
 	uc, err := dialUnix(ctx, SocketPath(p.dir, lane))
 	if err != nil {
-		return nil, &Error{Op: "dial owner", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
+		return nil, &Error{Op: "dial owner", RetrySafe: true, ownerDown: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
 	}
 	return newConn(uc, uc), nil
 }
@@ -175,7 +175,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 	}
 	if pe, ok := err.(*Error); ok && fresh && errors.Is(err, ErrOwnerGone) {
 		e := *pe
-		e.freshStream = true
+		e.ownerDown = true
 		err = &e
 	}
 	return resp, err

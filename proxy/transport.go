@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/orbitproxy/orbit/backpressure"
@@ -540,7 +539,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			case err == nil:
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
-			case errors.Is(err, errOwnerLeaving), notListening(err), brokeFresh(err):
+			case errors.Is(err, errOwnerLeaving), ownerDown(err):
 				avoid.leaving = append(avoid.leaving, lane)
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
@@ -604,22 +603,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	}
 }
 
-// notListening reports whether err is a dial to an owner that has no
-// listener: it closed it as it left the fleet, or it died. Its connections
-// may stay in the table a little longer (until it has retired them, or a
-// sibling has reclaimed its lane), and a request's later attempts must keep
-// off them rather than spend every retry dialing it again at once.
-func notListening(err error) bool {
-	return errors.Is(err, ErrOwnerGone) && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT))
-}
-
-// brokeFresh reports whether err is a stream dialed to an owner for this
-// attempt that broke before the owner answered: a dying owner's listener
-// still takes dials until the kernel has closed it, and resets them, while
-// its lane still looks alive in the table.
-func brokeFresh(err error) bool {
+// ownerDown reports whether err says the owner could not be reached (see
+// Error.ownerDown).
+func ownerDown(err error) bool {
 	var pe *Error
-	return errors.As(err, &pe) && pe.freshStream
+	return errors.As(err, &pe) && pe.ownerDown
 }
 
 // CloseIdleConnections closes every idle connection this process owns.
