@@ -76,14 +76,7 @@ func TestAdv7FleetSupervisorKilledThenRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.cmd.Wait()
-	waitFor(t, 20*time.Second, "the workers of the killed supervisor to exit", func() bool {
-		for _, pid := range pids {
-			if syscall.Kill(pid, 0) == nil {
-				return false
-			}
-		}
-		return true
-	})
+	waitExited(t, "the workers of the killed supervisor to exit", pids)
 	// The workers stopped on their own: they left the segment, as in a
 	// clean stop. (The supervisor's pid files are its own to remove.)
 	for _, p := range f.adv7Leftovers() {
@@ -288,14 +281,7 @@ func TestAdv7FleetStopKeepAlive(t *testing.T) {
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, "every process to exit", func() bool {
-			for _, pid := range pids {
-				if syscall.Kill(pid, 0) == nil {
-					return false
-				}
-			}
-			return true
-		})
+		waitExited(t, "every process to exit", pids)
 		close(done)
 		<-finished
 		close(out)

@@ -771,6 +771,19 @@ func TestFleetSpreadsClients(t *testing.T) {
 	spread("after worker 1 was replaced")
 }
 
+// waitExited waits up to 20s for every process of pids to have exited.
+func waitExited(t *testing.T, what string, pids []int) {
+	t.Helper()
+	waitFor(t, 20*time.Second, what, func() bool {
+		for _, pid := range pids {
+			if syscall.Kill(pid, 0) == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // TestFleetStopUnderLoad: stopping the fleet, by SIGTERM to the supervisor
 // or by the supervisor dying (its workers then get SIGTERM), fails no more
 // requests than stopping stock Caddy does under the same load, in the same
@@ -790,14 +803,7 @@ func TestFleetStopUnderLoad(t *testing.T) {
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, "every process to exit", func() bool {
-			for _, pid := range pids {
-				if syscall.Kill(pid, 0) == nil {
-					return false
-				}
-			}
-			return true
-		})
+		waitExited(t, "every process to exit", pids)
 		var first []result
 		for _, r := range endLoad() {
 			var oe *net.OpError
