@@ -9,30 +9,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// adv7Running lists the processes whose command line names runDir.
-func adv7Running(runDir string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(b, []byte(runDir)) {
-			// A zombie has an empty command line: it is not counted.
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
 
 // adv7Leftovers lists what a stopped fleet left behind: its segment, the
 // segment's socket directory, and the workers' admin sockets and pid files.
@@ -108,7 +89,7 @@ func TestAdv7FleetSupervisorKilledThenRestarted(t *testing.T) {
 	if err := g.cmd.Wait(); err != nil {
 		t.Errorf("the new fleet exited with %v after SIGTERM", err)
 	}
-	if left := adv7Running(f.runDir); len(left) > 0 {
+	if left := processesNaming(f.runDir); len(left) > 0 {
 		t.Errorf("processes of the fleet still running after it stopped: %v", left)
 	}
 	if left := g.adv7Leftovers(); len(left) > 0 {
@@ -143,7 +124,7 @@ func TestAdv7FleetCrashLoopBackoff(t *testing.T) {
 		})
 		// One worker 1 at a time.
 		n := 0
-		for _, p := range adv7Running(f.runDir) {
+		for _, p := range processesNaming(f.runDir) {
 			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p)); bytes.Contains(b, []byte("ORBIT_FLEET_WORKER=1\x00")) {
 				n++
 			}
@@ -229,7 +210,7 @@ func TestAdv7FleetStopDuringReload(t *testing.T) {
 			t.Errorf("worker %d still running after the fleet exited", pid)
 		}
 	}
-	if left := adv7Running(f.runDir); len(left) > 0 {
+	if left := processesNaming(f.runDir); len(left) > 0 {
 		t.Errorf("processes of the fleet still running: %v", left)
 	}
 	waitFor(t, 5*time.Second, "the segment to be removed", func() bool { return len(f.adv7Leftovers()) == 0 })

@@ -249,6 +249,15 @@ func (f *testFleet) stop() {
 
 // killStragglers kills every process whose command line names runDir.
 func killStragglers(runDir string) {
+	for _, pid := range processesNaming(runDir) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// processesNaming lists the processes whose command line names runDir. A
+// zombie has an empty command line: it is not counted.
+func processesNaming(runDir string) []int {
+	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -257,9 +266,10 @@ func killStragglers(runDir string) {
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err == nil && bytes.Contains(b, []byte(runDir)) {
-			syscall.Kill(pid, syscall.SIGKILL)
+			pids = append(pids, pid)
 		}
 	}
+	return pids
 }
 
 // admin makes a request to worker i's admin socket.
