@@ -2,6 +2,8 @@ package orbitpool
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 )
 
@@ -130,4 +132,51 @@ func registerKeys(b *testing.B, p *Pool, n, per int) []Key {
 		}
 	}
 	return keys
+}
+
+// BenchmarkWaitQueue is a capped key's hand-off with many goroutines of one
+// process waiting: one resource, and waiters goroutines that each acquire it,
+// release it, and queue again. An operation's cost should not grow with how
+// many wait.
+func BenchmarkWaitQueue(b *testing.B) {
+	for _, waiters := range []int{4, 64, 1024} {
+		b.Run(fmt.Sprintf("waiters=%d", waiters), func(b *testing.B) {
+			p := openMem(b, PoolSpec{Lanes: 4, Keys: 128, ResourcesPerLane: 1024})
+			k := Key{5, 5}
+			if _, err := p.Register(k, 1); err != nil {
+				b.Fatal(err)
+			}
+			lim := Limits{MaxResources: 1}
+			ctx := context.Background()
+			var (
+				mu   sync.Mutex
+				left = b.N
+				wg   sync.WaitGroup
+			)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range waiters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						mu.Lock()
+						if left == 0 {
+							mu.Unlock()
+							return
+						}
+						left--
+						mu.Unlock()
+						plan, err := p.Acquire(ctx, k, LocalFirst{}, lim)
+						if err != nil || plan.Kind != PlanReuseLocal {
+							b.Errorf("%v %v", plan.Kind, err)
+							return
+						}
+						plan.Execution.Complete()
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
 }

@@ -150,6 +150,7 @@ func modelTicketOrder(t *testing.T, seed uint64, window uint32) {
 	settle := func(step int, why string) {
 		quiet(step, len(queue))
 		nobodyElse(step, why)
+		checkWaiterQueues(t, step, ps)
 	}
 	for step := range steps {
 		ids := func() (s []int) {

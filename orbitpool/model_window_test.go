@@ -140,6 +140,7 @@ func modelOrderWindow(t *testing.T, seed uint64, window uint32) int {
 				t.Fatalf("step %d (%s): waiter %d (lane %d) left the queue out of turn: %v %v", step, why, x.id, x.lane, r.plan.Kind, r.err)
 			}
 		}
+		checkWaiterQueues(t, step, ps)
 	}
 	rng := rand.New(rand.NewPCG(seed, 7))
 	for step := range steps {

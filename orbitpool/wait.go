@@ -20,6 +20,10 @@ type waiterTable struct {
 type keyWaiters struct {
 	gen uint32
 	q   []*waiter
+	// granted counts the waiters of q with granted set, so that sync
+	// knows how many wait without walking the whole queue: a capped key
+	// may have thousands of waiters, and sync runs on every hand-off.
+	granted int
 }
 
 // waiter is one parked goroutine, from its first registration on a key to
@@ -61,6 +65,7 @@ func (t *waiterTable) register(p *Pool, ref keyRef) (*waiter, error) {
 			w.gen = ref.gen
 			if !w.granted {
 				w.granted = true
+				kw.granted++
 				close(w.ch)
 			}
 		}
@@ -179,6 +184,7 @@ func (t *waiterTable) take(p *Pool, w *waiter) (ch <-chan struct{}, granted bool
 		return w.ch, false
 	}
 	w.granted = false
+	kw.granted--
 	w.ch = make(chan struct{})
 	ch = w.ch
 	pass := t.sync(p, w.key, kw)
@@ -204,14 +210,25 @@ func (t *waiterTable) leave(p *Pool, w *waiter, holding bool) {
 	if holding {
 		pass++
 	}
-	if w.granted {
+	granted := w.granted
+	if granted {
 		w.granted = false
 		pass++
 	}
 	if kw := t.keys[w.key]; kw != nil && kw.gen == w.gen {
 		for i, x := range kw.q {
 			if x == w {
-				kw.q = append(kw.q[:i], kw.q[i+1:]...)
+				if granted {
+					kw.granted--
+				}
+				if i == 0 {
+					// The common case, the oldest leaving, costs
+					// no copy of the queue.
+					kw.q[0] = nil
+					kw.q = kw.q[1:]
+				} else {
+					kw.q = append(kw.q[:i], kw.q[i+1:]...)
+				}
 				pass += t.sync(p, w.key, kw)
 				t.release(p, w.key, kw)
 				break
@@ -232,20 +249,29 @@ func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 	qw, hw := s.u64(off), s.u64(off+qHeldOff)
 	for {
 		q := atomic.LoadUint64(qw)
-		g := qGrants(q)
-		given, waiting := 0, 0
+		// The grants go to the oldest waiters not granted yet; the rest
+		// of those wait. The walk stops once it has seen what it
+		// publishes: the oldest of them, the given and the granted.
+		open := len(kw.q) - kw.granted
+		give := min(qGrants(q), open)
+		waiting := open - give
+		given, seen, grantedSeen := 0, 0, 0
 		var next [3]uint64 // the oldest waiting tickets
 		var held uint64    // the oldest delivered grant not taken
 		for _, w := range kw.q {
+			if given == give && seen >= min(waiting, len(next)) && (held != 0 || grantedSeen == kw.granted) {
+				break
+			}
 			switch {
 			case w.granted:
-			case given < g:
+				grantedSeen++
+			case given < give:
 				given++
 			default:
-				if waiting < len(next) {
-					next[waiting] = w.ticket
+				if seen < len(next) {
+					next[seen] = w.ticket
 				}
-				waiting++
+				seen++
 				continue
 			}
 			if held == 0 {
@@ -262,7 +288,8 @@ func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 			continue // a grant came in meanwhile
 		}
 		storeHeld(hw, held)
-		left := uint64(g - given)
+		left := uint64(qGrants(q) - given)
+		kw.granted += given
 		for _, w := range kw.q {
 			if given == 0 {
 				break
@@ -351,7 +378,7 @@ func (t *waiterTable) closeAll(p *Pool) {
 				close(w.ch)
 			}
 		}
-		kw.q = nil
+		kw.q, kw.granted = nil, 0
 		n += t.sync(p, k, kw)
 		t.release(p, k, kw)
 		passes = append(passes, keyPass{k, n})
