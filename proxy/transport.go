@@ -387,8 +387,15 @@ func (b *exchangeBudget) workers(ctx context.Context) (int, error) {
 		return b.ls.Workers(), nil
 	}
 	hasBody := b.req.Body != nil && b.req.Body != http.NoBody
+	want := bufsFor(hasBody, b.req.ContentLength)
+	// Free workers are the common case: taken without the wait's
+	// context, whose deadline and timer cost more than the take.
+	if ls, ok := b.t.Node.gov.TryAcquireMany(want, exchangeBuf); ok {
+		b.ls = ls
+		return ls.Workers(), nil
+	}
 	wctx, cancel := waitContext(ctx, b.t.nearWindow())
-	ls, err := b.t.Node.gov.AcquireManyContext(wctx, bufsFor(hasBody, b.req.ContentLength), exchangeBuf)
+	ls, err := b.t.Node.gov.AcquireManyContext(wctx, want, exchangeBuf)
 	cancel()
 	if err != nil {
 		return 0, &Error{Op: "budget", RetrySafe: true, Err: waitEnd(ctx, err)}
