@@ -148,15 +148,17 @@
 //
 // # Benchmarks
 //
-//	go test -run '^$' -bench 'ReserveAccept|Acquire|Wake|IdleWaiters|KeyLookup' -benchmem ./orbitpool/
+//	go test -run '^$' -bench 'ReserveAccept|Acquire|Wake|IdleWaiters|KeyLookup|WaitQueue' -benchmem ./orbitpool/
 //
 // measures Reserve/Accept/Complete over process memory and a shared segment,
 // uncontended and contended from two processes, Acquire with LocalFirst over 64
 // keys of 16 resources, Acquire finding the one free resource of 64 lanes × 16
 // on the last lane (BenchmarkRemoteAcquire, with the owner's Accept and
 // Complete), look-ups in a default-size key table 25, 50, 90 and 100% full
-// (hit, miss, and the slowest key), and the cross-process wake latency
-// (reported as p50 and p99 metrics).
+// (hit, miss, and the slowest key), the cross-process wake latency
+// (reported as p50 and p99 metrics), and a capped key's hand-off with 4, 64
+// and 1024 goroutines of one process waiting (BenchmarkWaitQueue: a
+// hand-off walks only the oldest few of a key's local waiters).
 //
 //	go test -run '^$' -bench MultiProcessFairness -benchtime 1x ./orbitpool/ [-orbitpool.fair 10s]
 //
