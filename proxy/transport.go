@@ -510,8 +510,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return n.useH2(hc, plan.Execution, req, release)
 			}
 			oc := n.lookup(plan.Execution.ID())
-			if oc == nil || !oc.take(n.log) {
-				n.dispose(oc, plan.Execution)
+			if !n.takeFor(oc, plan.Execution) {
 				continue
 			}
 			n.stats.reusedLocal.Add(1)

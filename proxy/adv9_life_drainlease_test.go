@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestAdv9LifeDrainRacesLease: a sibling holds a lease on the owner's one
+// idle connection, and as the owner takes the connection up for it (after
+// its lookup found the connection, before its take), a drain marks the
+// connection dead: CloseIdleConnections, Shutdown, or the sweep finding it
+// past its idle timeout; and, as a control, no drain but take itself finding
+// it past its idle timeout. In every case the lease must be refused
+// retry-safe, the sibling's request must succeed on another connection, the
+// drained connection must keep its unit of the key's budget while the
+// upstream (silent after our half-close) holds its side open, about
+// closeWait, and not a moment less, the refusal must not wait for that, and
+// every unit must come back.
+func TestAdv9LifeDrainRacesLease(t *testing.T) {
+	drains := []struct {
+		name  string
+		drain func(owner *member, oc *owned) // runs in the hook, before take
+	}{
+		{"CloseIdleConnections", func(owner *member, oc *owned) { owner.tr.CloseIdleConnections() }},
+		{"Shutdown", func(owner *member, oc *owned) {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				defer cancel()
+				owner.node.Shutdown(ctx)
+			}()
+			// Shutdown marks the idle connection dead at once; then it
+			// waits for this very exchange, so it cannot be waited for.
+			for deadline := time.Now().Add(3 * time.Second); oc.state.Load() != stDead && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+		}},
+		{"sweep", func(owner *member, oc *owned) {
+			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+			owner.node.sweepOnce()
+		}},
+		{"take finds it expired", func(owner *member, oc *owned) {
+			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+		}},
+	}
+	for _, useTLS := range []bool{false, true} {
+		for _, d := range drains {
+			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, d.name), func(t *testing.T) {
+				drainRacesLease(t, useTLS, d.drain)
+			})
+		}
+	}
+}
+
+func drainRacesLease(t *testing.T, useTLS bool, drain func(owner *member, oc *owned)) {
+	u := startRetireUpstream(t, onEOFSilent, useTLS)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	conf := func(tr *Transport) {
+		u.conf(tr)
+		tr.MaxConnsPerKey = 2
+		tr.IdleConnTimeout = time.Minute
+	}
+	// No background sweep: the drains run where the test puts them.
+	opts := NodeOptions{SweepInterval: time.Hour}
+	owner := newMemberOpts(t, spec, opts, conf)
+	client := newMemberOpts(t, spec, opts, conf)
+	url := u.url + "/"
+	key := retireKey(t, owner.tr, url)
+
+	if err := getBody(context.Background(), owner.tr, url); err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	var oc *owned
+	for i := range owner.node.slots {
+		if c := owner.node.slots[i].Load(); c != nil {
+			oc = c
+		}
+	}
+	if oc == nil || owner.pool.Live(key) != 1 {
+		t.Fatalf("warm left no idle connection (live %d)", owner.pool.Live(key))
+	}
+	id := oc.id
+
+	var once sync.Once
+	var drainStart time.Time
+	hook := func(c *owned) {
+		if c != oc {
+			return
+		}
+		once.Do(func() {
+			drainStart = time.Now()
+			drain(owner, oc)
+		})
+	}
+	testHookTake.Store(&hook)
+	defer testHookTake.Store(nil)
+
+	if err := getBody(context.Background(), client.tr, url); err != nil {
+		t.Fatalf("the sibling's request failed: %v", err)
+	}
+	answered := time.Since(drainStart)
+	testHookTake.Store(nil)
+	if drainStart.IsZero() {
+		t.Fatal("the sibling's request never reached the owner's take")
+	}
+	// The refusal must not wait for the drain: its wait for the upstream's
+	// close ends closeWait after the drain began, at the earliest.
+	if answered >= closeWait {
+		t.Errorf("the sibling's request ended %v after the drain began: its lease's refusal waited on the drain (closeWait %v)", answered, closeWait)
+	}
+	if got := owner.node.Stats().RefusedBy["gone"]; got != 1 {
+		t.Errorf("owner refused %d leases as gone, want 1: %+v", got, owner.node.Stats())
+	}
+	if cs := client.node.Stats(); cs.Retries < 1 || cs.Created != 1 {
+		t.Errorf("the sibling should have retried on a connection of its own: %+v", cs)
+	}
+
+	// The drained connection's unit: held while the upstream keeps its side
+	// open (a second, here), up to closeWait.
+	for {
+		if _, err := owner.pool.Capacity(id); err != nil {
+			break
+		}
+		if time.Since(drainStart) > 3*time.Second {
+			t.Fatalf("the drained connection still holds its unit %v after the drain", time.Since(drainStart))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if held := time.Since(drainStart); held < closeWait*4/5 {
+		t.Errorf("the drained connection gave its unit back %v after the drain, before the upstream closed its side (closeWait %v)", held, closeWait)
+	}
+
+	client.tr.CloseIdleConnections()
+	if live := settle(3*time.Second, 0, func() int { return client.pool.Live(key) }); live != 0 {
+		t.Errorf("%d units of the key still held after every connection left", live)
+	}
+	snap, err := client.pool.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ks := range snap.Keys {
+		if ks.Key == key && (ks.Live|ks.Creating|ks.InUse|ks.Pending|ks.Busy) != 0 {
+			t.Errorf("the key's counts are not back: %+v", ks)
+		}
+	}
+}
