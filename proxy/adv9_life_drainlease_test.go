@@ -49,13 +49,42 @@ func TestAdv9LifeDrainRacesLease(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
 		for _, d := range drains {
 			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, d.name), func(t *testing.T) {
-				drainRacesLease(t, useTLS, d.drain)
+				drainRacesLease(t, useTLS, false, d.drain)
 			})
 		}
 	}
 }
 
-func drainRacesLease(t *testing.T, useTLS bool, drain func(owner *member, oc *owned)) {
+// TestAdv9LifeDrainRacesLocalUse is TestAdv9LifeDrainRacesLease for the
+// owner's own request, which takes its idle connection up the same way
+// (Shutdown aside: it ends the node the request runs on).
+func TestAdv9LifeDrainRacesLocalUse(t *testing.T) {
+	drains := []struct {
+		name  string
+		drain func(owner *member, oc *owned)
+	}{
+		{"CloseIdleConnections", func(owner *member, oc *owned) { owner.tr.CloseIdleConnections() }},
+		{"sweep", func(owner *member, oc *owned) {
+			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+			owner.node.sweepOnce()
+		}},
+		{"take finds it expired", func(owner *member, oc *owned) {
+			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+		}},
+	}
+	for _, useTLS := range []bool{false, true} {
+		for _, d := range drains {
+			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, d.name), func(t *testing.T) {
+				drainRacesLease(t, useTLS, true, d.drain)
+			})
+		}
+	}
+}
+
+// drainRacesLease runs a request, the sibling's (or with local the
+// owner's own), into a drain of the owner's one idle connection, run by
+// drain when the request's take of it begins.
+func drainRacesLease(t *testing.T, useTLS, local bool, drain func(owner *member, oc *owned)) {
 	u := startRetireUpstream(t, onEOFSilent, useTLS)
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
@@ -99,24 +128,34 @@ func drainRacesLease(t *testing.T, useTLS bool, drain func(owner *member, oc *ow
 	testHookTake.Store(&hook)
 	defer testHookTake.Store(nil)
 
-	if err := getBody(context.Background(), client.tr, url); err != nil {
-		t.Fatalf("the sibling's request failed: %v", err)
+	requester := client
+	if local {
+		requester = owner
+	}
+	if err := getBody(context.Background(), requester.tr, url); err != nil {
+		t.Fatalf("the request failed: %v", err)
 	}
 	answered := time.Since(drainStart)
 	testHookTake.Store(nil)
 	if drainStart.IsZero() {
-		t.Fatal("the sibling's request never reached the owner's take")
+		t.Fatal("the request never reached the owner's take")
 	}
-	// The refusal must not wait for the drain: its wait for the upstream's
+	// The request must not wait for the drain: its wait for the upstream's
 	// close ends closeWait after the drain began, at the earliest.
 	if answered >= closeWait {
-		t.Errorf("the sibling's request ended %v after the drain began: its lease's refusal waited on the drain (closeWait %v)", answered, closeWait)
+		t.Errorf("the request ended %v after the drain began: it waited on the drain (closeWait %v)", answered, closeWait)
 	}
-	if got := owner.node.Stats().RefusedBy["gone"]; got != 1 {
-		t.Errorf("owner refused %d leases as gone, want 1: %+v", got, owner.node.Stats())
-	}
-	if cs := client.node.Stats(); cs.Retries < 1 || cs.Created != 1 {
-		t.Errorf("the sibling should have retried on a connection of its own: %+v", cs)
+	if local {
+		if st := owner.node.Stats(); st.Created != 2 {
+			t.Errorf("the owner should have gone on to a new connection: %+v", st)
+		}
+	} else {
+		if got := owner.node.Stats().RefusedBy["gone"]; got != 1 {
+			t.Errorf("owner refused %d leases as gone, want 1: %+v", got, owner.node.Stats())
+		}
+		if cs := client.node.Stats(); cs.Retries < 1 || cs.Created != 1 {
+			t.Errorf("the sibling should have retried on a connection of its own: %+v", cs)
+		}
 	}
 
 	// The drained connection's unit: held while the upstream keeps its side
@@ -134,7 +173,7 @@ func drainRacesLease(t *testing.T, useTLS bool, drain func(owner *member, oc *ow
 		t.Errorf("the drained connection gave its unit back %v after the drain, before the upstream closed its side (closeWait %v)", held, closeWait)
 	}
 
-	client.tr.CloseIdleConnections()
+	requester.tr.CloseIdleConnections()
 	if live := settle(3*time.Second, 0, func() int { return client.pool.Live(key) }); live != 0 {
 		t.Errorf("%d units of the key still held after every connection left", live)
 	}
