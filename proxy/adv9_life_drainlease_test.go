@@ -187,3 +187,69 @@ func drainRacesLease(t *testing.T, useTLS, local bool, drain func(owner *member,
 		}
 	}
 }
+
+// TestAdv9LifeShutdownWhileSweepProbes: Shutdown (or CloseIdleConnections)
+// comes while the sweep is probing the owner's idle connection (the sweep's
+// own mark, which it turns back to idle once the connection proves fit).
+// The connection must still leave, in good order: its unit held until the
+// upstream closes its side, up to closeWait, rather than given back at once
+// when Close closes what Shutdown left (or never, by CloseIdleConnections).
+func TestAdv9LifeShutdownWhileSweepProbes(t *testing.T) {
+	t.Run("Shutdown", func(t *testing.T) {
+		drainWhileProbing(t, func(n *Node) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if err := n.Shutdown(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	})
+	t.Run("CloseIdleConnections", func(t *testing.T) {
+		drainWhileProbing(t, func(n *Node) { (&Transport{Node: n}).CloseIdleConnections() })
+	})
+}
+
+func drainWhileProbing(t *testing.T, drain func(*Node)) {
+	u := startRetireUpstream(t, onEOFSilent, false)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	opts := NodeOptions{SweepInterval: time.Hour}
+	owner := newMemberOpts(t, spec, opts, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	url := u.url + "/"
+	if err := getBody(context.Background(), owner.tr, url); err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	var oc *owned
+	for i := range owner.node.slots {
+		if c := owner.node.slots[i].Load(); c != nil {
+			oc = c
+		}
+	}
+	if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
+		t.Fatal("warm left no idle connection")
+	}
+	// The probe ends a moment after Shutdown began, and finds the
+	// connection fit, as sweepOnce does.
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		time.Sleep(20 * time.Millisecond)
+		oc.state.Store(stIdle)
+	}()
+	start := time.Now()
+	drain(owner.node)
+	<-probed
+	held := time.Duration(-1)
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := owner.pool.Capacity(oc.id); err != nil {
+			held = time.Since(start)
+			break
+		}
+	}
+	switch {
+	case held < 0:
+		t.Fatal("the connection the sweep was probing still holds its unit 3s after the drain began")
+	case held < closeWait*4/5:
+		t.Errorf("the connection the sweep was probing gave its unit back %v after the drain began, before the upstream closed its side (closeWait %v)", held, closeWait)
+	}
+}

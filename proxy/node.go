@@ -205,8 +205,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.srv.draining.Store(true)
 	}
 	for i := range n.slots {
-		if oc := n.slots[i].Load(); oc != nil && oc.state.CompareAndSwap(stIdle, stDead) {
-			n.retireInOrder(oc, nil)
+		if oc := n.slots[i].Load(); oc != nil {
+			n.retireIdle(oc)
 		}
 	}
 	n.closeIdleH2()
@@ -451,6 +451,22 @@ func (n *Node) unregisterToward(oc *owned, lane int) {
 // closeWait bounds how long a connection retired in good order keeps its
 // place in the fleet's budget while the upstream closes its side.
 const closeWait = 250 * time.Millisecond
+
+// retireIdle retires oc in good order if it is idle. A probe of the sweep
+// is waited out, as take waits it out: the sweep leaves oc idle, or
+// retires it itself.
+func (n *Node) retireIdle(oc *owned) {
+	for {
+		if oc.state.CompareAndSwap(stIdle, stDead) {
+			n.retireInOrder(oc, nil)
+			return
+		}
+		if oc.state.Load() != stProbing {
+			return
+		}
+		runtime.Gosched()
+	}
+}
 
 // retireInOrder closes oc, a healthy connection that leaves the pool by
 // policy (its request limit or lifetime, a drain), and only then gives its

@@ -616,11 +616,9 @@ func (t *Transport) CloseIdleConnections() {
 		return
 	}
 	for i := range n.slots {
-		oc := n.slots[i].Load()
-		if oc == nil || !oc.state.CompareAndSwap(stIdle, stDead) {
-			continue
+		if oc := n.slots[i].Load(); oc != nil {
+			n.retireIdle(oc)
 		}
-		n.retireInOrder(oc, nil)
 	}
 }
 
