@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -251,5 +252,82 @@ func drainWhileProbing(t *testing.T, drain func(*Node)) {
 		t.Fatal("the connection the sweep was probing still holds its unit 3s after the drain began")
 	case held < closeWait*4/5:
 		t.Errorf("the connection the sweep was probing gave its unit back %v after the drain began, before the upstream closed its side (closeWait %v)", held, closeWait)
+	}
+}
+
+// TestAdv9LifeShutdownAbandonedLease: a sibling's lease was accepted and
+// its connection taken, and Shutdown begins before the owner has read the
+// request's head, which then comes malformed (or not at all): the owner
+// abandons the lease without using the connection. The connection must
+// leave in good order as any other that comes free during a drain (its
+// unit held until the upstream closes its side, up to closeWait), rather
+// than go back to idle, for Close to close it at once.
+func TestAdv9LifeShutdownAbandonedLease(t *testing.T) {
+	u := startRetireUpstream(t, onEOFSilent, false)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	opts := NodeOptions{SweepInterval: time.Hour}
+	conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
+	owner := newMemberOpts(t, spec, opts, conf)
+	client := newMemberOpts(t, spec, opts, conf)
+	if err := getBody(context.Background(), owner.tr, u.url+"/"); err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	var oc *owned
+	for i := range owner.node.slots {
+		if c := owner.node.slots[i].Load(); c != nil {
+			oc = c
+		}
+	}
+	if oc == nil {
+		t.Fatal("warm left no idle connection")
+	}
+	lease, err := client.pool.Reserve(oc.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := lease.AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, err := appendRequestFrame(nil, lb, time.Time{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", SocketPath(SocketDir(spec.Path), owner.pool.Lane()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Second, "the owner to take its connection up for the lease", func() bool { return owner.node.Stats().ServedRemote == 1 })
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		done <- owner.node.Shutdown(ctx)
+	}()
+	waitFor(t, 3*time.Second, "Shutdown to begin", owner.node.draining.Load)
+	start := time.Now()
+	if _, err := c.Write([]byte("BOGUS\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	held := time.Duration(-1)
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := owner.pool.Capacity(oc.id); err != nil {
+			held = time.Since(start)
+			break
+		}
+	}
+	switch {
+	case held < 0:
+		t.Fatal("the abandoned connection still holds its unit 3s after Shutdown")
+	case held < closeWait*4/5:
+		t.Errorf("the connection of a lease abandoned during Shutdown gave its unit back %v after, before the upstream closed its side (closeWait %v)", held, closeWait)
 	}
 }

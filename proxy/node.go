@@ -708,10 +708,11 @@ func (e *ownerExec) setBufs(k int) { e.bufs = k }
 
 func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 
+// abandon gives the connection back unused: it comes free as after a
+// reusable exchange, and leaves the pool if it must (a drain, its limits, a
+// lowered cap), in good order.
 func (e *ownerExec) abandon() {
-	e.oc.state.Store(stIdle)
-	e.oc.idle.Store(time.Now().UnixNano())
-	e.exec.Complete()
+	e.n.finish(e.oc, e.exec, outcomeReusable)
 }
 
 // sweeper closes idle connections past their idle timeout or lifetime, and
