@@ -370,20 +370,32 @@ func (oc *owned) take(log *zap.Logger) (taken, unfit bool) {
 	if h := testHookTake.Load(); h != nil {
 		(*h)(oc)
 	}
-	for {
-		if oc.state.CompareAndSwap(stIdle, stBusy) {
-			break
-		}
-		if oc.state.Load() != stProbing {
-			return false, false
-		}
-		runtime.Gosched()
+	if !oc.claimIdle(stBusy) {
+		return false, false
 	}
 	if oc.expired(time.Now()) || !oc.c.idleAlive(log) {
 		oc.state.Store(stDead)
 		return false, true
 	}
 	return true, false
+}
+
+// claimIdle marks oc, if it is idle, with state to (busy for a user, dead
+// for a drain), and reports whether it did. A probe of the sweep is waited
+// out: the sweep leaves oc idle, or retires it.
+func (oc *owned) claimIdle(to uint32) bool {
+	for {
+		switch oc.state.Load() {
+		case stIdle:
+			if oc.state.CompareAndSwap(stIdle, to) {
+				return true
+			}
+		case stProbing:
+			runtime.Gosched()
+		default:
+			return false
+		}
+	}
 }
 
 func (n *Node) lookup(id orbitpool.ResourceID) *owned {
@@ -452,19 +464,11 @@ func (n *Node) unregisterToward(oc *owned, lane int) {
 // place in the fleet's budget while the upstream closes its side.
 const closeWait = 250 * time.Millisecond
 
-// retireIdle retires oc in good order if it is idle. A probe of the sweep
-// is waited out, as take waits it out: the sweep leaves oc idle, or
-// retires it itself.
+// retireIdle retires oc in good order if it is idle, or idle again once
+// the sweep's probe of it is over (see claimIdle).
 func (n *Node) retireIdle(oc *owned) {
-	for {
-		if oc.state.CompareAndSwap(stIdle, stDead) {
-			n.retireInOrder(oc, nil)
-			return
-		}
-		if oc.state.Load() != stProbing {
-			return
-		}
-		runtime.Gosched()
+	if oc.claimIdle(stDead) {
+		n.retireInOrder(oc, nil)
 	}
 }
 
