@@ -65,6 +65,9 @@ func listenerKey(network, host string, port uint) string {
 type inheritedSockets struct {
 	mu    sync.Mutex
 	files map[string]*os.File
+	// exiting: the worker was told to exit and has let go of the
+	// sockets (see exit).
+	exiting bool
 }
 
 var inherited = sync.OnceValues(func() (*inheritedSockets, error) {
@@ -101,7 +104,18 @@ func (is *inheritedSockets) drainOnExit() {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	<-sigs
 	signal.Stop(sigs)
+	is.exit()
+}
+
+// exit is drainOnExit's work once the signal came. From then on, the
+// worker listens on no socket of the fleet's networks: a configuration
+// loaded now (a reload that reached the worker with the signal, which Caddy
+// runs once it has stopped the old one) fails to start rather than bind a
+// socket of its own, where the kernel would queue clients that the worker,
+// exiting, resets.
+func (is *inheritedSockets) exit() {
 	is.mu.Lock()
+	is.exiting = true
 	files := maps.Clone(is.files)
 	is.mu.Unlock()
 	for key, f := range files {
@@ -119,10 +133,13 @@ func (is *inheritedSockets) drainOnExit() {
 }
 
 // listener returns a new listener on the inherited socket key, or nil if
-// there is none (or no longer one).
+// there is none (or no longer one); an error once the worker is exiting.
 func (is *inheritedSockets) listener(key string) (*handoffListener, error) {
 	is.mu.Lock()
 	defer is.mu.Unlock()
+	if is.exiting {
+		return nil, fmt.Errorf("%s: the worker is exiting and has let go of its sockets; it listens on no socket of its own, whose clients it would reset as it exits", key)
+	}
 	f := is.files[key]
 	if f == nil {
 		return nil, nil
@@ -161,7 +178,8 @@ func (is *inheritedSockets) release(key string) {
 // listenInherited returns a listener on the inherited socket for the
 // address, or, for an address the supervisor opened no socket for (one a
 // reload added, or a process not started by orbit-fleet), a listener of its
-// own as Caddy would make it.
+// own as Caddy would make it; neither once the worker is exiting (see
+// inheritedSockets.exit).
 func listenInherited(ctx context.Context, network, host, portRange string, portOffset uint, cfg net.ListenConfig) (any, error) {
 	tcpNet := strings.TrimPrefix(network, "orbit")
 	start, _, err := parsePortRange(portRange)
@@ -173,6 +191,12 @@ func listenInherited(ctx context.Context, network, host, portRange string, portO
 	if err != nil {
 		return nil, err
 	}
+	return is.listen(ctx, tcpNet, host, port, cfg)
+}
+
+// listen is listenInherited with this process's inherited sockets, for TCP
+// network tcpNet.
+func (is *inheritedSockets) listen(ctx context.Context, tcpNet, host string, port uint, cfg net.ListenConfig) (any, error) {
 	key := listenerKey(tcpNet, host, port)
 	if l, err := is.listener(key); l != nil || err != nil {
 		return l, err

@@ -205,8 +205,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.srv.draining.Store(true)
 	}
 	for i := range n.slots {
-		if oc := n.slots[i].Load(); oc != nil && oc.state.CompareAndSwap(stIdle, stDead) {
-			n.retireInOrder(oc, nil)
+		if oc := n.slots[i].Load(); oc != nil {
+			n.retireIdle(oc)
 		}
 	}
 	n.closeIdleH2()
@@ -356,24 +356,46 @@ func (oc *owned) expired(now time.Time) bool {
 	return false
 }
 
+// testHookTake, set only by tests, runs as take begins: after the lookup
+// that found oc for an accepted execution, the window in which a drain
+// (Shutdown, CloseIdleConnections, the sweep) may mark oc dead first.
+var testHookTake atomic.Pointer[func(*owned)]
+
 // take makes oc busy for the caller, who holds an accepted execution on it,
 // after checking that it is still fit: within its limits and not closed by
-// the upstream while idle.
-func (oc *owned) take(log *zap.Logger) bool {
-	for {
-		if oc.state.CompareAndSwap(stIdle, stBusy) {
-			break
-		}
-		if oc.state.Load() != stProbing {
-			return false
-		}
-		runtime.Gosched()
+// the upstream while idle. If it finds oc unfit, it marks it dead and
+// reports unfit: the caller retires it (see takeFor). If oc is not idle,
+// it reports neither: whoever holds it (a drain, the sweep, Close) does.
+func (oc *owned) take(log *zap.Logger) (taken, unfit bool) {
+	if h := testHookTake.Load(); h != nil {
+		(*h)(oc)
+	}
+	if !oc.claimIdle(stBusy) {
+		return false, false
 	}
 	if oc.expired(time.Now()) || !oc.c.idleAlive(log) {
 		oc.state.Store(stDead)
-		return false
+		return false, true
 	}
-	return true
+	return true, false
+}
+
+// claimIdle marks oc, if it is idle, with state to (busy for a user, dead
+// for a drain), and reports whether it did. A probe of the sweep is waited
+// out: the sweep leaves oc idle, or retires it.
+func (oc *owned) claimIdle(to uint32) bool {
+	for {
+		switch oc.state.Load() {
+		case stIdle:
+			if oc.state.CompareAndSwap(stIdle, to) {
+				return true
+			}
+		case stProbing:
+			runtime.Gosched()
+		default:
+			return false
+		}
+	}
 }
 
 func (n *Node) lookup(id orbitpool.ResourceID) *owned {
@@ -441,6 +463,14 @@ func (n *Node) unregisterToward(oc *owned, lane int) {
 // closeWait bounds how long a connection retired in good order keeps its
 // place in the fleet's budget while the upstream closes its side.
 const closeWait = 250 * time.Millisecond
+
+// retireIdle retires oc in good order if it is idle, or idle again once
+// the sweep's probe of it is over (see claimIdle).
+func (n *Node) retireIdle(oc *owned) {
+	if oc.claimIdle(stDead) {
+		n.retireInOrder(oc, nil)
+	}
+}
 
 // retireInOrder closes oc, a healthy connection that leaves the pool by
 // policy (its request limit or lifetime, a drain), and only then gives its
@@ -525,13 +555,23 @@ func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
 // replacement dialed too soon.
 var lingerPause = time.Minute
 
-// dispose ends exec, whose connection oc (nil if gone) take did not hand
-// over. One take found unfit leaves the pool: in good order if the upstream
-// still holds it open (it is past its limits), at once if the upstream
-// closed it.
-func (n *Node) dispose(oc *owned, exec *orbitpool.Execution) {
+// takeFor takes oc, the connection exec was accepted on (nil if gone), for
+// exec, and reports whether it did. If not, exec ends; and a connection take
+// found unfit leaves the pool: in good order if the upstream still holds it
+// open (it is past its limits), at once if the upstream closed it. One take
+// found not idle is left alone: whoever marked it (a drain, the sweep) is
+// retiring it, maybe waiting for the upstream's close, which a probe of the
+// connection would wait for too, and a close would cut short.
+func (n *Node) takeFor(oc *owned, exec *orbitpool.Execution) bool {
+	if oc == nil {
+		exec.Complete()
+		return false
+	}
+	taken, unfit := oc.take(n.log)
 	switch {
-	case oc == nil || oc.state.Load() != stDead:
+	case taken:
+		return true
+	case !unfit:
 		exec.Complete()
 	case oc.c.idleAlive(n.log):
 		n.retireInOrder(oc, exec)
@@ -540,6 +580,7 @@ func (n *Node) dispose(oc *owned, exec *orbitpool.Execution) {
 		n.retire(oc)
 		exec.Complete()
 	}
+	return false
 }
 
 // finish is an exchange's end on an owned connection: the connection goes
@@ -636,8 +677,7 @@ func (n *Node) accept(b []byte) (execution, error) {
 			return n.acceptH2(hc, exec)
 		}
 	}
-	if oc == nil || !oc.take(n.log) {
-		n.dispose(oc, exec)
+	if !n.takeFor(oc, exec) {
 		return nil, &rejectError{code: rejectGone, err: errors.New("connection closed")}
 	}
 	n.stats.servedRemote.Add(1)
@@ -672,10 +712,11 @@ func (e *ownerExec) setBufs(k int) { e.bufs = k }
 
 func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 
+// abandon gives the connection back unused: it comes free as after a
+// reusable exchange, and leaves the pool if it must (a drain, its limits, a
+// lowered cap), in good order.
 func (e *ownerExec) abandon() {
-	e.oc.state.Store(stIdle)
-	e.oc.idle.Store(time.Now().UnixNano())
-	e.exec.Complete()
+	e.n.finish(e.oc, e.exec, outcomeReusable)
 }
 
 // sweeper closes idle connections past their idle timeout or lifetime, and

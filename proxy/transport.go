@@ -517,8 +517,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return n.useH2(hc, plan.Execution, req, release)
 			}
 			oc := n.lookup(plan.Execution.ID())
-			if oc == nil || !oc.take(n.log) {
-				n.dispose(oc, plan.Execution)
+			if !n.takeFor(oc, plan.Execution) {
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
@@ -624,11 +623,9 @@ func (t *Transport) CloseIdleConnections() {
 		return
 	}
 	for i := range n.slots {
-		oc := n.slots[i].Load()
-		if oc == nil || !oc.state.CompareAndSwap(stIdle, stDead) {
-			continue
+		if oc := n.slots[i].Load(); oc != nil {
+			n.retireIdle(oc)
 		}
-		n.retireInOrder(oc, nil)
 	}
 }
 
