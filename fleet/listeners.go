@@ -84,7 +84,11 @@ var inherited = sync.OnceValues(func() (*inheritedSockets, error) {
 		is.files[key] = os.NewFile(uintptr(fd), key)
 	}
 	if len(fds) > 0 {
-		go is.drainOnExit()
+		// Registered here, not in the goroutine: a signal that comes
+		// before the goroutine runs is kept for it.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		go is.drainOnExit(sigs)
 	}
 	return is, nil
 })
@@ -99,9 +103,7 @@ var inherited = sync.OnceValues(func() (*inheritedSockets, error) {
 // read and serve what was accepted; new connections are refused at once, as
 // by a lone server that stops, or wait for this slot's replacement while the
 // supervisor still holds the socket.
-func (is *inheritedSockets) drainOnExit() {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+func (is *inheritedSockets) drainOnExit(sigs chan os.Signal) {
 	<-sigs
 	signal.Stop(sigs)
 	is.exit()
