@@ -55,7 +55,7 @@ func (d *dialer) dial(ctx context.Context, u *upstream) (*conn, error) {
 	var w *h2Watch
 	under := raw
 	if u.Proto == protoH2C || u.Proto == protoHTTP2 {
-		w = &h2Watch{Conn: raw}
+		w = newH2Watch(raw)
 		under = w
 	}
 	if u.Scheme != "https" {

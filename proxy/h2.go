@@ -42,6 +42,7 @@ type h2conn struct {
 	id      orbitpool.ResourceID
 	key     orbitpool.Key
 	cc      *http2.ClientConn
+	c       *conn  // the connection cc runs on, for a close in good order
 	scheme  string // of the requests it carries: "http" for h2c, "https"
 	created time.Time
 	s       *connSettings
@@ -50,6 +51,7 @@ type h2conn struct {
 	// capacity changes, so that the pool is told of them in the order the
 	// ClientConn's state was read.
 	active   atomic.Int64
+	idleAt   atomic.Int64 // when active last fell to 0, in nanoseconds since processStart
 	mu       sync.Mutex
 	capacity int  // last set in the pool; guarded by mu
 	draining bool // capacity 0 for good; guarded by mu
@@ -80,7 +82,9 @@ func (t *Transport) newH2Transport() *http2.Transport {
 		DisableCompression:         true,
 		StrictMaxConcurrentStreams: true,
 		MaxHeaderListSize:          uint32(min(t.settings.maxHeaderBytes, 1<<31-1)),
-		IdleConnTimeout:            t.settings.idleTimeout,
+		// The idle timeout is the sweep's (syncH2), which retires a
+		// connection in good order: the ClientConn's would close it
+		// under the pool, and its unit would come back at once.
 	}
 }
 
@@ -123,12 +127,13 @@ func (t *Transport) startH2(ctx context.Context, u *upstream, c *conn) (*http2.C
 	return cc, streamCapacity(st.MaxConcurrentStreams), nil
 }
 
-func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.ClientConn, scheme string, capacity int, s *connSettings) (*h2conn, error) {
+func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.ClientConn, c *conn, scheme string, capacity int, s *connSettings) (*h2conn, error) {
 	slot := id.Slot()
 	if slot < 0 || slot >= len(n.h2slots) {
 		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.h2slots))
 	}
-	hc := &h2conn{id: id, key: key, cc: cc, scheme: scheme, created: time.Now(), s: s, capacity: capacity}
+	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity}
+	hc.idleAt.Store(sinceStart(hc.created))
 	n.h2slots[slot].Store(hc)
 	return hc, nil
 }
@@ -200,10 +205,82 @@ func (n *Node) retireH2(hc *h2conn) {
 		return
 	}
 	hc.cc.Close()
+	n.unregisterH2(hc)
+}
+
+func (n *Node) unregisterH2(hc *h2conn) {
 	if err := n.pool.Unregister(hc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
 		n.log.Debug("unregister", zap.Stringer("id", hc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
+}
+
+// retireH2InOrder is retireH2 for a connection with no stream that leaves
+// by policy (a drain, its idle timeout or lifetime, the fleet's cap, the
+// upstream's GOAWAY), as retireInOrder is for HTTP/1.1: it tells the
+// upstream it is done (close_notify under TLS, and the socket's half-close)
+// and gives the unit back only once the upstream has closed its socket, or
+// closeWait has passed. An upstream that caps its connections counts this
+// one until then, and a replacement dialed at once would find the cap full.
+// Under TLS the upstream's close_notify comes first, and ends the
+// ClientConn's read loop: the socket is then read here until it closes.
+func (n *Node) retireH2InOrder(hc *h2conn) {
+	w := hc.c.watch
+	if w == nil {
+		n.retireH2(hc)
+		return
+	}
+	// A stream that starts from now on is refused as "not usable", which
+	// is retry-safe; one that started since the caller saw none running
+	// ends first, and its end retires the connection (see syncH2).
+	hc.cc.SetDoNotReuse()
+	if hc.active.Load() > 0 {
+		return
+	}
+	if !n.h2slots[hc.id.Slot()].CompareAndSwap(hc, nil) {
+		return
+	}
+	n.closeMu.Lock()
+	if n.isClosed {
+		n.closeMu.Unlock()
+		hc.cc.Close()
+		n.unregisterH2(hc)
+		return
+	}
+	n.closing.Add(1)
+	n.closeMu.Unlock()
+	w.retiring.Store(true)
+	go func() {
+		defer n.closing.Done()
+		deadline := time.Now().Add(closeWait)
+		sent := hc.c.closeWrite()
+		if hc.c.raw != hc.c.nc {
+			if err := closeWrite(hc.c.raw); sent != nil {
+				sent = err
+			}
+		}
+		if sent == nil {
+			t := time.NewTimer(closeWait)
+			select {
+			case <-w.ended:
+			case <-t.C:
+			}
+			t.Stop()
+			if !w.readEnded.Load() && time.Now().Before(deadline) {
+				w.Conn.SetReadDeadline(deadline)
+				io.CopyN(io.Discard, w.Conn, maxCloseDrain+1)
+			}
+		}
+		hc.cc.Close()
+		w.Conn.Close()
+		n.unregisterH2(hc)
+	}()
+}
+
+func (hc *h2conn) isDraining() bool {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return hc.draining
 }
 
 // drainH2 stops new streams on hc for good; it leaves the pool once idle.
@@ -218,7 +295,7 @@ func (n *Node) drainH2(hc *h2conn) {
 	}
 	hc.mu.Unlock()
 	if hc.active.Load() == 0 {
-		n.retireH2(hc)
+		n.retireH2InOrder(hc)
 	}
 }
 
@@ -231,8 +308,9 @@ func (n *Node) syncH2(hc *h2conn) {
 	case st.Closed:
 		n.retireH2(hc)
 		return
-	case st.Closing, n.draining.Load(), n.overCap(hc.key),
-		hc.s.maxLifetime > 0 && time.Since(hc.created) >= hc.s.maxLifetime:
+	case st.Closing, hc.isDraining(), n.draining.Load(), n.overCap(hc.key),
+		hc.s.maxLifetime > 0 && time.Since(hc.created) >= hc.s.maxLifetime,
+		hc.s.idleTimeout > 0 && hc.active.Load() == 0 && sinceStart(time.Now())-hc.idleAt.Load() >= int64(hc.s.idleTimeout):
 		n.drainH2(hc)
 		return
 	}
@@ -270,7 +348,9 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	var once sync.Once
 	end := func() {
 		once.Do(func() {
-			hc.active.Add(-1)
+			if hc.active.Add(-1) == 0 {
+				hc.idleAt.Store(sinceStart(time.Now()))
+			}
 			n.syncH2(hc)
 			exec.Complete()
 			if onDone != nil {
@@ -382,11 +462,11 @@ func (n *Node) sweepH2() {
 	}
 }
 
-// closeIdleH2 closes the HTTP/2 connections with no stream running, and
-// drains the others so they close when their last stream ends.
-func (n *Node) closeIdleH2() {
+// closeIdleH2 closes the HTTP/2 connections with no stream running, and,
+// if all, drains the others so they close when their last stream ends.
+func (n *Node) closeIdleH2(all bool) {
 	for i := range n.h2slots {
-		if hc := n.h2slots[i].Load(); hc != nil {
+		if hc := n.h2slots[i].Load(); hc != nil && (all || hc.active.Load() == 0) {
 			n.drainH2(hc)
 		}
 	}
@@ -438,7 +518,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	if e.u.Scheme == "https" {
 		scheme = "https"
 	}
-	hc, err := n.installH2(exec.ID(), e.key, cc, scheme, capacity, &t.settings)
+	hc, err := n.installH2(exec.ID(), e.key, cc, c, scheme, capacity, &t.settings)
 	n.endH2Install()
 	if err != nil {
 		cc.Close()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net"
+	"sync"
 	"sync/atomic"
 )
 
@@ -35,14 +36,43 @@ type h2Watch struct {
 	net.Conn
 	n  atomic.Pointer[Node]
 	hc atomic.Pointer[h2conn]
+
+	// ended is closed once the read loop is done with the socket: a read
+	// failed (readEnded: the peer closed its side, most often), or the
+	// ClientConn closed it. A retirement in good order waits for it (see
+	// Node.retireH2InOrder), and then closes the socket itself: retiring
+	// keeps the ClientConn's close from closing it first.
+	ended     chan struct{}
+	endOnce   sync.Once
+	readEnded atomic.Bool
+	retiring  atomic.Bool
+}
+
+func newH2Watch(raw net.Conn) *h2Watch {
+	return &h2Watch{Conn: raw, ended: make(chan struct{})}
 }
 
 func (w *h2Watch) Read(p []byte) (int, error) {
 	if hc := w.hc.Load(); hc != nil {
 		w.n.Load().noteH2(hc)
 	}
-	return w.Conn.Read(p)
+	n, err := w.Conn.Read(p)
+	if err != nil {
+		w.readEnded.Store(true)
+		w.end()
+	}
+	return n, err
 }
+
+func (w *h2Watch) Close() error {
+	w.end()
+	if w.retiring.Load() {
+		return nil
+	}
+	return w.Conn.Close()
+}
+
+func (w *h2Watch) end() { w.endOnce.Do(func() { close(w.ended) }) }
 
 // follow makes every read from now on wake n's follower for hc, and wakes it
 // once: SETTINGS may have arrived between the state startH2 read and now.

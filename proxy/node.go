@@ -209,7 +209,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.retireIdle(oc)
 		}
 	}
-	n.closeIdleH2()
+	n.closeIdleH2(true)
 	if n.srv != nil {
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()

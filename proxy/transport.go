@@ -627,6 +627,7 @@ func (t *Transport) CloseIdleConnections() {
 			n.retireIdle(oc)
 		}
 	}
+	n.closeIdleH2(false)
 }
 
 // trackBody records whether a request body has been touched, so a failed
