@@ -186,7 +186,10 @@
 // GOAWAY drains the connection (capacity 0: nothing new is reserved, the
 // streams in flight finish) and it leaves the pool when its last stream
 // ends; a stream refused or never started because of it is retried on a
-// fresh plan. HTTP/1.1 and HTTP/2 connections of one upstream have
+// fresh plan. A connection that leaves by policy (a drain, its idle timeout,
+// which the sweep enforces rather than the ClientConn, its lifetime, the
+// cap) leaves in good order, as an HTTP/1.1 one does: its unit comes back
+// once the upstream has closed its socket, or after closeWait. HTTP/1.1 and HTTP/2 connections of one upstream have
 // different Keys. The unix leg's frame version is 3 since the HTTP/2 head
 // flags and the reset trailer; a sibling of another version is refused with
 // an error naming both. A stream the upstream resets mid-body (RST_STREAM)
