@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -18,20 +19,25 @@ import (
 
 // adv9Admin is a worker's admin endpoint, faked: each configuration posted
 // to /load goes to loads; while hold is open, a load is answered only once
-// it is closed (nil: at once).
-func adv9Admin(t *testing.T, sock string, hold <-chan struct{}) <-chan []byte {
+// it is closed (nil: at once). The first refuse loads are refused.
+func adv9Admin(t *testing.T, sock string, hold <-chan struct{}, refuse int) <-chan []byte {
 	t.Helper()
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	loads := make(chan []byte, 8)
+	var refused atomic.Int64
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		if r.Method != http.MethodPost || r.URL.Path != "/load" {
 			return
 		}
 		loads <- b
+		if refused.Add(1) <= int64(refuse) {
+			http.Error(w, "refused by the test", http.StatusBadRequest)
+			return
+		}
 		if hold != nil {
 			select {
 			case <-hold:
@@ -50,14 +56,15 @@ func adv9Admin(t *testing.T, sock string, hold <-chan struct{}) <-chan []byte {
 // events the test sends as the spawner, the pingbacks and the signal
 // handler would. The workers' processes are one that has exited already, so
 // that a stop's SIGTERM reaches nobody. stop ends the loop as a stop signal
-// and the workers' exits do, and reports whether it ended.
+// and the workers' exits do, and reports whether it ended. Worker id
+// refuses its first refuse[id] loads.
 type adv9Loop struct {
 	s     *supervisor
 	admin []<-chan []byte
 	done  chan error
 }
 
-func newAdv9Loop(t *testing.T, n int, hold []chan struct{}) *adv9Loop {
+func newAdv9Loop(t *testing.T, n int, hold []chan struct{}, refuse ...int) *adv9Loop {
 	t.Helper()
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "caddy.json")
@@ -86,6 +93,10 @@ func newAdv9Loop(t *testing.T, n int, hold []chan struct{}) *adv9Loop {
 		if id < len(hold) {
 			h = hold[id]
 		}
+		r := 0
+		if id < len(refuse) {
+			r = refuse[id]
+		}
 		w := &worker{
 			id:      id,
 			sock:    filepath.Join(dir, fmt.Sprintf("w%d.sock", id)),
@@ -97,7 +108,7 @@ func newAdv9Loop(t *testing.T, n int, hold []chan struct{}) *adv9Loop {
 			started: time.Now(),
 			cfgGen:  1,
 		}
-		l.admin = append(l.admin, adv9Admin(t, w.sock, h))
+		l.admin = append(l.admin, adv9Admin(t, w.sock, h, r))
 		s.workers = append(s.workers, w)
 	}
 	return l
@@ -192,5 +203,41 @@ func TestAdv9LifeCatchUpAfterReload(t *testing.T) {
 	}
 	if !strings.Contains(string(b), `"v":"2"`) {
 		t.Errorf("worker 1 was loaded with %s; want the reload's configuration", b)
+	}
+}
+
+// TestReloadRefusersAskedAgain: a reload that one worker refuses and another
+// accepts becomes the fleet's configuration, and the worker that refused it
+// is asked again, later, until it accepts: the fleet ends on one
+// configuration without a restart or another reload.
+func TestReloadRefusersAskedAgain(t *testing.T) {
+	l := newAdv9Loop(t, 2, nil, 0, 2) // worker 1 refuses twice
+	s := l.s
+	s.retryMin = 50 * time.Millisecond
+	for _, w := range s.workers {
+		w.ready = true
+	}
+	l.start()
+	defer l.stop(t)
+
+	if err := os.WriteFile(s.configFile, []byte(`{"apps":{"v":"2"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l.send(event{kind: evSignal, sig: syscall.SIGHUP})
+	for i := range 3 {
+		b, ok := adv9Loaded(l.admin[1], 5*time.Second)
+		if !ok {
+			t.Fatalf("worker 1 refused the reload; load %d of the fleet's configuration never came", i+1)
+		}
+		if !strings.Contains(string(b), `"v":"2"`) {
+			t.Fatalf("worker 1's load %d was %s; want the reload's configuration", i+1, b)
+		}
+	}
+	// Retries after 50, 100 and 200ms: another would come within 400ms.
+	if b, ok := adv9Loaded(l.admin[1], time.Second); ok {
+		t.Errorf("worker 1 accepted, and was loaded again with %s", b)
+	}
+	if n := len(l.admin[0]); n != 1 {
+		t.Errorf("worker 0 accepted the reload; it was loaded %d times, want once", n)
 	}
 }

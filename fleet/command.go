@@ -47,7 +47,9 @@ A worker that exits is started again, after a delay that doubles from 100ms
 to 10s while it keeps failing. SIGHUP reloads the configuration file into
 every worker (gracefully, through its admin endpoint). A configuration that
 every worker refuses leaves the fleet on the one it runs, which a worker
-that restarts also gets; a worker that was starting during a reload gets the
+that restarts also gets; one that some workers accept becomes the fleet's,
+and those that refused it are asked again after 1s, then 2s, up to every
+30s, until they accept; a worker that was starting during a reload gets the
 new configuration once it is ready. SIGTERM or SIGINT stops
 the fleet listening and every worker gracefully, killing those still running
 after --stop-timeout.

@@ -72,7 +72,22 @@ type supervisor struct {
 	stopping  bool
 	reloading bool
 	reloadDue bool
+	// retryDelay is how long after a partly refused reload the workers
+	// that refused the fleet's configuration are asked again (see
+	// retryRefused); it doubles from retryMin (0: retryRefusedMin) while
+	// they keep refusing. retryDue says a retry is scheduled.
+	retryDelay time.Duration
+	retryMin   time.Duration
+	retryDue   bool
 }
+
+// Bounds of retryDelay. The workers run one binary with one configuration,
+// so a worker that refuses what its siblings accepted most often failed
+// for a passing reason of its own.
+const (
+	retryRefusedMin = time.Second
+	retryRefusedMax = 30 * time.Second
+)
 
 type worker struct {
 	id      int
@@ -105,6 +120,7 @@ const (
 	evSignal
 	evStartTimeout
 	evStopTimeout
+	evRetryRefused
 )
 
 type event struct {
@@ -340,6 +356,13 @@ func (s *supervisor) loop(startErr error) error {
 			if !s.reloading {
 				s.catchUp()
 			}
+
+		case evRetryRefused:
+			s.retryDue = false
+			if s.stopping {
+				break
+			}
+			s.retryRefused()
 
 		case evStartTimeout:
 			if starting && !s.stopping {
@@ -630,6 +653,7 @@ func (s *supervisor) reloaded(ev event) {
 			s.log.Error("reload partly failed: the workers that refused the new configuration keep running the previous one until they restart or the next reload")
 		}
 	}
+	refused := false
 	for _, l := range ev.loads {
 		w := s.workers[l.id]
 		if l.gen != w.gen {
@@ -639,8 +663,41 @@ func (s *supervisor) reloaded(ev event) {
 			w.cfgGen = ev.gen
 		} else {
 			w.refused = ev.gen
+			refused = refused || ev.gen == s.cfgGen
 		}
 	}
+	switch {
+	case refused && !s.retryDue:
+		// Some workers refused the configuration the fleet runs: ask
+		// them again later, for as long as they refuse it.
+		lo := s.retryMin
+		if lo == 0 {
+			lo = retryRefusedMin
+		}
+		s.retryDelay = min(max(2*s.retryDelay, lo), retryRefusedMax)
+		s.retryDue = true
+		s.log.Warn("workers refused the fleet's configuration; trying them again", zap.Duration("in", s.retryDelay))
+		time.AfterFunc(s.retryDelay, func() { s.events <- event{kind: evRetryRefused} })
+	case !refused && ev.gen == s.cfgGen:
+		s.retryDelay = 0
+	}
+}
+
+// retryRefused loads the fleet's configuration again into the ready workers
+// that refused it (see reloaded). While a reload is under way it waits its
+// turn again: the reload may change what they are to run.
+func (s *supervisor) retryRefused() {
+	if s.reloading {
+		s.retryDue = true
+		time.AfterFunc(s.retryDelay, func() { s.events <- event{kind: evRetryRefused} })
+		return
+	}
+	for _, w := range s.workers {
+		if w.refused == s.cfgGen {
+			w.refused = 0
+		}
+	}
+	s.catchUp()
 }
 
 // loadInto makes the worker at admin socket sock run config, even if it is
