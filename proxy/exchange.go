@@ -575,7 +575,11 @@ func (x *exchange) readError(err error, gotByte bool) error {
 	if cerr := ctxErr(x.req.Context()); cerr != nil {
 		return cerr
 	}
-	if errors.Is(err, errHeaderLimit) {
+	if errors.Is(err, errHeaderLimit) || c.lr.n <= 0 {
+		// The limit is used up: whatever parsing the head cut short
+		// made of it (a status line cut after "HTTP" is malformed, as
+		// bufio returns a last partial line without the error), the
+		// head was too large, as net/http reports it.
 		return &Error{Op: "read", Err: ErrHeaderTooLarge}
 	}
 	var pe *Error
