@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // conn is one HTTP/1.1 client connection on which at most one exchange runs
@@ -37,6 +39,10 @@ type conn struct {
 	abortOnce sync.Once
 	abortErr  atomic.Pointer[error] // why the conn was torn down mid-exchange
 	closed    atomic.Bool
+
+	// peerOwner is, on the unix leg, the incarnation of the owner
+	// process the stream was dialed for (see peers.get).
+	peerOwner orbitpool.Incarnation
 
 	// lingers: a failed exchange leaves the descriptor open, for its
 	// owner to close once the upstream has closed its side (see
