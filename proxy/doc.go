@@ -42,7 +42,9 @@
 // failure's class and whether anything was sent upstream) and, after an
 // accept, the HTTP/1.1 response(s), each head preceded by a two-byte marker
 // carrying what the relay changed (a close-delimited body is re-framed as
-// chunked so the stream can persist; an HTTP/1.0 upstream is relayed as 1.1).
+// chunked so the stream can persist: its Trailer header, if any, crosses
+// renamed Orbit-Trailer, and an upstream header of that name is dropped;
+// an HTTP/1.0 upstream is relayed as 1.1).
 // A response body of declared length, 64 KiB or more, from a plain TCP
 // upstream goes from the upstream socket to the stream with splice(2), so
 // its bytes never enter the owner (counted in NodeStats.SplicedBodies);

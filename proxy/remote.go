@@ -263,6 +263,10 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 	}
 	if f&headCloseDelimited != 0 {
 		resp.TransferEncoding = nil
+		if v, ok := resp.Header[relayedTrailerHeader]; ok && f&headProto2 == 0 {
+			delete(resp.Header, relayedTrailerHeader)
+			resp.Header["Trailer"] = v
+		}
 	}
 	resp.Close = f&headClose != 0
 	if f&headProto2 != 0 {
