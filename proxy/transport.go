@@ -669,6 +669,15 @@ func (b *trackBody) Read(p []byte) (int, error) {
 	return b.rc.Read(p)
 }
 
+// unread gives back p, which an attempt read of the body and sent nowhere
+// (see acceptBody): the next Read returns it first, and the body counts as
+// used only if it did before that attempt read p.
+func (b *trackBody) unread(p []byte, used bool) {
+	b.ahead = append(append([]byte(nil), p...), b.ahead[b.off:]...)
+	b.off = 0
+	b.used.Store(used)
+}
+
 func (b *trackBody) Close() error {
 	b.mu.Lock()
 	if !b.used.Load() && !b.settled {
