@@ -34,8 +34,9 @@ type acceptor interface {
 // connection exactly once, or the execution abandoned. Either way it
 // completes itself, which is what gives the capacity back.
 type execution interface {
-	// maxHeaderBytes bounds the request head the owner reads for it: the
-	// header limit of the Transport that made the connection.
+	// maxHeaderBytes is the header limit of the Transport that made the
+	// connection, which bounds the request head the owner reads for it
+	// (see peerHeadLimit).
 	maxHeaderBytes() int64
 	// roundTrip runs req; stopBody makes a pending read of its body return.
 	roundTrip(req *http.Request, stopBody func()) (*http.Response, error)
@@ -514,6 +515,14 @@ func (s *server) budget(dl time.Time) (*governor.LeaseSet, uint16, error) {
 	return nil, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, time.Since(start).Round(time.Millisecond))
 }
 
+// peerHeadLimit bounds a sibling's request head, given the header limit of
+// the Transport that made the connection: that limit is the responses', and
+// may be set far below what a request head takes (a large cookie), which
+// the sibling's own server accepted and the local path sends as it is.
+// The bound is never less than net/http's server default, which is also
+// Caddy's.
+func peerHeadLimit(limit int64) int64 { return max(limit, http.DefaultMaxHeaderBytes) }
+
 // ownerStreamBytes is what a sibling's exchange holds on the owner besides
 // its buffers' growth: one exchange buffer and the peer stream's own bufio
 // buffers.
@@ -569,13 +578,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
 	// The head is bounded by the header limit of the Transport that made
-	// the connection, and by the frame's deadline.
-	req, err := readPeerHead(nc, lr, br, deadline, exec.maxHeaderBytes())
+	// the connection (see peerHeadLimit), and by the frame's deadline.
+	limit := peerHeadLimit(exec.maxHeaderBytes())
+	req, err := readPeerHead(nc, lr, br, deadline, limit)
 	if err != nil {
 		exec.abandon()
 		switch {
 		case errors.Is(err, errHeaderLimit):
-			s.log.Info("request head from peer over the header limit", zap.Int64("limit", exec.maxHeaderBytes()))
+			s.log.Info("request head from peer over the header limit", zap.Int64("limit", limit))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.log.Info("request head from peer not complete by its deadline")
 		default:
