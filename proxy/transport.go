@@ -17,6 +17,7 @@ import (
 	"github.com/orbitproxy/orbit/backpressure"
 	"github.com/orbitproxy/orbit/governor"
 	"github.com/orbitproxy/orbit/orbitpool"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 )
 
@@ -264,6 +265,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.RequestURI != "" {
 		closeBody()
 		return nil, errors.New("proxy: Request.RequestURI can't be set in client requests")
+	}
+	// As net/http's Transport: Request.Write would drop a field of an
+	// invalid name and send a value with control bytes as it is, to the
+	// upstream, or to an owner whose parser refuses it.
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			closeBody()
+			return nil, fmt.Errorf("proxy: invalid header field name %q", k)
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				closeBody()
+				// Not the value, which may be sensitive.
+				return nil, fmt.Errorf("proxy: invalid header field value for %q", k)
+			}
+		}
 	}
 	e, err := t.upstream(req)
 	if err != nil {
