@@ -52,3 +52,52 @@ func TestAdv10InvalidHeaderRefusedLikeNetHTTP(t *testing.T) {
 		adv10CheckOwn(t, "GET after the refusals", resp, body, err, "/next")
 	})
 }
+
+// TestAdv10InvalidMethodRefusedLikeNetHTTP: a method that is not a token is
+// refused before anything is sent, as net/http's Transport refuses it.
+// Request.Write writes the method as it is: one carrying CRLF and a request
+// line of its own made the upstream read two requests from one exchange
+// (request smuggling), the second answered on a connection nobody read it
+// from; through a sibling, the owner read the first as the request.
+func TestAdv10InvalidMethodRefusedLikeNetHTTP(t *testing.T) {
+	bad := []string{
+		"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\nGET",
+		"GET /smuggled",
+		"G\x00T",
+	}
+	mk := func(t *testing.T, withTLS bool) *adv10Upstream {
+		return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
+			return adv10Fresh(c, req, conn, n)
+		})
+	}
+	do := func(rt http.RoundTripper, u *adv10Upstream, method string) error {
+		req, _ := http.NewRequest("GET", u.url("/bad"), nil)
+		req.Method = method
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	u := mk(t, false)
+	for _, m := range bad {
+		if err := do(u.refTransport(t), u, m); err == nil || !strings.Contains(err.Error(), "invalid method") {
+			t.Fatalf("net/http sent method %q: %v; the test's premise is a refusal", m, err)
+		}
+	}
+	adv10Paths(t, mk, func(t *testing.T, u *adv10Upstream, rt http.RoundTripper, owner *member) {
+		for _, m := range bad {
+			if err := do(rt, u, m); err == nil || !strings.Contains(err.Error(), "invalid method") {
+				t.Errorf("method %q: %v, want a refusal naming the invalid method", m, err)
+			}
+		}
+		resp, body, err := adv10Do(t, rt, "GET", u.url("/next"), nil)
+		adv10CheckOwn(t, "GET after the refusals", resp, body, err, "/next")
+		for _, r := range u.requests() {
+			if strings.Contains(r, "/bad") || strings.Contains(r, "/smuggled") {
+				t.Errorf("a request with an invalid method reached the upstream: %q", u.requests())
+				break
+			}
+		}
+	})
+}

@@ -266,9 +266,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody()
 		return nil, errors.New("proxy: Request.RequestURI can't be set in client requests")
 	}
-	// As net/http's Transport: Request.Write would drop a field of an
-	// invalid name and send a value with control bytes as it is, to the
-	// upstream, or to an owner whose parser refuses it.
+	// As net/http's Transport: Request.Write writes the method as it is,
+	// so that one with a space or CRLF in it would put a request line, or
+	// a whole request, of the caller's making on the connection; it would
+	// drop a field of an invalid name, and send a value with control bytes
+	// as it is, to the upstream, or to an owner whose parser refuses it.
+	if req.Method != "" && !httpguts.ValidHeaderFieldName(req.Method) { // a token, as a field name is
+		closeBody()
+		return nil, fmt.Errorf("proxy: invalid method %q", req.Method)
+	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
 			closeBody()
