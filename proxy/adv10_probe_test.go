@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -64,12 +65,21 @@ func TestAdv10RefusedProbedBodyKeepsStreamInStep(t *testing.T) {
 			t.Fatalf("%s: %d %q %v, want %q", what, resp.StatusCode, b, err, want)
 		}
 	}
-	for round := range 2 {
+	bodies := []struct {
+		body func() io.Reader
+		want string
+	}{
+		{func() io.Reader { return io.MultiReader(strings.NewReader(`{"query":"x"}`)) }, `/search got "{\"query\":\"x\"}" te=[chunked]`},
+		// One byte, and EOF with it: the probe's read ends the body.
+		{func() io.Reader { return iotest.DataErrReader(strings.NewReader("x")) }, `/search got "x" te=[chunked]`},
+	}
+	for round := range 4 {
 		warm(t, owner, u.url("/then-close"))
 		time.Sleep(60 * time.Millisecond)
 		refused := owner.node.Stats().Refused
-		req, _ := http.NewRequest("GET", u.url("/search"), io.MultiReader(strings.NewReader(`{"query":"x"}`)))
-		send(fmt.Sprintf("round %d: GET with a body of unknown length", round), req, `/search got "{\"query\":\"x\"}" te=[chunked]`)
+		b := bodies[round%len(bodies)]
+		req, _ := http.NewRequest("GET", u.url("/search"), b.body())
+		send(fmt.Sprintf("round %d: GET with a body of unknown length", round), req, b.want)
 		if owner.node.Stats().Refused == refused {
 			t.Fatalf("round %d: the owner refused nothing; the test's premise is a refused lease", round)
 		}

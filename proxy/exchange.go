@@ -732,11 +732,13 @@ func (b *acceptBody) probe(p []byte) (int, error) {
 }
 
 // giveBack returns what the probe read to the body, when the body is not to
-// be sent on this stream: nothing of it went anywhere.
+// be sent on this stream: nothing of it went anywhere. A body that ended
+// with those bytes (EOF) ends again after them; one that failed is not
+// given back.
 func (b *acceptBody) giveBack() {
-	if tb, ok := b.ReadCloser.(*trackBody); ok && len(b.held) > 0 && b.heldErr == nil {
+	if tb, ok := b.ReadCloser.(*trackBody); ok && len(b.held) > 0 && (b.heldErr == nil || b.heldErr == io.EOF) {
 		tb.unread(b.held, b.wasUsed)
-		b.held = nil
+		b.held, b.heldErr = nil, nil
 	}
 }
 
