@@ -29,8 +29,15 @@ type Transport struct {
 	Node *Node
 
 	// TLSClientConfig is used for https upstreams: its certificates are the
-	// client identity and go into the Key. Sessions are resumed from a cache
-	// shared by the Transport's connections unless it brings its own.
+	// client identity and go into the Key, with ServerName and
+	// InsecureSkipVerify. Nothing else of it does: a request may be served
+	// on a connection another Transport of the fleet (or of this process)
+	// dialed and verified under its own config for the same Key. Put what
+	// distinguishes how a Transport verifies its upstream (RootCAs,
+	// VerifyPeerCertificate, VerifyConnection, versions, cipher suites)
+	// into KeyExtra, as the Caddy module does with its TLS settings.
+	// Sessions are resumed from a cache shared by the Transport's
+	// connections unless it brings its own.
 	TLSClientConfig *tls.Config
 	// DialTimeout bounds a TCP connect plus TLS handshake. Default 10s.
 	DialTimeout time.Duration
