@@ -67,8 +67,10 @@
 // body needs. Part of a body streams as it comes. Unlike net/http, and like
 // nginx's request buffering, the upstream sees the head of such a request
 // only once the client has sent some of its body. The owner reads a head no
-// further than the header limit and no later than the frame's deadline, and
-// caps the idle streams of each sibling process.
+// further than the header limit (1 MiB at least, net/http's server default)
+// and no later than the frame's deadline, and caps the idle streams of each
+// sibling process: a stream over the cap that brings no frame within 100ms
+// is refused (as busy, unasked) and closed.
 // Interim responses are relayed as they arrive; a 101 turns the stream into a
 // tunnel with half-close passed both ways, and both the stream and the
 // upstream connection leave their pools. A stream that sends a frame that

@@ -200,6 +200,15 @@ const leavingWriteWait = 10 * time.Millisecond
 // leavingFrame is that refusal.
 var leavingFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectClosing, msg: errOwnerLeaving.Error()})
 
+// idleCapGrace is how long a stream over its peer's cap of idle streams
+// may take to bring its next frame before it is closed (see serveConn).
+const idleCapGrace = 100 * time.Millisecond
+
+// idleCapFrame is the refusal a stream over its peer's idle cap gets as it
+// closes (see serveConn).
+var idleCapFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectOverload,
+	msg: "owner busy: too many idle streams from one peer"})
+
 func (s *server) refuse(c net.Conn) {
 	c.SetWriteDeadline(time.Now().Add(leavingWriteWait))
 	c.Write(leavingFrame)
@@ -292,21 +301,36 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	// which would otherwise cost an allocation per frame.
 	var f requestFrame
 	for {
-		if !s.idle(pid, true) {
-			s.log.Info("peer stream closed: too many idle streams from one peer",
-				zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
-			return
+		// A stream over the peer's cap of idle streams gets a moment to
+		// bring its next frame, as one between two exchanges of a burst
+		// does at once; it does not count, and then it goes.
+		counted := s.idle(pid, true)
+		d := wait
+		if !counted {
+			d = min(d, idleCapGrace)
 		}
 		// The deadline stays until readPeerHead replaces it: nothing
 		// reads the stream before then, and every exchange, refused or
 		// not, reads its request head.
-		nc.SetReadDeadline(time.Now().Add(wait))
+		nc.SetReadDeadline(time.Now().Add(d))
 		var err error
 		f, err = readFrame(br, reqHeaderLen, decodeRequestFrame)
-		s.idle(pid, false)
+		if counted {
+			s.idle(pid, false)
+		}
 		wait = 2 * peerIdleTimeout
 		if err != nil {
 			switch {
+			case !counted && errors.Is(err, os.ErrDeadlineExceeded):
+				s.log.Info("peer stream closed: too many idle streams from one peer",
+					zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
+				// The peer may be sending its next frame on it: refused,
+				// unasked, the request goes elsewhere, as on a draining
+				// owner's streams (see close), rather than be lost with
+				// the stream, which would leave the peer unable to tell
+				// whether it was acted on.
+				nc.SetWriteDeadline(time.Now().Add(leavingWriteWait))
+				nc.Write(idleCapFrame)
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 				// The peer left, we are closing, or the stream sat idle.
 			default:
