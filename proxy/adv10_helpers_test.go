@@ -204,3 +204,31 @@ func adv10Do(t *testing.T, rt http.RoundTripper, method, url string, hdr http.He
 	resp.Body.Close()
 	return resp, string(b), err
 }
+
+// adv10Later marks, for a scripted answer that sends stray bytes a moment
+// after its response, when they are out; a test waits for it before its next
+// request, for an upstream that sends them later still (a busy machine)
+// races that request, here as with net/http.
+type adv10Later chan struct{}
+
+func newAdv10Later() adv10Later { return make(adv10Later, 64) }
+
+// sent records that stray bytes are out.
+func (l adv10Later) sent() {
+	select {
+	case l <- struct{}{}:
+	default:
+	}
+}
+
+// wait waits for the stray bytes of an exchange that sends them (at most
+// 2s), then a moment for them to arrive.
+func (l adv10Later) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-l:
+		time.Sleep(5 * time.Millisecond)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the upstream did not send its stray bytes")
+	}
+}

@@ -31,6 +31,7 @@ func adv10CheckOwn(t *testing.T, what string, resp *http.Response, body string, 
 // does.
 func TestAdv10HeadBodyNotReused(t *testing.T) {
 	const stray = "STRAY-HEAD-BODY"
+	later := newAdv10Later()
 	mk := func(t *testing.T, withTLS bool) *adv10Upstream {
 		return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
 			switch req.URL.Path {
@@ -41,6 +42,7 @@ func TestAdv10HeadBodyNotReused(t *testing.T) {
 				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(stray))
 				time.Sleep(2 * time.Millisecond)
 				io.WriteString(c, stray)
+				later.sent()
 				return true
 			}
 			return adv10Fresh(c, req, conn, n)
@@ -53,6 +55,9 @@ func TestAdv10HeadBodyNotReused(t *testing.T) {
 					resp, body, err := adv10Do(t, rt, "HEAD", u.url(path), nil)
 					if err != nil || resp.StatusCode != 200 || body != "" || resp.ContentLength != int64(len(stray)) {
 						t.Fatalf("round %d: HEAD: %v %q %v", round, resp, body, err)
+					}
+					if path == "/head-later" {
+						later.wait(t)
 					}
 					// The next request comes a little later, as in a proxy.
 					time.Sleep(20 * time.Millisecond)
@@ -78,6 +83,7 @@ func TestAdv10HeadBodyNotReused(t *testing.T) {
 // and then speaks the new protocol anyway (bytes after the refusal) loses
 // its connection, and those bytes reach nobody.
 func TestAdv10RefusedUpgradeKeepsConnInStep(t *testing.T) {
+	later := newAdv10Later()
 	mk := func(t *testing.T, withTLS bool) *adv10Upstream {
 		return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
 			switch req.URL.Path {
@@ -91,6 +97,7 @@ func TestAdv10RefusedUpgradeKeepsConnInStep(t *testing.T) {
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nno")
 				time.Sleep(2 * time.Millisecond)
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\nTUNNEL-FRAME!")
+				later.sent()
 				return true
 			}
 			return adv10Fresh(c, req, conn, n)
@@ -114,6 +121,9 @@ func TestAdv10RefusedUpgradeKeepsConnInStep(t *testing.T) {
 				}
 				if _, ok := resp.Body.(io.Writer); ok {
 					t.Fatalf("a refused upgrade's body is writable")
+				}
+				if tc.path == "/ws-200-then-tunnel" {
+					later.wait(t)
 				}
 				time.Sleep(20 * time.Millisecond)
 				for i := range 2 {

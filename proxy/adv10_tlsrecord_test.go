@@ -32,6 +32,7 @@ func TestAdv10StrayRecordAfterFullRecord(t *testing.T) {
 			}
 		}
 	}
+	later := newAdv10Later()
 	mk := func(t *testing.T, withTLS bool) *adv10Upstream {
 		return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
 			switch req.URL.Path {
@@ -43,6 +44,7 @@ func TestAdv10StrayRecordAfterFullRecord(t *testing.T) {
 				io.WriteString(c, resp(record))
 				time.Sleep(time.Millisecond)
 				io.WriteString(c, stray)
+				later.sent()
 				return true
 			case "/buf-same":
 				// Ends where bufio's 4 KiB buffer of the head ends.
@@ -66,6 +68,9 @@ func TestAdv10StrayRecordAfterFullRecord(t *testing.T) {
 					r.Body.Close()
 					if err != nil || int64(b.Len()) != r.ContentLength || strings.Trim(b.String(), "r") != "" {
 						t.Fatalf("round %d: %d bytes of %d, %v", round, b.Len(), r.ContentLength, err)
+					}
+					if path == "/full-later" {
+						later.wait(t)
 					}
 					time.Sleep(10 * time.Millisecond)
 					resp, body, err := adv10Do(t, rt, "GET", u.url("/next"), nil)
