@@ -237,6 +237,9 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		if strings.Contains(t.TLS.ServerName, "{") {
 			return fmt.Errorf("tls_server_name %q: placeholders are not supported by the orbit_pool transport", t.TLS.ServerName)
 		}
+		// Taken before MakeTLSClientConfig, which loads the CA module and
+		// clears CARaw (as Caddy's LoadModule does every raw module).
+		caRaw := append(json.RawMessage(nil), t.TLS.CARaw...)
 		cfg, err := t.TLS.MakeTLSClientConfig(ctx)
 		if err != nil {
 			return fmt.Errorf("making TLS client config: %w", err)
@@ -244,7 +247,7 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		t.tlsConfig = cfg
 		// Connections made under other TLS settings (trusted CAs, client
 		// identity, verification) must not serve this transport's requests.
-		b, err := json.Marshal(tlsIdentity{t.TLS.CARaw, t.TLS.RootCAPool, t.TLS.RootCAPEMFiles,
+		b, err := json.Marshal(tlsIdentity{caRaw, t.TLS.RootCAPool, t.TLS.RootCAPEMFiles,
 			t.TLS.ClientCertificateFile, t.TLS.ClientCertificateKeyFile, t.TLS.ClientCertificateAutomate,
 			t.TLS.InsecureSkipVerify, t.TLS.ServerName, t.TLS.Renegotiation, t.TLS.Curves})
 		if err != nil {
