@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // writePEM writes certificates to a PEM file in dir and returns its path.
@@ -85,5 +87,73 @@ func TestAdv10TrustPoolInKey(t *testing.T) {
 	}
 	if n := up.requests.Load() - before; n != 0 {
 		t.Errorf("the upstream saw %d requests through the proxy that does not trust it", n)
+	}
+}
+
+// TestAdv10TrustPoolFileRotatedInPlace: the operator replaces the trusted
+// CA file's contents (same path) with a CA that did not sign the upstream's
+// certificate, and reloads. With the stock transport the new config's
+// requests fail verification (502); here too they must not go on the
+// connections verified under the file's old contents.
+func TestAdv10TrustPoolFileRotatedInPlace(t *testing.T) {
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}), true)
+	dir := t.TempDir()
+	ca := writePEM(t, dir, "ca.pem", up.Certificate().Raw)
+	seg := segmentPath(t)
+	port := freePort(t)
+	load := func(generation int) {
+		t.Helper()
+		cfg := fmt.Sprintf(`{
+	admin localhost:2999
+	auto_https off
+	persist_config off
+	grace_period 1s
+	orbit_pool {
+		segment %s
+	}
+}
+:%d {
+	bind 127.0.0.1
+	header X-Config %d
+	reverse_proxy https://%s {
+		transport orbit_pool {
+			tls_trust_pool file %s
+		}
+	}
+}
+`, seg, port, generation, up.hostport(), ca)
+		caddytest.NewTester(t).InitServer(cfg, "caddyfile")
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	load(1)
+	for range 2 {
+		if resp, body := get(t, url); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("trusting the upstream's CA: %d %q", resp.StatusCode, body)
+		}
+	}
+	writePEM(t, dir, "ca.pem", otherCA(t))
+	load(2)
+	before := up.requests.Load()
+	// A request the old server took in the instant of the reload may
+	// still be its; the ones after are the new config's.
+	if resp, err := client.Get(url); err == nil {
+		resp.Body.Close()
+	}
+	for range 2 {
+		resp, body := get(t, url)
+		if resp.Header.Get("X-Config") != "2" {
+			continue
+		}
+		if resp.StatusCode == 200 {
+			t.Fatalf("after the trusted CA file was replaced and the config reloaded: %d %q, on a connection verified under the old CA", resp.StatusCode, body)
+		}
+	}
+	if n := up.requests.Load() - before; n > 1 {
+		t.Errorf("the upstream saw %d requests after the reload that distrusts it", n)
 	}
 }
