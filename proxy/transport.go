@@ -17,6 +17,7 @@ import (
 	"github.com/orbitproxy/orbit/backpressure"
 	"github.com/orbitproxy/orbit/governor"
 	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 )
@@ -302,7 +303,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	r := req
 	if req.Body != nil && req.Body != http.NoBody {
-		tb = &trackBody{rc: req.Body}
+		tb = &trackBody{rc: req.Body, log: t.Node.log}
 		r = shallowWithBody(req, tb)
 		if ReadsAhead(req) {
 			// Before anything is held: no connection, lease or permit
@@ -363,6 +364,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if release != nil {
 			release()
+		}
+		if tb != nil {
+			if p := tb.perr.Load(); p != nil {
+				// The body panicked: that, rather than what it did to
+				// the exchange, is the request's error.
+				err = &Error{Op: "write", Err: *p}
+			}
 		}
 		closeBody()
 		if cerr := ctx.Err(); cerr != nil && !isContextErr(err) {
@@ -665,6 +673,10 @@ type trackBody struct {
 	rc     io.ReadCloser
 	used   atomic.Bool
 	closed atomic.Bool
+	// log receives the stack of a panic in rc's Read, and perr is that
+	// panic as an error (see read).
+	log  *zap.Logger
+	perr atomic.Pointer[error]
 	// ahead is what readAhead took of the body before any attempt read
 	// it; attempts read it first (from off), then rc. whole: it is all of
 	// the body, rc is closed, and every attempt may send it again.
@@ -696,6 +708,21 @@ func (b *trackBody) Read(p []byte) (int, error) {
 	if b.whole {
 		return 0, io.EOF
 	}
+	return b.read(p)
+}
+
+// read is rc's Read with a panic turned into its error, logged once with its
+// stack: the body is read by goroutines that recover nothing, net/http's
+// probe of a body of unknown length in a GET-like request among them, and a
+// panic there would end the process rather than the exchange.
+func (b *trackBody) read(p []byte) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			perr := recovered(b.log, "request body", r)
+			b.perr.CompareAndSwap(nil, &perr)
+			n, err = 0, perr
+		}
+	}()
 	return b.rc.Read(p)
 }
 
@@ -843,7 +870,7 @@ func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, b
 	if gerr != nil {
 		return nil, false
 	}
-	return shallowWithBody(orig, &trackBody{rc: body}), true
+	return shallowWithBody(orig, &trackBody{rc: body, log: tb.log}), true
 }
 
 func isReplayable(r *http.Request) bool {
