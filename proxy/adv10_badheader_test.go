@@ -101,3 +101,31 @@ func TestAdv10InvalidMethodRefusedLikeNetHTTP(t *testing.T) {
 		}
 	})
 }
+
+// TestAdv10ControlBytesInURLCostNoConnection: a request line with control
+// bytes (a raw query with a newline) is refused, as Request.Write refuses
+// it, before a connection or a sibling's stream is taken: the write that
+// refused it tore down the pooled connection it had taken, and each retry
+// another.
+func TestAdv10ControlBytesInURLCostNoConnection(t *testing.T) {
+	mk := func(t *testing.T, withTLS bool) *adv10Upstream {
+		return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
+			return adv10Fresh(c, req, conn, n)
+		})
+	}
+	adv10Paths(t, mk, func(t *testing.T, u *adv10Upstream, rt http.RoundTripper, owner *member) {
+		req, _ := http.NewRequest("GET", u.url("/q"), nil)
+		req.URL.RawQuery = "a=\nb"
+		if _, err := rt.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "control character") {
+			t.Errorf("a raw query with a newline: %v, want a refusal", err)
+		}
+		resp, body, err := adv10Do(t, rt, "GET", u.url("/next"), nil)
+		adv10CheckOwn(t, "next request", resp, body, err, "/next")
+		if n := u.conns.Load(); n != 1 {
+			t.Errorf("%d upstream connections, want the warm-up's only", n)
+		}
+		if s := owner.node.Stats(); s.Retired != 0 {
+			t.Errorf("owner %+v: a connection was torn down for a request that could not be written", s)
+		}
+	})
+}

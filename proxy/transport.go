@@ -283,6 +283,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody()
 		return nil, fmt.Errorf("proxy: invalid method %q", req.Method)
 	}
+	// Request.Write refuses a request line with control bytes, but only once
+	// a connection or a stream is taken, which the failed write then tears
+	// down, on every retry.
+	if strings.ContainsFunc(req.URL.RequestURI(), func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		closeBody()
+		return nil, errors.New("proxy: can't write control character in Request.URL")
+	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
 			closeBody()
