@@ -129,8 +129,27 @@ func TestAdv10InterimThenFinalReusedInStep(t *testing.T) {
 				t.Fatalf("round %d: %q %v, interim %q", round, b, err, links)
 			}
 			time.Sleep(20 * time.Millisecond)
-			resp2, body, err := adv10Do(t, rt, "GET", u.url("/next"), nil)
+			// The next request sees no interim response: the one left
+			// over is not its own.
+			var stray []string
+			trace = &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+				stray = append(stray, h.Get("Link"))
+				return nil
+			}}
+			ctx, cancel = context.WithTimeout(httptrace.WithClientTrace(context.Background(), trace), 5*time.Second)
+			req, _ = http.NewRequestWithContext(ctx, "GET", u.url("/next"), nil)
+			resp2, err := rt.RoundTrip(req)
+			var body string
+			if err == nil {
+				b, rerr := io.ReadAll(resp2.Body)
+				resp2.Body.Close()
+				body, err = string(b), rerr
+			}
+			cancel()
 			adv10CheckOwn(t, "GET after the hints", resp2, body, err, "/next")
+			if len(stray) > 0 {
+				t.Fatalf("round %d: the next request saw interim responses %q", round, stray)
+			}
 		}
 	})
 }
