@@ -26,14 +26,26 @@ import (
 //     of the body, and whatever it then reads as a request is answered 400.
 //     The body (16 MiB) is more than the sockets' buffers hold: a body the
 //     kernel takes whole counts as sent, and net/http then reuses the
-//     connection too (maxWriteWaitBeforeConnReuse).
+//     connection too (maxWriteWaitBeforeConnReuse);
+//   - silent: it keeps the connection, reads nothing more and says nothing
+//     more until the test ends: the client must give the stalled write up
+//     (as net/http does after 50ms), or the key's one connection stays
+//     busy and the next request waits for it until its deadline.
 //
 // Whatever the upstream does, the POST reached it once, the 413 is what the
 // caller gets, and the next requests each get their own answer.
 func TestAdv10EarlyRejectWhileBodyStreams(t *testing.T) {
 	mk := func(t *testing.T, withTLS bool) *adv10Upstream {
-		return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
+		release := make(chan struct{})
+		u := newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
 			switch req.URL.Path {
+			case "/silent":
+				io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig")
+				select {
+				case <-release:
+				case <-time.After(10 * time.Second):
+				}
+				return false
 			case "/drain":
 				io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig")
 				_, err := io.Copy(io.Discard, req.Body)
@@ -58,10 +70,14 @@ func TestAdv10EarlyRejectWhileBodyStreams(t *testing.T) {
 			}
 			return adv10Fresh(c, req, conn, n)
 		})
+		// Before the upstream's own cleanup, which waits for its
+		// connections' goroutines.
+		t.Cleanup(func() { close(release) })
+		return u
 	}
-	for _, path := range []string{"/drain", "/close", "/unread"} {
+	for _, path := range []string{"/drain", "/close", "/unread", "/silent"} {
 		size := 1 << 20
-		if path == "/unread" {
+		if path == "/unread" || path == "/silent" {
 			size = 16 << 20
 		}
 		t.Run(path[1:], func(t *testing.T) {
