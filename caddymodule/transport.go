@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -237,6 +238,9 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		if strings.Contains(t.TLS.ServerName, "{") {
 			return fmt.Errorf("tls_server_name %q: placeholders are not supported by the orbit_pool transport", t.TLS.ServerName)
 		}
+		// Taken before MakeTLSClientConfig, which loads the CA module and
+		// clears CARaw (as Caddy's LoadModule does every raw module).
+		caRaw := append(json.RawMessage(nil), t.TLS.CARaw...)
 		cfg, err := t.TLS.MakeTLSClientConfig(ctx)
 		if err != nil {
 			return fmt.Errorf("making TLS client config: %w", err)
@@ -244,9 +248,13 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		t.tlsConfig = cfg
 		// Connections made under other TLS settings (trusted CAs, client
 		// identity, verification) must not serve this transport's requests.
-		b, err := json.Marshal(tlsIdentity{t.TLS.CARaw, t.TLS.RootCAPool, t.TLS.RootCAPEMFiles,
+		sums, err := tlsFileSums(caRaw, t.TLS.RootCAPEMFiles, t.TLS.ClientCertificateFile)
+		if err != nil {
+			return fmt.Errorf("reading TLS files: %w", err)
+		}
+		b, err := json.Marshal(tlsIdentity{caRaw, t.TLS.RootCAPool, t.TLS.RootCAPEMFiles,
 			t.TLS.ClientCertificateFile, t.TLS.ClientCertificateKeyFile, t.TLS.ClientCertificateAutomate,
-			t.TLS.InsecureSkipVerify, t.TLS.ServerName, t.TLS.Renegotiation, t.TLS.Curves})
+			t.TLS.InsecureSkipVerify, t.TLS.ServerName, t.TLS.Renegotiation, t.TLS.Curves, sums})
 		if err != nil {
 			return fmt.Errorf("encoding TLS settings: %w", err)
 		}
@@ -254,6 +262,35 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		t.keyExtra = "tls:" + hex.EncodeToString(sum[:16])
 	}
 	return nil
+}
+
+// tlsFileSums digests the contents of the files the TLS settings load
+// trusted CAs (root_ca_pem_files, tls_trust_pool file) and the client
+// certificate from: a file replaced in place, and a reload, must not leave
+// requests on connections verified, or identified, under what it held
+// before, as the stock transport's new connections would not be.
+func tlsFileSums(caRaw json.RawMessage, caFiles []string, certFile string) ([]string, error) {
+	files := slices.Clone(caFiles)
+	var src struct {
+		Provider string   `json:"provider"`
+		PEMFiles []string `json:"pem_files"`
+	}
+	if len(caRaw) > 0 && json.Unmarshal(caRaw, &src) == nil && src.Provider == "file" {
+		files = append(files, src.PEMFiles...)
+	}
+	if certFile != "" {
+		files = append(files, certFile)
+	}
+	sums := make([]string, len(files))
+	for i, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		sum := sha256.Sum256(b)
+		sums[i] = hex.EncodeToString(sum[:])
+	}
+	return sums, nil
 }
 
 // tlsIdentity is what of a TLS config changes which connections a request
@@ -269,6 +306,7 @@ type tlsIdentity struct {
 	ServerName    string
 	Renegotiation string
 	Curves        []string
+	FileSums      []string // see tlsFileSums
 }
 
 // Validate rejects settings the transport cannot honour.

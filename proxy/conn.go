@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // conn is one HTTP/1.1 client connection on which at most one exchange runs
@@ -37,6 +39,10 @@ type conn struct {
 	abortOnce sync.Once
 	abortErr  atomic.Pointer[error] // why the conn was torn down mid-exchange
 	closed    atomic.Bool
+
+	// peerOwner is, on the unix leg, the incarnation of the owner
+	// process the stream was dialed for (see peers.get).
+	peerOwner orbitpool.Incarnation
 
 	// lingers: a failed exchange leaves the descriptor open, for its
 	// owner to close once the upstream has closed its side (see
@@ -85,9 +91,21 @@ func (c *conn) aborted() error {
 
 func (c *conn) close() {
 	if c.closed.CompareAndSwap(false, true) {
+		if c.tlsTorn() {
+			c.raw.Close()
+			return
+		}
 		c.nc.Close()
 	}
 }
+
+// tlsTorn reports whether c is a TLS connection an exchange tore down (see
+// abort). crypto/tls sends close_notify on CloseWrite and Close, with a
+// write deadline of its own of 5s: behind a request the upstream stopped
+// reading, the alert waits that long, and the connection, and its unit of
+// the key's budget, with it. Such a connection gets its socket's half-close
+// and close instead, at once.
+func (c *conn) tlsTorn() bool { return c.raw != c.nc && c.aborted() != nil }
 
 // maxCloseDrain bounds what closeAfterPeer reads: the rest of a large
 // response a failed exchange left is not worth reading, and closing with it
@@ -102,7 +120,13 @@ const maxCloseDrain = 256 << 10
 // peer may count the connection until it has read the reset.
 func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 	peerClosed := false
-	src, err := c.nc, c.closeWrite()
+	var src net.Conn
+	var err error
+	if c.tlsTorn() {
+		src, err = c.raw, closeWrite(c.raw)
+	} else {
+		src, err = c.nc, c.closeWrite()
+	}
 	if err != nil && c.raw != c.nc {
 		// A TLS connection whose write was torn down (see abort) sends no
 		// close_notify; its socket can still tell the peer it is done.

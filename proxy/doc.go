@@ -42,7 +42,9 @@
 // failure's class and whether anything was sent upstream) and, after an
 // accept, the HTTP/1.1 response(s), each head preceded by a two-byte marker
 // carrying what the relay changed (a close-delimited body is re-framed as
-// chunked so the stream can persist; an HTTP/1.0 upstream is relayed as 1.1).
+// chunked so the stream can persist: its Trailer header, if any, crosses
+// renamed Orbit-Trailer, and an upstream header of that name is dropped;
+// an HTTP/1.0 upstream is relayed as 1.1).
 // A response body of declared length, 64 KiB or more, from a plain TCP
 // upstream goes from the upstream socket to the stream with splice(2), so
 // its bytes never enter the owner (counted in NodeStats.SplicedBodies);
@@ -65,8 +67,10 @@
 // body needs. Part of a body streams as it comes. Unlike net/http, and like
 // nginx's request buffering, the upstream sees the head of such a request
 // only once the client has sent some of its body. The owner reads a head no
-// further than the header limit and no later than the frame's deadline, and
-// caps the idle streams of each sibling process.
+// further than the header limit (1 MiB at least, net/http's server default)
+// and no later than the frame's deadline, and caps the idle streams of each
+// sibling process: a stream over the cap that brings no frame within 100ms
+// is refused (as busy, unasked) and closed.
 // Interim responses are relayed as they arrive; a 101 turns the stream into a
 // tunnel with half-close passed both ways, and both the stream and the
 // upstream connection leave their pools. A stream that sends a frame that

@@ -575,7 +575,11 @@ func (x *exchange) readError(err error, gotByte bool) error {
 	if cerr := ctxErr(x.req.Context()); cerr != nil {
 		return cerr
 	}
-	if errors.Is(err, errHeaderLimit) {
+	if errors.Is(err, errHeaderLimit) || c.lr.n <= 0 {
+		// The limit is used up: whatever parsing the head cut short
+		// made of it (a status line cut after "HTTP" is malformed, as
+		// bufio returns a last partial line without the error), the
+		// head was too large, as net/http reports it.
 		return &Error{Op: "read", Err: ErrHeaderTooLarge}
 	}
 	var pe *Error
@@ -663,27 +667,79 @@ var errRefusedBody = errors.New("request body not sent: the owner refused the re
 // untouched and can be sent again on another plan whatever the method.
 // Request.Write flushes the head before the first Read of a body it does not
 // know to be in memory, so blocking here is "write head, flush, wait", as
-// for 100-continue. The one Read that comes before the head is net/http's
-// probe of a body of unknown length in a GET-like request; it passes.
+// for 100-continue.
+//
+// The one Read that comes before the head is net/http's probe of a body of
+// unknown length in a GET-like request, which Request.Write would send, as
+// a first chunk flushed with the head, before it reads on: the probe gets
+// what it asks for (EOF for an empty body, which then goes without one), but
+// a byte it finds is held here, the probe told there is more to come, and
+// the byte sent with the rest once the owner accepts. An owner that refuses
+// the request then keeps the stream in step (it reads the head past, and
+// nothing else), and the byte goes back to the body for the next attempt.
 type acceptBody struct {
 	io.ReadCloser
 	x      *exchange
 	waited bool
+	// held is what the probe read, and heldErr the error it came with;
+	// wasUsed is whether the body had been read before the probe.
+	held    []byte
+	heldErr error
+	wasUsed bool
 }
 
 func (b *acceptBody) Read(p []byte) (int, error) {
 	if !b.waited {
 		x := b.x
 		if x.c.cw.n.Load() == x.written0 {
-			return b.ReadCloser.Read(p)
+			return b.probe(p)
 		}
 		b.waited = true
 		if !<-x.acceptRecv {
 			x.skipped.Store(true)
+			b.giveBack()
 			return 0, errRefusedBody
 		}
 	}
+	if len(b.held) > 0 {
+		n := copy(p, b.held)
+		b.held = b.held[n:]
+		if len(b.held) == 0 && b.heldErr != nil {
+			return n, b.heldErr
+		}
+		return n, nil
+	}
+	if b.heldErr != nil {
+		return 0, b.heldErr
+	}
 	return b.ReadCloser.Read(p)
+}
+
+// probe serves net/http's probe of the body before the head: see acceptBody.
+func (b *acceptBody) probe(p []byte) (int, error) {
+	if tb, ok := b.ReadCloser.(*trackBody); ok {
+		b.wasUsed = tb.used.Load()
+	}
+	n, err := b.ReadCloser.Read(p)
+	if n == 0 {
+		return 0, err
+	}
+	b.held = append(b.held, p[:n]...)
+	b.heldErr = err
+	// Neither a byte nor EOF: Request.Write goes on with the body as it
+	// is, chunked, as it does with a byte, and reads it after the head.
+	return 0, nil
+}
+
+// giveBack returns what the probe read to the body, when the body is not to
+// be sent on this stream: nothing of it went anywhere. A body that ended
+// with those bytes (EOF) ends again after them; one that failed is not
+// given back.
+func (b *acceptBody) giveBack() {
+	if tb, ok := b.ReadCloser.(*trackBody); ok && len(b.held) > 0 && (b.heldErr == nil || b.heldErr == io.EOF) {
+		tb.unread(b.held, b.wasUsed)
+		b.held, b.heldErr = nil, nil
+	}
 }
 
 // continueBody holds the request body back until the upstream answers

@@ -11,14 +11,35 @@ import (
 // lane still looks alive) costs a request one attempt, not all of them: the
 // request's later attempts keep off that owner's connections and make one
 // of their own within the budget. The owner here refuses every stream as
-// over its per-peer cap, which breaks each fresh stream the same way.
+// from a listener put at its socket's path in place of its own, which
+// accepts every stream and closes it unanswered. (An owner over its per-peer
+// cap of idle streams no longer breaks a fresh stream that brings its frame:
+// see serveConn.)
 func TestFreshStreamBrokenKeepsOffOwner(t *testing.T) {
 	u := newTestUpstream(t)
 	owner, client := budgetFleet(t, NodeOptions{}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
-	owner.node.srv.mu.Lock()
-	owner.node.srv.maxIdlePerPeer = 0
-	owner.node.srv.mu.Unlock()
 	warm(t, owner, u.url("/cl"))
+	path := SocketPath(SocketDir(owner.pool.Spec().Path), owner.pool.Lane())
+	owner.node.srv.ln.Close() // and the socket file with it
+	ln, err := listenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 
 	resp, err := get(t, context.Background(), client.tr, u.url("/cl"))
 	if err != nil {

@@ -155,6 +155,17 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	case hasBody && resp.ContentLength < 0 && !chunked:
 		hf |= headCloseDelimited
 		chunked = true
+		// Chunked, the sibling's reader would take the upstream's
+		// Trailer header as announcing trailers (and refuse the response
+		// for a key such as Content-Length), where net/http leaves it in
+		// the header of a body read to the close. It crosses under the
+		// leg's own name, never the upstream's, and fixResponse puts it
+		// back.
+		resp.Header.Del(relayedTrailerHeader)
+		if v, ok := resp.Header["Trailer"]; ok {
+			resp.Header[relayedTrailerHeader] = v
+			delete(resp.Header, "Trailer")
+		}
 	}
 	bw := r.bw
 	if h2 && resp.ContentLength >= 0 && hasBody {
@@ -224,6 +235,10 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	}
 	return true
 }
+
+// relayedTrailerHeader carries the Trailer header of a response whose body
+// runs to the upstream's close (headCloseDelimited) across the unix leg.
+const relayedTrailerHeader = "Orbit-Trailer"
 
 // writeStatusLine writes the upstream's status verbatim: net/http's reader
 // keeps everything after the version (left-trimmed) as Status, so writing it

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // peers keeps persistent unix streams to sibling processes: an idle list per
@@ -40,8 +42,12 @@ func newPeers(dir string, maxIdle int) *peers {
 	return &peers{dir: dir, maxIdle: maxIdle, idle: make(map[int][]*conn)}
 }
 
-// get returns an idle stream to lane's owner, or dials one.
-func (p *peers) get(ctx context.Context, lane int) (*conn, error) {
+// get returns an idle stream to lane's owner, the process of incarnation
+// owner, or dials one. A stream dialed for another incarnation of the lane
+// is closed instead: its process has left the lane, and what it may have
+// said before it went (a refusal as closing, unasked) is not the word of
+// the owner the lease names.
+func (p *peers) get(ctx context.Context, lane int, owner orbitpool.Incarnation) (*conn, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -54,7 +60,7 @@ func (p *peers) get(ctx context.Context, lane int) (*conn, error) {
 		// No liveness probe: a write to a unix stream whose owner has gone
 		// fails at once with EPIPE, before any byte is taken, and that is
 		// retry-safe; a probe would only cost a syscall per request.
-		if time.Since(c.idleAt) < peerIdleTimeout && !c.closed.Load() {
+		if c.peerOwner == owner && time.Since(c.idleAt) < peerIdleTimeout && !c.closed.Load() {
 			return c, nil
 		}
 		c.close()
@@ -65,7 +71,9 @@ func (p *peers) get(ctx context.Context, lane int) (*conn, error) {
 	if err != nil {
 		return nil, &Error{Op: "dial owner", RetrySafe: true, ownerDown: true, Err: fmt.Errorf("%w: %w", ErrOwnerGone, err)}
 	}
-	return newConn(uc, uc), nil
+	c := newConn(uc, uc)
+	c.peerOwner = owner
+	return c, nil
 }
 
 func (p *peers) put(lane int, c *conn, o outcome) {
@@ -133,7 +141,11 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 	}
 	orig := req
 	req, withHead := withBodyAhead(req)
-	c, err := p.get(ctx, lane)
+	var l orbitpool.Lease
+	if l.UnmarshalBinary(lease) != nil {
+		l.Owner = 0 // not a lease the owner will take: any stream will do to be told so
+	}
+	c, err := p.get(ctx, lane, l.Owner)
 	if err != nil {
 		return nil, err
 	}
@@ -251,6 +263,10 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 	}
 	if f&headCloseDelimited != 0 {
 		resp.TransferEncoding = nil
+		if v, ok := resp.Header[relayedTrailerHeader]; ok && f&headProto2 == 0 {
+			delete(resp.Header, relayedTrailerHeader)
+			resp.Header["Trailer"] = v
+		}
 	}
 	resp.Close = f&headClose != 0
 	if f&headProto2 != 0 {

@@ -787,7 +787,8 @@ func TestOwnerBoundsPeerHead(t *testing.T) {
 }
 
 // TestOwnerCapsIdleStreamsPerPeer: a sibling cannot make the owner hold more
-// idle streams than the cap; those beyond it are closed at once.
+// idle streams than the cap; those beyond it are closed at once, with a
+// refusal (busy) for a frame the sibling may have sent on them already.
 func TestOwnerCapsIdleStreamsPerPeer(t *testing.T) {
 	const limit, opened = 4, 12
 	path := startFakeOwner(t, &countingAcceptor{limit: 64 << 10}, func(s *server) { s.maxIdlePerPeer = limit })
@@ -803,8 +804,14 @@ func TestOwnerCapsIdleStreamsPerPeer(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			c.SetReadDeadline(time.Now().Add(time.Second))
-			if _, err := c.Read(make([]byte, 1)); err == io.EOF {
-				closed.Add(1)
+			b, err := io.ReadAll(c)
+			if err != nil {
+				return // still open: within the cap
+			}
+			closed.Add(1)
+			f, ferr := readFrame(bufio.NewReader(bytes.NewReader(b)), respHeaderLen, decodeResponseFrame)
+			if ferr != nil || f.typ != frameReject || f.code != rejectOverload {
+				t.Errorf("a stream over the cap got %q (%+v, %v) before it closed, want a refusal as busy", b, f, ferr)
 			}
 		}()
 	}

@@ -34,8 +34,9 @@ type acceptor interface {
 // connection exactly once, or the execution abandoned. Either way it
 // completes itself, which is what gives the capacity back.
 type execution interface {
-	// maxHeaderBytes bounds the request head the owner reads for it: the
-	// header limit of the Transport that made the connection.
+	// maxHeaderBytes is the header limit of the Transport that made the
+	// connection, which bounds the request head the owner reads for it
+	// (see peerHeadLimit).
 	maxHeaderBytes() int64
 	// roundTrip runs req; stopBody makes a pending read of its body return.
 	roundTrip(req *http.Request, stopBody func()) (*http.Response, error)
@@ -199,6 +200,15 @@ const leavingWriteWait = 10 * time.Millisecond
 // leavingFrame is that refusal.
 var leavingFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectClosing, msg: errOwnerLeaving.Error()})
 
+// idleCapGrace is how long a stream over its peer's cap of idle streams
+// may take to bring its next frame before it is closed (see serveConn).
+const idleCapGrace = 100 * time.Millisecond
+
+// idleCapFrame is the refusal a stream over its peer's idle cap gets as it
+// closes (see serveConn).
+var idleCapFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectOverload,
+	msg: "owner busy: too many idle streams from one peer"})
+
 func (s *server) refuse(c net.Conn) {
 	c.SetWriteDeadline(time.Now().Add(leavingWriteWait))
 	c.Write(leavingFrame)
@@ -291,21 +301,36 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 	// which would otherwise cost an allocation per frame.
 	var f requestFrame
 	for {
-		if !s.idle(pid, true) {
-			s.log.Info("peer stream closed: too many idle streams from one peer",
-				zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
-			return
+		// A stream over the peer's cap of idle streams gets a moment to
+		// bring its next frame, as one between two exchanges of a burst
+		// does at once; it does not count, and then it goes.
+		counted := s.idle(pid, true)
+		d := wait
+		if !counted {
+			d = min(d, idleCapGrace)
 		}
 		// The deadline stays until readPeerHead replaces it: nothing
 		// reads the stream before then, and every exchange, refused or
 		// not, reads its request head.
-		nc.SetReadDeadline(time.Now().Add(wait))
+		nc.SetReadDeadline(time.Now().Add(d))
 		var err error
 		f, err = readFrame(br, reqHeaderLen, decodeRequestFrame)
-		s.idle(pid, false)
+		if counted {
+			s.idle(pid, false)
+		}
 		wait = 2 * peerIdleTimeout
 		if err != nil {
 			switch {
+			case !counted && errors.Is(err, os.ErrDeadlineExceeded):
+				s.log.Info("peer stream closed: too many idle streams from one peer",
+					zap.Int32("pid", pid), zap.Int("max", s.maxIdlePerPeer))
+				// The peer may be sending its next frame on it: refused,
+				// unasked, the request goes elsewhere, as on a draining
+				// owner's streams (see close), rather than be lost with
+				// the stream, which would leave the peer unable to tell
+				// whether it was acted on.
+				nc.SetWriteDeadline(time.Now().Add(leavingWriteWait))
+				nc.Write(idleCapFrame)
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 				// The peer left, we are closing, or the stream sat idle.
 			default:
@@ -514,6 +539,14 @@ func (s *server) budget(dl time.Time) (*governor.LeaseSet, uint16, error) {
 	return nil, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, time.Since(start).Round(time.Millisecond))
 }
 
+// peerHeadLimit bounds a sibling's request head, given the header limit of
+// the Transport that made the connection: that limit is the responses', and
+// may be set far below what a request head takes (a large cookie), which
+// the sibling's own server accepted and the local path sends as it is.
+// The bound is never less than net/http's server default, which is also
+// Caddy's.
+func peerHeadLimit(limit int64) int64 { return max(limit, http.DefaultMaxHeaderBytes) }
+
 // ownerStreamBytes is what a sibling's exchange holds on the owner besides
 // its buffers' growth: one exchange buffer and the peer stream's own bufio
 // buffers.
@@ -569,13 +602,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
 	// The head is bounded by the header limit of the Transport that made
-	// the connection, and by the frame's deadline.
-	req, err := readPeerHead(nc, lr, br, deadline, exec.maxHeaderBytes())
+	// the connection (see peerHeadLimit), and by the frame's deadline.
+	limit := peerHeadLimit(exec.maxHeaderBytes())
+	req, err := readPeerHead(nc, lr, br, deadline, limit)
 	if err != nil {
 		exec.abandon()
 		switch {
 		case errors.Is(err, errHeaderLimit):
-			s.log.Info("request head from peer over the header limit", zap.Int64("limit", exec.maxHeaderBytes()))
+			s.log.Info("request head from peer over the header limit", zap.Int64("limit", limit))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.log.Info("request head from peer not complete by its deadline")
 		default:

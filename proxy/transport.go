@@ -17,6 +17,8 @@ import (
 	"github.com/orbitproxy/orbit/backpressure"
 	"github.com/orbitproxy/orbit/governor"
 	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 )
 
@@ -28,8 +30,15 @@ type Transport struct {
 	Node *Node
 
 	// TLSClientConfig is used for https upstreams: its certificates are the
-	// client identity and go into the Key. Sessions are resumed from a cache
-	// shared by the Transport's connections unless it brings its own.
+	// client identity and go into the Key, with ServerName and
+	// InsecureSkipVerify. Nothing else of it does: a request may be served
+	// on a connection another Transport of the fleet (or of this process)
+	// dialed and verified under its own config for the same Key. Put what
+	// distinguishes how a Transport verifies its upstream (RootCAs,
+	// VerifyPeerCertificate, VerifyConnection, versions, cipher suites)
+	// into KeyExtra, as the Caddy module does with its TLS settings.
+	// Sessions are resumed from a cache shared by the Transport's
+	// connections unless it brings its own.
 	TLSClientConfig *tls.Config
 	// DialTimeout bounds a TCP connect plus TLS handshake. Default 10s.
 	DialTimeout time.Duration
@@ -265,6 +274,35 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody()
 		return nil, errors.New("proxy: Request.RequestURI can't be set in client requests")
 	}
+	// As net/http's Transport: Request.Write writes the method as it is,
+	// so that one with a space or CRLF in it would put a request line, or
+	// a whole request, of the caller's making on the connection; it would
+	// drop a field of an invalid name, and send a value with control bytes
+	// as it is, to the upstream, or to an owner whose parser refuses it.
+	if req.Method != "" && !httpguts.ValidHeaderFieldName(req.Method) { // a token, as a field name is
+		closeBody()
+		return nil, fmt.Errorf("proxy: invalid method %q", req.Method)
+	}
+	// Request.Write refuses a request line with control bytes, but only once
+	// a connection or a stream is taken, which the failed write then tears
+	// down, on every retry.
+	if strings.ContainsFunc(req.URL.RequestURI(), func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		closeBody()
+		return nil, errors.New("proxy: can't write control character in Request.URL")
+	}
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			closeBody()
+			return nil, fmt.Errorf("proxy: invalid header field name %q", k)
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				closeBody()
+				// Not the value, which may be sensitive.
+				return nil, fmt.Errorf("proxy: invalid header field value for %q", k)
+			}
+		}
+	}
 	e, err := t.upstream(req)
 	if err != nil {
 		closeBody()
@@ -272,7 +310,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	r := req
 	if req.Body != nil && req.Body != http.NoBody {
-		tb = &trackBody{rc: req.Body}
+		tb = &trackBody{rc: req.Body, log: t.Node.log}
 		r = shallowWithBody(req, tb)
 		if ReadsAhead(req) {
 			// Before anything is held: no connection, lease or permit
@@ -333,6 +371,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if release != nil {
 			release()
+		}
+		if tb != nil {
+			if p := tb.perr.Load(); p != nil {
+				// The body panicked: that, rather than what it did to
+				// the exchange, is the request's error.
+				err = &Error{Op: "write", Err: *p}
+			}
 		}
 		closeBody()
 		if cerr := ctx.Err(); cerr != nil && !isContextErr(err) {
@@ -640,6 +685,10 @@ type trackBody struct {
 	rc     io.ReadCloser
 	used   atomic.Bool
 	closed atomic.Bool
+	// log receives the stack of a panic in rc's Read, and perr is that
+	// panic as an error (see read).
+	log  *zap.Logger
+	perr atomic.Pointer[error]
 	// ahead is what readAhead took of the body before any attempt read
 	// it; attempts read it first (from off), then rc. whole: it is all of
 	// the body, rc is closed, and every attempt may send it again.
@@ -671,7 +720,31 @@ func (b *trackBody) Read(p []byte) (int, error) {
 	if b.whole {
 		return 0, io.EOF
 	}
+	return b.read(p)
+}
+
+// read is rc's Read with a panic turned into its error, logged once with its
+// stack: the body is read by goroutines that recover nothing, net/http's
+// probe of a body of unknown length in a GET-like request among them, and a
+// panic there would end the process rather than the exchange.
+func (b *trackBody) read(p []byte) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			perr := recovered(b.log, "request body", r)
+			b.perr.CompareAndSwap(nil, &perr)
+			n, err = 0, perr
+		}
+	}()
 	return b.rc.Read(p)
+}
+
+// unread gives back p, which an attempt read of the body and sent nowhere
+// (see acceptBody): the next Read returns it first, and the body counts as
+// used only if it did before that attempt read p.
+func (b *trackBody) unread(p []byte, used bool) {
+	b.ahead = append(append([]byte(nil), p...), b.ahead[b.off:]...)
+	b.off = 0
+	b.used.Store(used)
 }
 
 func (b *trackBody) Close() error {
@@ -809,7 +882,7 @@ func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, b
 	if gerr != nil {
 		return nil, false
 	}
-	return shallowWithBody(orig, &trackBody{rc: body}), true
+	return shallowWithBody(orig, &trackBody{rc: body, log: tb.log}), true
 }
 
 func isReplayable(r *http.Request) bool {
