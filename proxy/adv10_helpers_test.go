@@ -54,51 +54,23 @@ func newAdv10Upstream(t *testing.T, withTLS bool, answer adv10Answer) *adv10Upst
 		ln = tls.NewListener(ln, cfg)
 		u.base = "https://" + ln.Addr().String()
 	}
-	var mu sync.Mutex
-	var open []net.Conn
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
+	serveConns(t, ln, func(c net.Conn, id int) {
+		u.conns.Add(1)
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(c)
+		for n := 1; ; n++ {
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			id := int(u.conns.Add(1))
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(20 * time.Second))
-				br := bufio.NewReader(c)
-				for n := 1; ; n++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					u.mu.Lock()
-					u.seen = append(u.seen, fmt.Sprintf("c%d %s %s", id, req.Method, req.URL.Path))
-					u.mu.Unlock()
-					if !answer(c, br, req, id, n) {
-						return
-					}
-				}
-			}()
+			u.mu.Lock()
+			u.seen = append(u.seen, fmt.Sprintf("c%d %s %s", id, req.Method, req.URL.Path))
+			u.mu.Unlock()
+			if !answer(c, br, req, id, n) {
+				return
+			}
 		}
-	}()
+	})
 	return u
 }
 

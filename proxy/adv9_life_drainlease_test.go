@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv9LifeDrainRacesLease: a sibling holds a lease on the owner's one
@@ -22,13 +24,21 @@ import (
 // upstream (silent after our half-close) holds its side open, about
 // closeWait, and not a moment less, the refusal must not wait for that, and
 // every unit must come back.
-func TestAdv9LifeDrainRacesLease(t *testing.T) {
+func TestAdv9LifeDrainRacesLease(t *testing.T) { testDrainRacesLease(t, false) }
+
+// TestAdv9LifeDrainRacesLocalUse is TestAdv9LifeDrainRacesLease for the
+// owner's own request, which takes its idle connection up the same way
+// (Shutdown aside: it ends the node the request runs on).
+func TestAdv9LifeDrainRacesLocalUse(t *testing.T) { testDrainRacesLease(t, true) }
+
+func testDrainRacesLease(t *testing.T, local bool) {
 	drains := []struct {
-		name  string
-		drain func(owner *member, oc *owned) // runs in the hook, before take
+		name   string
+		remote bool                           // only for a sibling's request
+		drain  func(owner *member, oc *owned) // runs in the hook, before take
 	}{
-		{"CloseIdleConnections", func(owner *member, oc *owned) { owner.tr.CloseIdleConnections() }},
-		{"Shutdown", func(owner *member, oc *owned) {
+		{"CloseIdleConnections", false, func(owner *member, oc *owned) { owner.tr.CloseIdleConnections() }},
+		{"Shutdown", true, func(owner *member, oc *owned) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				defer cancel()
@@ -40,44 +50,21 @@ func TestAdv9LifeDrainRacesLease(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 		}},
-		{"sweep", func(owner *member, oc *owned) {
+		{"sweep", false, func(owner *member, oc *owned) {
 			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
 			owner.node.sweepOnce()
 		}},
-		{"take finds it expired", func(owner *member, oc *owned) {
+		{"take finds it expired", false, func(owner *member, oc *owned) {
 			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
 		}},
 	}
 	for _, useTLS := range []bool{false, true} {
 		for _, d := range drains {
+			if local && d.remote {
+				continue
+			}
 			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, d.name), func(t *testing.T) {
-				drainRacesLease(t, useTLS, false, d.drain)
-			})
-		}
-	}
-}
-
-// TestAdv9LifeDrainRacesLocalUse is TestAdv9LifeDrainRacesLease for the
-// owner's own request, which takes its idle connection up the same way
-// (Shutdown aside: it ends the node the request runs on).
-func TestAdv9LifeDrainRacesLocalUse(t *testing.T) {
-	drains := []struct {
-		name  string
-		drain func(owner *member, oc *owned)
-	}{
-		{"CloseIdleConnections", func(owner *member, oc *owned) { owner.tr.CloseIdleConnections() }},
-		{"sweep", func(owner *member, oc *owned) {
-			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
-			owner.node.sweepOnce()
-		}},
-		{"take finds it expired", func(owner *member, oc *owned) {
-			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
-		}},
-	}
-	for _, useTLS := range []bool{false, true} {
-		for _, d := range drains {
-			t.Run(fmt.Sprintf("tls=%v/%s", useTLS, d.name), func(t *testing.T) {
-				drainRacesLease(t, useTLS, true, d.drain)
+				drainRacesLease(t, useTLS, local, d.drain)
 			})
 		}
 	}
@@ -194,16 +181,10 @@ func drainRacesLease(t *testing.T, useTLS, local bool, drain func(owner *member,
 
 	// The drained connection's unit: held while the upstream keeps its side
 	// open (a second, here), up to closeWait.
-	for {
-		if _, err := owner.pool.Capacity(id); err != nil {
-			break
-		}
-		if time.Since(drainStart) > 3*time.Second {
-			t.Fatalf("the drained connection still holds its unit %v after the drain", time.Since(drainStart))
-		}
-		time.Sleep(time.Millisecond)
-	}
-	if held := time.Since(drainStart); held < closeWait*4/5 {
+	switch held := unitHeld(owner, id, drainStart); {
+	case held < 0:
+		t.Fatal("the drained connection still holds its unit 3s after the drain")
+	case held < closeWait*4/5:
 		t.Errorf("the drained connection gave its unit back %v after the drain, before the upstream closed its side (closeWait %v)", held, closeWait)
 	}
 
@@ -273,14 +254,7 @@ func drainWhileProbing(t *testing.T, drain func(*Node)) {
 	start := time.Now()
 	drain(owner.node)
 	<-probed
-	held := time.Duration(-1)
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if _, err := owner.pool.Capacity(oc.id); err != nil {
-			held = time.Since(start)
-			break
-		}
-	}
-	switch {
+	switch held := unitHeld(owner, oc.id, start); {
 	case held < 0:
 		t.Fatal("the connection the sweep was probing still holds its unit 3s after the drain began")
 	case held < closeWait*4/5:
@@ -350,17 +324,21 @@ func TestAdv9LifeShutdownAbandonedLease(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	held := time.Duration(-1)
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if _, err := owner.pool.Capacity(oc.id); err != nil {
-			held = time.Since(start)
-			break
-		}
-	}
-	switch {
+	switch held := unitHeld(owner, oc.id, start); {
 	case held < 0:
 		t.Fatal("the abandoned connection still holds its unit 3s after Shutdown")
 	case held < closeWait*4/5:
 		t.Errorf("the connection of a lease abandoned during Shutdown gave its unit back %v after, before the upstream closed its side (closeWait %v)", held, closeWait)
 	}
+}
+
+// unitHeld waits up to 3s for resource id of owner to leave the pool, and
+// returns how long after start it left, or -1.
+func unitHeld(owner *member, id orbitpool.ResourceID, start time.Time) time.Duration {
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := owner.pool.Capacity(id); err != nil {
+			return time.Since(start)
+		}
+	}
+	return -1
 }

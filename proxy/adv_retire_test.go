@@ -61,87 +61,59 @@ func startRetireUpstream(t testing.TB, mode string, useTLS bool) *retireUpstream
 		u.url = "https://" + ln.Addr().String()
 	}
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	t.Cleanup(func() {
-		ln.Close()
-		close(stop)
-		mu.Lock()
-		for c := range conns {
-			c.Close()
+	serveConns(t, ln, func(raw net.Conn, _ int) {
+		u.accepted.Add(1)
+		u.open.Add(1)
+		defer func() {
+			raw.Close() // before the count drops: tests read it as closed
+			u.open.Add(-1)
+		}()
+		c := raw
+		if cfg != nil {
+			c = tls.Server(raw, cfg)
 		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+		br := bufio.NewReader(c)
 		for {
-			raw, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
+				if err != io.EOF {
+					return
+				}
+				u.eofs.Add(1)
+				switch mode {
+				case onEOFSilent:
+					select {
+					case <-time.After(time.Second):
+					case <-stop:
+					}
+				case onEOFFlood:
+					buf := make([]byte, 16<<10)
+					for i := range buf {
+						buf[i] = 'x'
+					}
+					c.SetWriteDeadline(time.Now().Add(3 * time.Second))
+					for {
+						if _, err := c.Write(buf); err != nil {
+							break
+						}
+					}
+				case onEOFRST:
+					raw.(*net.TCPConn).SetLinger(0)
+				}
 				return
 			}
-			u.accepted.Add(1)
-			u.open.Add(1)
-			mu.Lock()
-			conns[raw] = true
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() {
-					raw.Close()
-					u.open.Add(-1)
-					mu.Lock()
-					delete(conns, raw)
-					mu.Unlock()
-				}()
-				c := raw
-				if cfg != nil {
-					c = tls.Server(raw, cfg)
-				}
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						if err != io.EOF {
-							return
-						}
-						u.eofs.Add(1)
-						switch mode {
-						case onEOFSilent:
-							select {
-							case <-time.After(time.Second):
-							case <-stop:
-							}
-						case onEOFFlood:
-							buf := make([]byte, 16<<10)
-							for i := range buf {
-								buf[i] = 'x'
-							}
-							c.SetWriteDeadline(time.Now().Add(3 * time.Second))
-							for {
-								if _, err := c.Write(buf); err != nil {
-									break
-								}
-							}
-						case onEOFRST:
-							raw.(*net.TCPConn).SetLinger(0)
-						}
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					if req.URL.Path == "/slow" {
-						time.Sleep(300 * time.Millisecond)
-					}
-					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
-						return
-					}
-				}
-			}()
+			io.Copy(io.Discard, req.Body)
+			if req.URL.Path == "/slow" {
+				time.Sleep(300 * time.Millisecond)
+			}
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return
+			}
 		}
-	}()
+	})
+	// Registered after serveConns's, so run before it: a silent handler
+	// waits on stop.
+	t.Cleanup(func() { close(stop) })
 	return u
 }
 

@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -132,4 +134,50 @@ func pairWithIdleStream(t *testing.T, u *testUpstream) (owner, client *member) {
 		t.Fatalf("no idle stream kept: %+v", client.node.Stats())
 	}
 	return owner, client
+}
+
+// serveConns accepts on ln until the test ends and runs handle for each
+// connection, numbered from 1 in the order accepted, in a goroutine of its
+// own; the connection is closed when handle returns. At cleanup it closes
+// ln and every connection still open, and waits for the handlers.
+func serveConns(t testing.TB, ln net.Listener, handle func(c net.Conn, id int)) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		open = map[net.Conn]bool{}
+		wg   sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for id := 1; ; id++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			open[c] = true
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() {
+					c.Close()
+					mu.Lock()
+					delete(open, c)
+					mu.Unlock()
+				}()
+				handle(c, id)
+			}()
+		}
+	}()
 }
