@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/internal/grpcmsg"
+)
+
+// TestAdv11H2RetireUnderLoad: HTTP/2 connections retire in good order while
+// streams keep starting on them, from the owner and from a sibling through
+// it: the idle timeout (1ms, so every gap between streams ends a
+// connection at the next sweep) and CloseIdleConnections every 2ms. A
+// stream that starts as its connection retires is refused retry-safe and
+// sent again: no request fails. Once the load stops every connection leaves
+// the pool, and the goroutines and descriptors of the retirements are gone.
+func TestAdv11H2RetireUnderLoad(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	owner, client := remotePair(t, func(tr *Transport) {
+		tr.H2C = true
+		tr.IdleConnTimeout = time.Millisecond
+	})
+	key := mustKey(t, owner.tr, up.url)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	for i := range 4 {
+		m := []*member{owner, client}[i%2]
+		wg.Go(func() {
+			for j := 0; ctx.Err() == nil; j++ {
+				// Gaps between streams, of a few sweeps' ticks at most.
+				time.Sleep(time.Duration(j%4) * time.Millisecond)
+				req := grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("hello"))))
+				resp, err := m.tr.RoundTrip(req)
+				if err == nil {
+					var p []byte
+					p, err = grpcmsg.Read(resp.Body)
+					resp.Body.Close()
+					if err == nil && string(p) != "hello" {
+						err = errString("echoed " + string(p))
+					}
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					continue
+				}
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			owner.tr.CloseIdleConnections()
+			client.tr.CloseIdleConnections()
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of %d requests failed while connections retired; first: %v", n, n+ok.Load(), firstErr.Load())
+	}
+	if ok.Load() == 0 {
+		t.Fatal("no request succeeded")
+	}
+	t.Logf("%d requests, %d connections dialed", ok.Load(), up.conns.Load())
+
+	// Then nothing of the retirements is left: no connection in the pool,
+	// no socket to the upstream open here (TIME_WAIT holds none), no
+	// retirement's goroutine and no ClientConn's read loop.
+	_, port, _ := net.SplitHostPort(up.ln.Addr().String())
+	// A descriptor left open is closed by the garbage collector in the
+	// end: a retirement has 1s, four times closeWait, to close its own.
+	start := time.Now()
+	deadline := start.Add(5 * time.Second)
+	for {
+		owner.tr.CloseIdleConnections()
+		c, _ := owner.pool.Candidates(key, nil)
+		socks := adv11Sockets(t, port)
+		dead := adv11DeadSockets(t)
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		retiring := strings.Count(stacks, "retireH2InOrder")
+		readLoops := strings.Count(stacks, "http2.(*clientConnReadLoop).run")
+		if len(c) == 0 && socks == 0 && dead == 0 && retiring == 0 && readLoops == 0 {
+			break
+		}
+		if time.Now().After(deadline) || dead > 0 && time.Since(start) > 4*closeWait {
+			t.Fatalf("after the load: %d connections still in the pool %+v, %d sockets to the upstream open, %d descriptors of closed sockets, %d retirements and %d read loops running", len(c), c, socks, dead, retiring, readLoops)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// adv11DeadSockets counts this process's descriptors of sockets the kernel
+// lists nowhere (TCP, TCP6, unix): TCP sockets closed at both ends whose
+// descriptor was never closed.
+func adv11DeadSockets(t *testing.T) int {
+	t.Helper()
+	known := map[string]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6", "/proc/net/unix"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			switch {
+			case strings.HasSuffix(f, "unix") && len(fs) >= 7:
+				known[fs[6]] = true
+			case len(fs) >= 10:
+				known[fs[9]] = true
+			}
+		}
+	}
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	n := 0
+	for _, e := range es {
+		l, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil || !strings.HasPrefix(l, "socket:[") {
+			continue
+		}
+		if !known[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] {
+			n++
+		}
+	}
+	return n
+}
+
+// adv11Sockets counts this host's TCP sockets with port as their remote
+// port in a state other than TIME_WAIT and LISTEN: the client ends of
+// connections to a loopback upstream.
+func adv11Sockets(t *testing.T, port string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	p, _ := strconv.Atoi(port)
+	want := fmt.Sprintf(":%04X", p)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasSuffix(f[2], want) {
+			continue
+		}
+		if f[3] != "06" && f[3] != "0A" {
+			n++
+		}
+	}
+	return n
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
