@@ -3,8 +3,13 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"runtime"
 	"strconv"
@@ -25,12 +30,73 @@ import (
 // sent again: no request fails. Once the load stops every connection leaves
 // the pool, and the goroutines and descriptors of the retirements are gone.
 func TestAdv11H2RetireUnderLoad(t *testing.T) {
-	up := newH2Upstream(t, 100)
+	t.Run("h2c", func(t *testing.T) {
+		up := newH2Upstream(t, 100)
+		defer func() { t.Logf("%d connections dialed", up.conns.Load()) }()
+		adv11RetireUnderLoad(t, up.url, up.ln.Addr().String(), h2cConf, func(m *member) error {
+			req := grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("hello"))))
+			resp, err := m.tr.RoundTrip(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			p, err := grpcmsg.Read(resp.Body)
+			if err == nil && string(p) != "hello" {
+				err = errString("echoed " + string(p))
+			}
+			return err
+		})
+	})
+	t.Run("tls", func(t *testing.T) {
+		ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			if r.ProtoMajor != 2 {
+				http.Error(w, "want HTTP/2", http.StatusHTTPVersionNotSupported)
+				return
+			}
+			w.Write(b)
+		}))
+		var conns atomic.Int64
+		ts.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				conns.Add(1)
+			}
+		}
+		ts.EnableHTTP2 = true
+		ts.StartTLS()
+		defer func() { t.Logf("%d connections dialed", conns.Load()) }()
+		t.Cleanup(ts.Close)
+		roots := x509.NewCertPool()
+		roots.AddCert(ts.Certificate())
+		conf := func(tr *Transport) {
+			tr.HTTP2 = true
+			tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		}
+		adv11RetireUnderLoad(t, ts.URL, ts.Listener.Addr().String(), conf, func(m *member) error {
+			req, err := http.NewRequest("POST", ts.URL+"/", strings.NewReader("hello"))
+			if err != nil {
+				return err
+			}
+			resp, err := m.tr.RoundTrip(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil && (resp.StatusCode != 200 || string(b) != "hello") {
+				err = errString(fmt.Sprintf("%s %d %q", resp.Proto, resp.StatusCode, b))
+			}
+			return err
+		})
+	})
+}
+
+func adv11RetireUnderLoad(t *testing.T, url, addr string, conf func(*Transport), do func(*member) error) {
 	owner, client := remotePair(t, func(tr *Transport) {
-		tr.H2C = true
+		conf(tr)
 		tr.IdleConnTimeout = time.Millisecond
 	})
-	key := mustKey(t, owner.tr, up.url)
+	key := mustKey(t, owner.tr, url)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
 	defer cancel()
@@ -43,16 +109,7 @@ func TestAdv11H2RetireUnderLoad(t *testing.T) {
 			for j := 0; ctx.Err() == nil; j++ {
 				// Gaps between streams, of a few sweeps' ticks at most.
 				time.Sleep(time.Duration(j%4) * time.Millisecond)
-				req := grpcReq(t, context.Background(), up.url+"/unary", bytes.NewReader(grpcmsg.Frame([]byte("hello"))))
-				resp, err := m.tr.RoundTrip(req)
-				if err == nil {
-					var p []byte
-					p, err = grpcmsg.Read(resp.Body)
-					resp.Body.Close()
-					if err == nil && string(p) != "hello" {
-						err = errString("echoed " + string(p))
-					}
-				}
+				err := do(m)
 				if err != nil {
 					failed.Add(1)
 					firstErr.CompareAndSwap(nil, err)
@@ -76,12 +133,12 @@ func TestAdv11H2RetireUnderLoad(t *testing.T) {
 	if ok.Load() == 0 {
 		t.Fatal("no request succeeded")
 	}
-	t.Logf("%d requests, %d connections dialed", ok.Load(), up.conns.Load())
+	t.Logf("%d requests", ok.Load())
 
 	// Then nothing of the retirements is left: no connection in the pool,
 	// no socket to the upstream open here (TIME_WAIT holds none), no
 	// retirement's goroutine and no ClientConn's read loop.
-	_, port, _ := net.SplitHostPort(up.ln.Addr().String())
+	_, port, _ := net.SplitHostPort(addr)
 	// A descriptor left open is closed by the garbage collector in the
 	// end: a retirement has 1s, four times closeWait, to close its own.
 	start := time.Now()
