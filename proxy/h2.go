@@ -310,7 +310,7 @@ func (n *Node) syncH2(hc *h2conn) {
 		return
 	case st.Closing, hc.isDraining(), n.draining.Load(), n.overCap(hc.key),
 		hc.s.maxLifetime > 0 && time.Since(hc.created) >= hc.s.maxLifetime,
-		hc.s.idleTimeout > 0 && hc.active.Load() == 0 && sinceStart(time.Now())-hc.idleAt.Load() >= int64(hc.s.idleTimeout):
+		hc.idleExpired():
 		n.drainH2(hc)
 		return
 	}
@@ -330,10 +330,16 @@ func (n *Node) syncH2(hc *h2conn) {
 	hc.capacity = c
 }
 
+// idleExpired reports whether hc has run no stream for its idle timeout.
+func (hc *h2conn) idleExpired() bool {
+	return hc.s.idleTimeout > 0 && hc.active.Load() == 0 && sinceStart(time.Now())-hc.idleAt.Load() >= int64(hc.s.idleTimeout)
+}
+
 // usable reports whether hc may start a stream now; a connection that
-// cannot is drained.
+// cannot is drained. One idle past its timeout cannot, whenever the sweep
+// next runs (the ClientConn, which has no idle timeout, would take it).
 func (n *Node) usableH2(hc *h2conn) bool {
-	if hc.cc.CanTakeNewRequest() {
+	if hc.cc.CanTakeNewRequest() && !hc.idleExpired() {
 		return true
 	}
 	n.syncH2(hc)
