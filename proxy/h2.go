@@ -253,6 +253,12 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 	go func() {
 		defer n.closing.Done()
 		deadline := time.Now().Add(closeWait)
+		// A write of the ClientConn's blocked in the socket (an upstream
+		// that stopped reading) holds the TLS connection's write lock,
+		// which close_notify waits for: the socket closed at the
+		// deadline ends both.
+		force := time.AfterFunc(closeWait, func() { w.Conn.Close() })
+		defer force.Stop()
 		sent := hc.c.closeWrite()
 		if hc.c.raw != hc.c.nc {
 			if err := closeWrite(hc.c.raw); sent != nil {
