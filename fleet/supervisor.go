@@ -670,11 +670,7 @@ func (s *supervisor) reloaded(ev event) {
 	case refused && !s.retryDue:
 		// Some workers refused the configuration the fleet runs: ask
 		// them again later, for as long as they refuse it.
-		lo := s.retryMin
-		if lo == 0 {
-			lo = retryRefusedMin
-		}
-		s.retryDelay = min(max(2*s.retryDelay, lo), retryRefusedMax)
+		s.retryDelay = min(max(2*s.retryDelay, s.retryLow()), retryRefusedMax)
 		s.retryDue = true
 		s.log.Warn("workers refused the fleet's configuration; trying them again", zap.Duration("in", s.retryDelay))
 		time.AfterFunc(s.retryDelay, func() { s.events <- event{kind: evRetryRefused} })
@@ -683,13 +679,24 @@ func (s *supervisor) reloaded(ev event) {
 	}
 }
 
+// retryLow is the first delay of a retry (see retryDelay).
+func (s *supervisor) retryLow() time.Duration {
+	if s.retryMin > 0 {
+		return s.retryMin
+	}
+	return retryRefusedMin
+}
+
 // retryRefused loads the fleet's configuration again into the ready workers
 // that refused it (see reloaded). While a reload is under way it waits its
 // turn again: the reload may change what they are to run.
 func (s *supervisor) retryRefused() {
 	if s.reloading {
+		// Not at once: a reload every worker accepted since the retry
+		// was armed reset retryDelay to 0, and a retry re-armed with it
+		// would spin the loop until this reload ends.
 		s.retryDue = true
-		time.AfterFunc(s.retryDelay, func() { s.events <- event{kind: evRetryRefused} })
+		time.AfterFunc(max(s.retryDelay, s.retryLow()), func() { s.events <- event{kind: evRetryRefused} })
 		return
 	}
 	for _, w := range s.workers {

@@ -253,6 +253,12 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 	go func() {
 		defer n.closing.Done()
 		deadline := time.Now().Add(closeWait)
+		// A write of the ClientConn's blocked in the socket (an upstream
+		// that stopped reading) holds the TLS connection's write lock,
+		// which close_notify waits for: the socket closed at the
+		// deadline ends both.
+		force := time.AfterFunc(closeWait, func() { w.Conn.Close() })
+		defer force.Stop()
 		sent := hc.c.closeWrite()
 		if hc.c.raw != hc.c.nc {
 			if err := closeWrite(hc.c.raw); sent != nil {
@@ -310,7 +316,7 @@ func (n *Node) syncH2(hc *h2conn) {
 		return
 	case st.Closing, hc.isDraining(), n.draining.Load(), n.overCap(hc.key),
 		hc.s.maxLifetime > 0 && time.Since(hc.created) >= hc.s.maxLifetime,
-		hc.s.idleTimeout > 0 && hc.active.Load() == 0 && sinceStart(time.Now())-hc.idleAt.Load() >= int64(hc.s.idleTimeout):
+		hc.idleExpired():
 		n.drainH2(hc)
 		return
 	}
@@ -330,10 +336,16 @@ func (n *Node) syncH2(hc *h2conn) {
 	hc.capacity = c
 }
 
+// idleExpired reports whether hc has run no stream for its idle timeout.
+func (hc *h2conn) idleExpired() bool {
+	return hc.s.idleTimeout > 0 && hc.active.Load() == 0 && sinceStart(time.Now())-hc.idleAt.Load() >= int64(hc.s.idleTimeout)
+}
+
 // usable reports whether hc may start a stream now; a connection that
-// cannot is drained.
+// cannot is drained. One idle past its timeout cannot, whenever the sweep
+// next runs (the ClientConn, which has no idle timeout, would take it).
 func (n *Node) usableH2(hc *h2conn) bool {
-	if hc.cc.CanTakeNewRequest() {
+	if hc.cc.CanTakeNewRequest() && !hc.idleExpired() {
 		return true
 	}
 	n.syncH2(hc)
