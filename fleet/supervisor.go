@@ -646,6 +646,7 @@ func (s *supervisor) reloaded(ev event) {
 		s.log.Error("reload failed: every worker refused the new configuration; the fleet keeps running the previous one, and restarts workers with it")
 	default:
 		s.config, s.cfgGen = ev.config, ev.gen
+		s.retryDelay = 0 // refusals of a new configuration start at retryMin again
 		if dropped := s.sockets.dropUnused(s.config); len(dropped) > 0 {
 			s.log.Info("the configuration no longer listens on these addresses: closed the fleet's sockets for them", zap.Strings("addresses", dropped))
 		}

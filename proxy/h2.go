@@ -360,9 +360,10 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	var once sync.Once
 	end := func() {
 		once.Do(func() {
-			if hc.active.Add(-1) == 0 {
-				hc.idleAt.Store(sinceStart(time.Now()))
-			}
+			// Stored before the count drops: a sweep in between would
+			// find the connection idle since its last idle spell.
+			hc.idleAt.Store(sinceStart(time.Now()))
+			hc.active.Add(-1)
 			n.syncH2(hc)
 			exec.Complete()
 			if onDone != nil {
