@@ -1,52 +1,13 @@
 package fleet
 
 import (
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// adv11Admin is adv9Admin whose loads from the holdAt-th on (1-based; 0:
-// none) are answered only once hold is closed.
-func adv11Admin(t *testing.T, sock string, refuse, holdAt int, hold <-chan struct{}) <-chan []byte {
-	t.Helper()
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	loads := make(chan []byte, 16)
-	var n atomic.Int64
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		if r.Method != http.MethodPost || r.URL.Path != "/load" {
-			return
-		}
-		i := n.Add(1)
-		loads <- b
-		if i <= int64(refuse) {
-			http.Error(w, "refused by the test", http.StatusBadRequest)
-			return
-		}
-		if holdAt > 0 && i >= int64(holdAt) {
-			select {
-			case <-hold:
-			case <-time.After(10 * time.Second):
-			}
-		}
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return loads
-}
 
 func adv11Want(t *testing.T, loads <-chan []byte, who, v string) {
 	t.Helper()
@@ -62,17 +23,6 @@ func adv11Want(t *testing.T, loads <-chan []byte, who, v string) {
 // retry delay to 0: the retry must not then be re-armed at once, over and
 // over, spinning the supervisor's loop for as long as the reload lasts.
 func TestAdv11RetryDuringReloadDoesNotSpin(t *testing.T) {
-	l := newAdv9Loop(t, 0, nil)
-	s := l.s
-	const retryMin = 400 * time.Millisecond
-	s.retryMin = retryMin
-	s.n = 2
-	s.events = make(chan event, 64)
-	gone := exec.Command("true")
-	if err := gone.Run(); err != nil {
-		t.Skipf("no true(1) to stand for the workers' processes: %v", err)
-	}
-	dir := t.TempDir()
 	hold := make(chan struct{})
 	var released atomic.Bool
 	release := func() {
@@ -81,43 +31,16 @@ func TestAdv11RetryDuringReloadDoesNotSpin(t *testing.T) {
 		}
 	}
 	defer release()
-	var admin [2]<-chan []byte
-	for id := range 2 {
-		w := &worker{
-			id:      id,
-			sock:    filepath.Join(dir, fmt.Sprintf("w%d.sock", id)),
-			pidPath: filepath.Join(dir, fmt.Sprintf("w%d.pid", id)),
-			gen:     1,
-			token:   fmt.Sprintf("token-%d", id),
-			proc:    gone.Process,
-			running: true,
-			ready:   true,
-			started: time.Now(),
-			cfgGen:  1,
-		}
-		refuse, holdAt := 0, 3 // worker 0 holds its third load
-		if id == 1 {
-			refuse, holdAt = 1, 0 // worker 1 refuses its first
-		}
-		admin[id] = adv11Admin(t, w.sock, refuse, holdAt, hold)
-		s.workers = append(s.workers, w)
+	// Worker 0 holds its third load; worker 1 refuses its first.
+	l := newAdv9Loop(t, adminScript{holdFrom: 3, hold: hold}, adminScript{refuse: 1})
+	s, admin := l.s, l.admin
+	const retryMin = 400 * time.Millisecond
+	s.retryMin = retryMin
+	for _, w := range s.workers {
+		w.ready = true
 	}
 	l.start()
-	stopped := false
-	defer func() {
-		release()
-		if !stopped {
-			l.send(event{kind: evSignal, sig: syscall.SIGTERM})
-			for id := range 2 {
-				l.send(event{kind: evExited, id: id, gen: 1})
-			}
-			select {
-			case <-l.done:
-			case <-time.After(10 * time.Second):
-				t.Error("the supervisor's loop did not end")
-			}
-		}
-	}()
+	defer l.stop(t)
 	reload := func(v string) {
 		t.Helper()
 		if err := os.WriteFile(s.configFile, []byte(`{"apps":{"v":"`+v+`"}}`), 0o600); err != nil {
@@ -157,15 +80,4 @@ func TestAdv11RetryDuringReloadDoesNotSpin(t *testing.T) {
 	if retries > 4 {
 		t.Errorf("the loop saw %d retry events in %s while a reload was under way; want at most one every %s", retries, 3*retryMin, retryMin)
 	}
-	// The fleet still settles: stop it.
-	l.send(event{kind: evSignal, sig: syscall.SIGTERM})
-	for id := range 2 {
-		l.send(event{kind: evExited, id: id, gen: 1})
-	}
-	select {
-	case <-l.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the supervisor's loop did not end after a stop")
-	}
-	stopped = true
 }

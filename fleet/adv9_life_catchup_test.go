@@ -17,30 +17,38 @@ import (
 	"go.uber.org/zap"
 )
 
+// adminScript is how a fake worker's admin endpoint answers the loads it
+// is sent: the first refuse are refused, and those from the holdFrom-th on
+// (1-based; 0: none) are answered only once hold is closed.
+type adminScript struct {
+	refuse, holdFrom int
+	hold             <-chan struct{}
+}
+
 // adv9Admin is a worker's admin endpoint, faked: each configuration posted
-// to /load goes to loads; while hold is open, a load is answered only once
-// it is closed (nil: at once). The first refuse loads are refused.
-func adv9Admin(t *testing.T, sock string, hold <-chan struct{}, refuse int) <-chan []byte {
+// to /load goes to loads, and is answered as script says.
+func adv9Admin(t *testing.T, sock string, script adminScript) <-chan []byte {
 	t.Helper()
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	loads := make(chan []byte, 8)
-	var refused atomic.Int64
+	loads := make(chan []byte, 16)
+	var n atomic.Int64
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		if r.Method != http.MethodPost || r.URL.Path != "/load" {
 			return
 		}
+		i := n.Add(1)
 		loads <- b
-		if refused.Add(1) <= int64(refuse) {
+		if i <= int64(script.refuse) {
 			http.Error(w, "refused by the test", http.StatusBadRequest)
 			return
 		}
-		if hold != nil {
+		if script.holdFrom > 0 && i >= int64(script.holdFrom) {
 			select {
-			case <-hold:
+			case <-script.hold:
 			case <-time.After(10 * time.Second):
 			}
 		}
@@ -50,21 +58,21 @@ func adv9Admin(t *testing.T, sock string, hold <-chan struct{}, refuse int) <-ch
 	return loads
 }
 
-// adv9Loop is a supervisor over n fake workers, all running, the fleet's
+// adv9Loop is a supervisor over fake workers, all running, the fleet's
 // configuration (`{"apps":{"v":"1"}}`, generation 1) in the file the
 // supervisor adapts: its event loop runs in the background, driven by the
 // events the test sends as the spawner, the pingbacks and the signal
 // handler would. The workers' processes are one that has exited already, so
 // that a stop's SIGTERM reaches nobody. stop ends the loop as a stop signal
-// and the workers' exits do, and reports whether it ended. Worker id
-// refuses its first refuse[id] loads.
+// and the workers' exits do, and reports whether it ended.
 type adv9Loop struct {
 	s     *supervisor
 	admin []<-chan []byte
 	done  chan error
 }
 
-func newAdv9Loop(t *testing.T, n int, hold []chan struct{}, refuse ...int) *adv9Loop {
+// newAdv9Loop makes the loop over one fake worker per script.
+func newAdv9Loop(t *testing.T, scripts ...adminScript) *adv9Loop {
 	t.Helper()
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "caddy.json")
@@ -75,6 +83,7 @@ func newAdv9Loop(t *testing.T, n int, hold []chan struct{}, refuse ...int) *adv9
 	if err := gone.Run(); err != nil {
 		t.Skipf("no true(1) to stand for the workers' processes: %v", err)
 	}
+	n := len(scripts)
 	s := &supervisor{
 		configFile:   cfgFile,
 		config:       []byte(`{"apps":{"v":"1"}}`),
@@ -83,20 +92,12 @@ func newAdv9Loop(t *testing.T, n int, hold []chan struct{}, refuse ...int) *adv9
 		n:            n,
 		startTimeout: time.Minute,
 		stopTimeout:  time.Minute,
-		events:       make(chan event, 4*n+16),
+		events:       make(chan event, 4*n+64),
 		sockets:      &fleetSockets{fds: map[string]int{}},
 		log:          zap.NewNop(),
 	}
 	l := &adv9Loop{s: s, done: make(chan error, 1)}
-	for id := range n {
-		var h chan struct{}
-		if id < len(hold) {
-			h = hold[id]
-		}
-		r := 0
-		if id < len(refuse) {
-			r = refuse[id]
-		}
+	for id, script := range scripts {
 		w := &worker{
 			id:      id,
 			sock:    filepath.Join(dir, fmt.Sprintf("w%d.sock", id)),
@@ -108,7 +109,7 @@ func newAdv9Loop(t *testing.T, n int, hold []chan struct{}, refuse ...int) *adv9
 			started: time.Now(),
 			cfgGen:  1,
 		}
-		l.admin = append(l.admin, adv9Admin(t, w.sock, h, r))
+		l.admin = append(l.admin, adv9Admin(t, w.sock, script))
 		s.workers = append(s.workers, w)
 	}
 	return l
@@ -148,7 +149,7 @@ func adv9Loaded(loads <-chan []byte, d time.Duration) ([]byte, bool) {
 // started while a reload went through, gets the fleet's configuration from
 // the loop at once; a ready worker that runs it already gets nothing.
 func TestAdv9LifeCatchUpWhenWorkerReady(t *testing.T) {
-	l := newAdv9Loop(t, 2, nil)
+	l := newAdv9Loop(t, adminScript{}, adminScript{})
 	s := l.s
 	// The fleet moved to generation 2 while worker 1 was starting with 1.
 	s.config, s.cfgGen, s.genSeq = []byte(`{"apps":{"v":"2"}}`), 2, 2
@@ -174,7 +175,7 @@ func TestAdv9LifeCatchUpWhenWorkerReady(t *testing.T) {
 // began) gets the reload's configuration once the reload ends, accepted.
 func TestAdv9LifeCatchUpAfterReload(t *testing.T) {
 	hold := make(chan struct{})
-	l := newAdv9Loop(t, 2, []chan struct{}{hold})
+	l := newAdv9Loop(t, adminScript{holdFrom: 1, hold: hold}, adminScript{})
 	s := l.s
 	s.workers[0].ready = true
 	l.start()
@@ -211,7 +212,7 @@ func TestAdv9LifeCatchUpAfterReload(t *testing.T) {
 // is asked again, later, until it accepts: the fleet ends on one
 // configuration without a restart or another reload.
 func TestReloadRefusersAskedAgain(t *testing.T) {
-	l := newAdv9Loop(t, 2, nil, 0, 2) // worker 1 refuses twice
+	l := newAdv9Loop(t, adminScript{}, adminScript{refuse: 2})
 	s := l.s
 	s.retryMin = 50 * time.Millisecond
 	for _, w := range s.workers {
