@@ -51,7 +51,7 @@ type h2conn struct {
 	// capacity changes, so that the pool is told of them in the order the
 	// ClientConn's state was read.
 	active   atomic.Int64
-	idleAt   atomic.Int64 // when active last fell to 0, in nanoseconds since processStart
+	idleAt   atomic.Int64 // when a stream last ended (or hc was made), in nanoseconds since processStart
 	mu       sync.Mutex
 	capacity int  // last set in the pool; guarded by mu
 	draining bool // capacity 0 for good; guarded by mu
