@@ -651,7 +651,7 @@ func (s *supervisor) reloaded(ev event) {
 			s.log.Info("the configuration no longer listens on these addresses: closed the fleet's sockets for them", zap.Strings("addresses", dropped))
 		}
 		if accepted < len(ev.loads) {
-			s.log.Error("reload partly failed: the workers that refused the new configuration keep running the previous one until they restart or the next reload")
+			s.log.Error("reload partly failed: the workers that refused the new configuration keep running the previous one until they accept it (they are asked again), restart, or the next reload")
 		}
 	}
 	refused := false
