@@ -184,7 +184,6 @@ func TestAdvRefusalWithBigHeadIsRetrySafe(t *testing.T) {
 	owner, client := remotePair(t, nil)
 	warm(t, owner, u.url("/cl"))
 	bogus := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99, Bit: 0}
-	b, _ := bogus.MarshalBinary()
 	client.tr.initOnce.Do(client.tr.init)
 	for _, tc := range []struct {
 		name string
@@ -200,7 +199,7 @@ func TestAdvRefusalWithBigHeadIsRetrySafe(t *testing.T) {
 			}
 			req := postWith(t, tc.body, 5)
 			req.Header.Set("X-Big", strings.Repeat("c", 600<<10))
-			_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), b, &client.tr.remote, 1, nil)
+			_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, nil)
 			if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
 				t.Fatalf("a refused lease gave %v (owner gone: %v, retry-safe: %v); want a retry-safe ErrLeaseRefused",
 					err, errors.Is(err, ErrOwnerGone), IsRetrySafe(err))
@@ -218,7 +217,6 @@ func TestAdvRefusalRaceRealOwner(t *testing.T) {
 	owner, client := remotePair(t, nil)
 	warm(t, owner, u.url("/cl"))
 	bogus := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99, Bit: 0}
-	lb, _ := bogus.MarshalBinary()
 	client.tr.initOnce.Do(client.tr.init)
 	body := strings.Repeat("b", maxBodyWithHead)
 	const n = 300
@@ -230,7 +228,7 @@ func TestAdvRefusalRaceRealOwner(t *testing.T) {
 			t.Fatalf("read ahead: %v, whole %v", err, tb.whole)
 		}
 		req := postWith(t, tb, int64(len(body)))
-		_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), lb, &client.tr.remote, 1, nil)
+		_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, nil)
 		if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
 			bad++
 			last = err

@@ -129,7 +129,7 @@ type remoteOpts struct {
 // response, whose Body streams from the owner. A refused lease or an owner
 // that reports failure before answering comes back as an *Error wrapping
 // ErrLeaseRefused or ErrOwnerFailed.
-func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOpts, bufs int, onDone func()) (*http.Response, error) {
+func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, onDone func()) (*http.Response, error) {
 	ctx := req.Context()
 	if o.expectContinueTimeout == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
 		// With no wait for the upstream's 100, a local exchange starts
@@ -141,11 +141,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease []byte, o *remoteOp
 	}
 	orig := req
 	req, withHead := withBodyAhead(req)
-	var l orbitpool.Lease
-	if l.UnmarshalBinary(lease) != nil {
-		l.Owner = 0 // not a lease the owner will take: any stream will do to be told so
-	}
-	c, err := p.get(ctx, lane, l.Owner)
+	c, err := p.get(ctx, lane, lease.Owner)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +197,7 @@ type remoteExchange struct {
 
 // remoteLeg frames an exchange on a unix stream to an owner.
 type remoteLeg struct {
-	lease    []byte
+	lease    orbitpool.Lease
 	deadline time.Time
 	flags    uint16 // the request frame's flags, but flagLength
 	length   int64  // the head's declared length (headLength), or -1
@@ -212,11 +208,15 @@ type remoteLeg struct {
 }
 
 func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
-	b, err := appendRequestFrameLength(l.scratch[:0], l.lease, l.deadline, l.flags, l.reqLength)
+	var lb [orbitpool.LeaseSize]byte
+	frame, err := l.lease.AppendBinary(lb[:0])
+	if err == nil {
+		frame, err = appendRequestFrameLength(l.scratch[:0], frame, l.deadline, l.flags, l.reqLength)
+	}
 	if err != nil {
 		return &Error{Op: "lease", RetrySafe: true, Err: err}
 	}
-	_, err = bw.Write(b)
+	_, err = bw.Write(frame)
 	return err
 }
 

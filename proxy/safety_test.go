@@ -289,7 +289,7 @@ func TestPanicOnOwnerClosesOnlyThatStream(t *testing.T) {
 	p := newPeers(dir, 4)
 	defer p.close()
 	o := &remoteOpts{maxHeaderBytes: 1 << 20}
-	lease := []byte("lease")
+	var lease orbitpool.Lease
 
 	req, _ := http.NewRequest("GET", "http://upstream.invalid/panic", nil)
 	if _, err := p.roundTrip(req, 3, lease, o, 1, nil); err == nil {
@@ -953,7 +953,7 @@ func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
 	body := &readCount{Reader: &seqReader{n: size}}
 	req, _ := http.NewRequest("POST", "http://upstream.invalid/", body)
 	req.ContentLength = size
-	_, err := p.roundTrip(req, 1, []byte("lease"), o, 1, nil)
+	_, err := p.roundTrip(req, 1, orbitpool.Lease{}, o, 1, nil)
 	if !IsRetrySafe(err) || !errors.Is(err, ErrConnBroken) {
 		t.Fatalf("error %v, want a retry-safe ErrConnBroken", err)
 	}
@@ -968,7 +968,7 @@ func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
 	}
 	req, _ = http.NewRequest("POST", "http://upstream.invalid/", body)
 	req.ContentLength = size
-	resp, err := p.roundTrip(req, 1, []byte("lease"), o, 1, nil)
+	resp, err := p.roundTrip(req, 1, orbitpool.Lease{}, o, 1, nil)
 	if err != nil {
 		t.Fatalf("the next exchange on the kept stream: %v", err)
 	}

@@ -572,14 +572,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			if n.peers == nil {
 				return nil, &Error{Op: "lease", RetrySafe: true, Err: errors.New("remote plan on a pool without siblings")}
 			}
-			var buf [orbitpool.LeaseSize]byte
-			lb, err := plan.Lease.AppendBinary(buf[:0])
-			if err != nil {
-				return nil, &Error{Op: "lease", RetrySafe: true, Err: err}
-			}
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
-			resp, err := n.peers.roundTrip(req, lane, lb, &t.remote, bufs, release)
+			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, release)
 			if err != nil {
 				// Not delivered, or refused: the unit is free again now
 				// rather than when the owner ages it out. An accepted
