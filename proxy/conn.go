@@ -107,6 +107,19 @@ func (c *conn) close() {
 // and close instead, at once.
 func (c *conn) tlsTorn() bool { return c.raw != c.nc && c.aborted() != nil }
 
+// halfClose tells the peer this side is done writing, and returns what to
+// read the peer's own close from: close_notify under TLS, else the socket's
+// half-close, which is also what a TLS connection gets when its write was
+// torn down (see abort and tlsTorn) or its alert cannot go.
+func (c *conn) halfClose() (src net.Conn, err error) {
+	if !c.tlsTorn() {
+		if err = closeWrite(c.nc); err == nil || c.raw == c.nc {
+			return c.nc, err
+		}
+	}
+	return c.raw, closeWrite(c.raw)
+}
+
 // maxCloseDrain bounds what closeAfterPeer reads: the rest of a large
 // response a failed exchange left is not worth reading, and closing with it
 // unread resets the connection, which stops the upstream sending it.
@@ -120,18 +133,7 @@ const maxCloseDrain = 256 << 10
 // peer may count the connection until it has read the reset.
 func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 	peerClosed := false
-	var src net.Conn
-	var err error
-	if c.tlsTorn() {
-		src, err = c.raw, closeWrite(c.raw)
-	} else {
-		src, err = c.nc, c.closeWrite()
-	}
-	if err != nil && c.raw != c.nc {
-		// A TLS connection whose write was torn down (see abort) sends no
-		// close_notify; its socket can still tell the peer it is done.
-		src, err = c.raw, closeWrite(c.raw)
-	}
+	src, err := c.halfClose()
 	if err == nil {
 		deadline := time.Now().Add(d)
 		c.nc.SetReadDeadline(deadline)

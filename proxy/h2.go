@@ -259,13 +259,7 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 		// deadline ends both.
 		force := time.AfterFunc(closeWait, func() { w.Conn.Close() })
 		defer force.Stop()
-		sent := hc.c.closeWrite()
-		if hc.c.raw != hc.c.nc {
-			if err := closeWrite(hc.c.raw); sent != nil {
-				sent = err
-			}
-		}
-		if sent == nil {
+		if _, err := hc.c.halfClose(); err == nil {
 			t := time.NewTimer(closeWait)
 			select {
 			case <-w.ended:
