@@ -672,12 +672,17 @@ func (s *supervisor) reloaded(ev event) {
 		// Some workers refused the configuration the fleet runs: ask
 		// them again later, for as long as they refuse it.
 		s.retryDelay = min(max(2*s.retryDelay, s.retryLow()), retryRefusedMax)
-		s.retryDue = true
 		s.log.Warn("workers refused the fleet's configuration; trying them again", zap.Duration("in", s.retryDelay))
-		time.AfterFunc(s.retryDelay, func() { s.events <- event{kind: evRetryRefused} })
+		s.armRetry(s.retryDelay)
 	case !refused && ev.gen == s.cfgGen:
 		s.retryDelay = 0
 	}
+}
+
+// armRetry schedules retryRefused in d.
+func (s *supervisor) armRetry(d time.Duration) {
+	s.retryDue = true
+	time.AfterFunc(d, func() { s.events <- event{kind: evRetryRefused} })
 }
 
 // retryLow is the first delay of a retry (see retryDelay).
@@ -696,8 +701,7 @@ func (s *supervisor) retryRefused() {
 		// Not at once: a reload every worker accepted since the retry
 		// was armed reset retryDelay to 0, and a retry re-armed with it
 		// would spin the loop until this reload ends.
-		s.retryDue = true
-		time.AfterFunc(max(s.retryDelay, s.retryLow()), func() { s.events <- event{kind: evRetryRefused} })
+		s.armRetry(max(s.retryDelay, s.retryLow()))
 		return
 	}
 	for _, w := range s.workers {
