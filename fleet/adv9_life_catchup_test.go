@@ -242,3 +242,35 @@ func TestReloadRefusersAskedAgain(t *testing.T) {
 		t.Errorf("worker 0 accepted the reload; it was loaded %d times, want once", n)
 	}
 }
+
+// TestReloadNotHeldByHungWorker: a worker whose admin endpoint takes a load
+// and never answers counts as refusing it once the load times out, and the
+// next reload reaches the fleet; without the timeout the supervisor would
+// stay "reloading" for as long as the worker hangs.
+func TestReloadNotHeldByHungWorker(t *testing.T) {
+	hung := make(chan struct{})
+	defer close(hung)
+	l := newAdv9Loop(t, adminScript{}, adminScript{holdFrom: 1, hold: hung})
+	s := l.s
+	s.loadTimeout = 200 * time.Millisecond
+	s.retryMin = time.Minute // no retry of worker 1 within the test
+	for _, w := range s.workers {
+		w.ready = true
+	}
+	l.start()
+	defer l.stop(t)
+
+	for _, v := range []string{"2", "3"} {
+		if err := os.WriteFile(s.configFile, []byte(`{"apps":{"v":"`+v+`"}}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		l.send(event{kind: evSignal, sig: syscall.SIGHUP})
+		b, ok := adv9Loaded(l.admin[0], 3*time.Second)
+		if !ok {
+			t.Fatalf("reload to v%s never reached worker 0: worker 1's hung load holds the supervisor", v)
+		}
+		if !strings.Contains(string(b), `"v":"`+v+`"`) {
+			t.Fatalf("worker 0 was loaded with %s; want v%s", b, v)
+		}
+	}
+}

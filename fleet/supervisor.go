@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -40,6 +42,12 @@ const (
 	// what they accepted before shutting down, on a reload or a stop, when
 	// the configuration sets no shutdown_delay.
 	workerShutdownDelay = time.Second
+	// workerLoadTimeout bounds a configuration load into a worker: a
+	// worker whose admin endpoint hangs counts as refusing it (and is asked
+	// again, see retryRefused) instead of holding every later reload back.
+	// Loading a configuration provisions its modules, which may take a
+	// while; a minute is far beyond any healthy load.
+	workerLoadTimeout = time.Minute
 )
 
 // supervisor runs the workers of `caddy orbit-fleet`. One goroutine, run's
@@ -79,6 +87,9 @@ type supervisor struct {
 	retryDelay time.Duration
 	retryMin   time.Duration
 	retryDue   bool
+	retryTimer *time.Timer
+	// loadTimeout bounds each load into a worker (0: workerLoadTimeout).
+	loadTimeout time.Duration
 }
 
 // Bounds of retryDelay. The workers run one binary with one configuration,
@@ -271,6 +282,9 @@ func (s *supervisor) loop(startErr error) error {
 	defer func() {
 		if stopTimer != nil {
 			stopTimer.Stop()
+		}
+		if s.retryTimer != nil {
+			s.retryTimer.Stop()
 		}
 	}()
 	for {
@@ -612,12 +626,13 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 		ts = append(ts, target{w.id, w.gen, w.sock, body})
 	}
 	s.reloading = true
+	timeout := cmp.Or(s.loadTimeout, workerLoadTimeout)
 	go func() {
 		loads := make([]loadResult, len(ts))
 		var wg sync.WaitGroup
 		for i, t := range ts {
 			wg.Go(func() {
-				err := loadInto(t.sock, t.body)
+				err := loadInto(t.sock, t.body, timeout)
 				if err != nil {
 					s.log.Error("reloading worker: it keeps running its previous configuration", zap.Int("worker", t.id), zap.Error(err))
 				} else {
@@ -682,7 +697,7 @@ func (s *supervisor) reloaded(ev event) {
 // armRetry schedules retryRefused in d.
 func (s *supervisor) armRetry(d time.Duration) {
 	s.retryDue = true
-	time.AfterFunc(d, func() { s.events <- event{kind: evRetryRefused} })
+	s.retryTimer = time.AfterFunc(d, func() { s.events <- event{kind: evRetryRefused} })
 }
 
 // retryLow is the first delay of a retry (see retryDelay).
@@ -713,15 +728,38 @@ func (s *supervisor) retryRefused() {
 }
 
 // loadInto makes the worker at admin socket sock run config, even if it is
-// unchanged (as `caddy reload --force` does).
-func loadInto(sock string, config []byte) error {
-	hdr := make(http.Header)
-	hdr.Set("Cache-Control", "must-revalidate")
-	resp, err := caddycmd.AdminAPIRequest("unix/"+sock, http.MethodPost, "/load", hdr, bytes.NewReader(config))
+// unchanged (as `caddy reload --force` does), within timeout. Caddy's own
+// admin client (caddycmd.AdminAPIRequest) has no timeout.
+func loadInto(sock string, config []byte, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// The host is a placeholder: the admin endpoint of a unix socket
+	// accepts 127.0.0.1 as its Host.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1/load", bytes.NewReader(config))
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Cache-Control", "must-revalidate")
+	client := http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		DisableKeepAlives: true,
+	}}
+	resp, err := client.Do(req)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("its admin endpoint did not answer within %s", timeout)
+	}
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return fmt.Errorf("caddy responded with error: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+	}
 	return nil
 }
 
