@@ -317,6 +317,7 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 			benchGet(b, client.tr, newReq())
 			var lt, rtimes, ut []time.Duration
 			before := client.node.Stats().ReusedRemote
+			hopStageMedians() // the stages of the warm-up exchanges
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
@@ -353,6 +354,9 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 			up50 := pct(ut, .5)
 			b.ReportMetric(up50, "unix-rtt-p50-us")
 			b.ReportMetric(rp50-lp50-up50, "added-over-rtt-p50-us")
+			for name, us := range hopStageMedians() {
+				b.ReportMetric(us, name+"-us")
+			}
 		})
 	}
 }

@@ -235,6 +235,13 @@
 // and their difference, and times a bare round trip on a unix stream in the
 // same loop: what the hop adds over that (added-over-rtt-p50-us) is its own
 // work, which a loaded machine inflates less than the difference itself.
+// Built with -tags orbithopclock it also reports the median of each stage
+// of a remote exchange (hopclock.go names them: the caller's write and the
+// owner's wake-up, the owner's admission, lease and head parse, the
+// upstream exchange, the relay, the caller's wake-up and parse):
+//
+//	go test -tags orbithopclock -run '^$' -bench RemoteAddedLatency ./proxy/
+//
 // BenchmarkMemoryPerIdleConn and
 // BenchmarkMemoryPerRemoteStream report bytes per idle connection and per
 // in-flight remote stream (both ends). BenchmarkUnixLegCodec measures the

@@ -130,6 +130,7 @@ type remoteOpts struct {
 // that reports failure before answering comes back as an *Error wrapping
 // ErrLeaseRefused or ErrOwnerFailed.
 func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, onDone func()) (*http.Response, error) {
+	hopMark(hopStart)
 	ctx := req.Context()
 	if o.expectContinueTimeout == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
 		// With no wait for the upstream's 100, a local exchange starts
@@ -177,7 +178,9 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		},
 	}
 	fresh := c.requests == 0
+	hopMark(hopCallerPrep)
 	resp, err := c.roundTrip(req, &rx.opts)
+	hopMark(hopToCaller)
 	if resp != nil {
 		resp.Request = orig
 	}

@@ -315,6 +315,7 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 		nc.SetReadDeadline(time.Now().Add(d))
 		var err error
 		f, err = readFrame(br, reqHeaderLen, decodeRequestFrame)
+		hopMark(hopToOwner)
 		if counted {
 			s.idle(pid, false)
 		}
@@ -597,14 +598,17 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		return s.refuseLease(nc, lr, br, bw, f, code, err)
 	}
 	defer ls.Release()
+	hopMark(hopOwnerAdmit)
 	exec, err := s.acc.accept(f.leaseBytes())
 	if err != nil {
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
+	hopMark(hopOwnerLease)
 	// The head is bounded by the header limit of the Transport that made
 	// the connection (see peerHeadLimit), and by the frame's deadline.
 	limit := peerHeadLimit(exec.maxHeaderBytes())
 	req, err := readPeerHead(nc, lr, br, deadline, limit)
+	hopMark(hopOwnerHead)
 	if err != nil {
 		exec.abandon()
 		switch {
@@ -690,7 +694,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		exec.abandon()
 		return false
 	}
+	hopMark(hopOwnerSetup)
 	resp, err := exec.roundTrip(req, stopBody)
+	hopMark(hopUpstream)
 	if err != nil {
 		s.watcher.remove(w)
 		if rl.accepted() {
@@ -716,6 +722,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
+	hopMark(hopRelay)
 	s.watcher.remove(w)
 	if rl.spliced {
 		s.spliced.Add(1)
