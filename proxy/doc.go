@@ -75,7 +75,11 @@
 // tunnel with half-close passed both ways, and both the stream and the
 // upstream connection leave their pools. A stream that sends a frame that
 // does not decode, or a request that does not parse, is closed; nothing else
-// is affected. While a response is being produced the owner keeps a read
+// is affected. A request head over the limit, or that does not parse, is
+// first answered with an error frame (ErrRequestHeaderTooLarge for the
+// first), which the sibling reads when its write fails as the stream
+// closes: it fails at once, not retry-safe, rather than take the owner for
+// gone. While a response is being produced the owner keeps a read
 // pending on the stream (after a short delay, so fast exchanges never pay for
 // it): if the peer goes, the exchange is cancelled and the upstream connection
 // closed rather than held. An owner that dies closes its streams, so a caller

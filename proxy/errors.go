@@ -20,6 +20,10 @@ var (
 	// ErrHeaderTooLarge means the response header exceeded the configured
 	// limit.
 	ErrHeaderTooLarge = errors.New("proxy: response header too large")
+	// ErrRequestHeaderTooLarge means an owner refused a sibling's request
+	// head over its header limit (see peerHeadLimit) before sending any of
+	// it upstream.
+	ErrRequestHeaderTooLarge = errors.New("proxy: request header too large")
 	// ErrConnBroken means the upstream connection failed while the request
 	// was being written or the response read.
 	ErrConnBroken = errors.New("proxy: upstream connection broken")

@@ -149,10 +149,14 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	if !hasBody || o.bodyWithHead {
 		x.writeDone = closedChan
 		if err := x.writeRequest(req); err != nil {
-			c.abort(err)
+			werr := x.writeError(err)
+			if ferr := x.ownerAnswer(err); ferr != nil {
+				werr = ferr
+			}
+			c.abort(werr)
 			x.finish(false)
 			x.finish(false)
-			return nil, x.writeError(err)
+			return nil, werr
 		}
 		x.writeState.Store(writeOver)
 		x.wrote()
@@ -375,6 +379,27 @@ func (x *exchange) writeLoop(r *http.Request) {
 	}
 	x.wrote()
 	x.finish(true)
+}
+
+// ownerAnswer reads, after a write to an owner failed, the error frame the
+// owner may have sent before it closed the stream under the rest of the
+// request: its refusal of a head over its limit (see refuseHead), which
+// the failed write would otherwise report as an owner gone. It returns that
+// failure, or nil if the owner said nothing. The stream is closed on the
+// owner's side by then, so the read returns at once; its deadline only
+// bounds an owner that shut the stream down without closing it.
+func (x *exchange) ownerAnswer(werr error) error {
+	if x.o.leg == nil || !isIOError(werr) || isContextErr(werr) || x.c.aborted() != nil {
+		return nil
+	}
+	x.c.nc.SetReadDeadline(time.Now().Add(maxWriteWait))
+	err := x.o.leg.readPreamble(x.c.br)
+	var pe *Error
+	if err == nil || !errors.As(err, &pe) || !pe.beforeAccept {
+		// An accept (which a refused head never gets) or no frame.
+		return nil
+	}
+	return err
 }
 
 // writeRequestSafe is writeRequest with a panic (in the body's Read, say)

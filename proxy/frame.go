@@ -103,6 +103,7 @@ const (
 	errCodeConnBroken
 	errCodeHeaderTimeout
 	errCodeDeadline
+	errCodeReqHeaderTooLarge
 	errCodeMax
 )
 
@@ -112,6 +113,8 @@ var errCodeSentinels = [errCodeMax]error{
 	errCodeConnBroken:     ErrConnBroken,
 	errCodeHeaderTimeout:  ErrResponseHeaderTimeout,
 	errCodeDeadline:       context.DeadlineExceeded,
+	// The owner's own refusal of a sibling's head (see refuseHead).
+	errCodeReqHeaderTooLarge: ErrRequestHeaderTooLarge,
 }
 
 func errCode(err error) uint16 {

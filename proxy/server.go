@@ -395,6 +395,27 @@ func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufi
 	return body != nil && err == nil
 }
 
+// refuseHeadWait bounds the write of refuseHead's error frame: a peer that
+// does not read it costs the owner no more than that before the stream
+// closes.
+const refuseHeadWait = 10 * time.Millisecond
+
+// refuseHead tells the peer, in an error frame, why its request head was
+// refused (over the header limit, or not a request), before the stream
+// closes under the rest of it. Without it a sibling whose write fails as the
+// stream closes sees only a closed stream, takes its owner for gone, avoids
+// it, and may wait on the pool for the rest of its deadline when that
+// owner's connection was the only one. Nothing went upstream, but the error
+// is not retry-safe: any owner would refuse the same head, as a server
+// answers it 431 or 400. The peer's unread bytes are not read: the frame is
+// in the stream before the close that fails the peer's write, and the
+// sibling reads it then (see exchange.ownerAnswer).
+func refuseHead(nc net.Conn, bw *bufio.Writer, err error) {
+	nc.SetWriteDeadline(time.Now().Add(refuseHeadWait))
+	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}))
+	bw.Flush()
+}
+
 // readBodyWithHead reads the short body that a frame without
 // flagBodyOnAccept carries after its head (see withBodyAhead), within
 // peerHeadTimeout or by deadline if that is sooner, and returns it; nil if
@@ -614,10 +635,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		switch {
 		case errors.Is(err, errHeaderLimit):
 			s.log.Info("request head from peer over the header limit", zap.Int64("limit", limit))
+			refuseHead(nc, bw, fmt.Errorf("%w: request head over the owner's limit of %d bytes", ErrRequestHeaderTooLarge, limit))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.log.Info("request head from peer not complete by its deadline")
+		case isIOError(err):
+			// The stream broke under the head: nobody to tell.
 		default:
 			s.log.Info("malformed request from peer", zap.Error(err))
+			refuseHead(nc, bw, fmt.Errorf("malformed request head: %w", err))
 		}
 		return false
 	}
