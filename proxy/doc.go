@@ -197,7 +197,11 @@
 // fresh plan. A connection that leaves by policy (a drain, its idle timeout,
 // which the sweep enforces rather than the ClientConn, its lifetime, the
 // cap) leaves in good order, as an HTTP/1.1 one does: its unit comes back
-// once the upstream has closed its socket, or after closeWait. HTTP/1.1 and HTTP/2 connections of one upstream have
+// once the upstream has closed its socket, or after closeWait.
+// CloseIdleConnections retires only a connection with no stream running and
+// no unit in use or reserved anywhere in the fleet: its capacity goes to 0
+// before the pool's count is read, so a request that races it is refused,
+// retry-safe, and plans again. HTTP/1.1 and HTTP/2 connections of one upstream have
 // different Keys. The unix leg's frame version is 3 since the HTTP/2 head
 // flags and the reset trailer; a sibling of another version is refused with
 // an error naming both. A stream the upstream resets mid-body (RST_STREAM)

@@ -469,15 +469,82 @@ func (n *Node) sweepH2() {
 	}
 }
 
-// closeIdleH2 closes the HTTP/2 connections with no stream running, and,
-// if all, drains the others so they close when their last stream ends.
+// closeIdleH2 closes the HTTP/2 connections with no stream running and no
+// unit reserved (retireIdleH2), and, if all, drains the others so they close
+// when their last stream ends.
 func (n *Node) closeIdleH2(all bool) {
 	for i := range n.h2slots {
-		if hc := n.h2slots[i].Load(); hc != nil && (all || hc.active.Load() == 0) {
+		hc := n.h2slots[i].Load()
+		switch {
+		case hc == nil:
+		case all:
 			n.drainH2(hc)
+		case hc.active.Load() == 0:
+			if h := testHookCloseIdleH2.Load(); h != nil {
+				(*h)(hc)
+			}
+			n.retireIdleH2(hc)
 		}
 	}
 }
+
+// retireIdleH2 retires hc if nothing in the fleet uses or holds a unit of
+// it, as net/http's CloseIdleConnections closes a ClientConn only with no
+// stream and no reservation (checked under its lock). A request takes its
+// unit in the pool (a local use, or a sibling's reservation, then its lease)
+// before its stream starts here, so hc's count of streams alone misses one
+// in between, and would drain a connection a stream then runs on. So the
+// capacity goes to 0 first: every grant after SetCapacity is given back, a
+// retry-safe refusal after which the request plans again (it waits, dials,
+// or takes another connection, as for a full one), and the pool's count of
+// uses and reservations read next then misses none. A connection found in
+// use gets its capacity back. hc.mu orders this with syncH2's changes of
+// the capacity.
+func (n *Node) retireIdleH2(hc *h2conn) {
+	hc.mu.Lock()
+	if hc.draining {
+		hc.mu.Unlock()
+		return
+	}
+	if err := n.pool.SetCapacity(hc.id, 0); err != nil {
+		hc.mu.Unlock()
+		if !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
+			n.log.Debug("close idle", zap.Stringer("id", hc.id), zap.Error(err))
+		}
+		return
+	}
+	if hc.active.Load() > 0 || n.h2Held(hc) {
+		if err := n.pool.SetCapacity(hc.id, hc.capacity); err != nil && !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
+			n.log.Debug("close idle: restore capacity", zap.Stringer("id", hc.id), zap.Error(err))
+		}
+		hc.mu.Unlock()
+		return
+	}
+	hc.draining = true
+	hc.capacity = 0
+	hc.mu.Unlock()
+	n.retireH2InOrder(hc)
+}
+
+// h2Held reports whether a unit of hc is in use or reserved in the pool;
+// true too when the pool cannot tell, so that nothing is retired blind.
+func (n *Node) h2Held(hc *h2conn) bool {
+	cs, err := n.pool.Candidates(hc.key, nil)
+	if err != nil {
+		return true
+	}
+	for _, c := range cs {
+		if c.ID == hc.id {
+			return c.InUse+c.Pending > 0
+		}
+	}
+	return true
+}
+
+// testHookCloseIdleH2, set only by tests, runs in closeIdleH2(false) once a
+// connection has looked idle, before it is retired: tests start a stream
+// there to make the race with a request certain rather than rare.
+var testHookCloseIdleH2 atomic.Pointer[func(*h2conn)]
 
 // closeAllH2 closes every HTTP/2 connection at once.
 func (n *Node) closeAllH2() {
