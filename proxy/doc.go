@@ -185,8 +185,13 @@
 // SETTINGS: the ClientConn's state is read when a stream starts or ends, at
 // every sweep, and whenever the connection's read loop goes back to the
 // socket (so before it reads anything after the SETTINGS frame), and the
-// pool told with [orbitpool.Pool.SetCapacity]; a limit of 0 leaves the
-// connection no room, so a request dials another within the budget, as
+// pool told with [orbitpool.Pool.SetCapacity]. x/net/http2 reads it under
+// the connection's write lock, which a write blocked in the socket holds,
+// so one read per connection is in flight at a time, and the sweep's and
+// the follower's run on goroutines of their own: a connection whose
+// upstream stopped reading holds up no other connection's checks. A limit
+// of 0 leaves the connection no room, so a request dials another within
+// the budget, as
 // net/http's HTTP/2 client does. Grants taken in between may
 // exceed a lowered limit; they wait in the ClientConn for a stream to end
 // (StrictMaxConcurrentStreams) and never put more streams on the

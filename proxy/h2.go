@@ -25,7 +25,9 @@ import (
 // whatever the body's length, with a head flag that restores what HTTP/2
 // said. The capacity follows the peer's later SETTINGS, read from the
 // ClientConn's state when a stream starts or ends, whenever the connection's
-// read loop reads the socket (h2follow.go) and at every sweep; a
+// read loop reads the socket (h2follow.go) and at every sweep, at most one
+// read per connection at a time and never on a goroutine other connections
+// share, since a blocked write holds it up (see syncH2); a
 // GOAWAY (or the ClientConn deciding not to reuse the connection) drains the
 // resource: capacity 0, so nothing new is reserved, while the streams in
 // flight finish; the connection leaves the pool when the last one ends.
@@ -57,6 +59,11 @@ type h2conn struct {
 	draining bool // capacity 0 for good; guarded by mu
 
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
+
+	// syncing is set while a read of cc's state is under way (see
+	// syncH2), resync when another was asked for meanwhile.
+	syncing atomic.Bool
+	resync  atomic.Bool
 }
 
 // streamCapacity is the pool capacity a peer's stream limit allows. The
@@ -302,7 +309,59 @@ func (n *Node) drainH2(hc *h2conn) {
 // syncH2 brings the pool's view of hc in line with its ClientConn: the
 // peer's current stream limit, a GOAWAY or a closed connection, the
 // Transport's limits on the connection, and the fleet's cap on its key.
-func (n *Node) syncH2(hc *h2conn) {
+//
+// x/net/http2 reads the stream limit in ClientConn.State under the
+// connection's write lock, which a write blocked in the socket holds (an
+// upstream that stopped reading a request body: nothing bounds the write),
+// so a read of the state may wait as long as that write. At most one is in
+// flight per connection: a caller that finds one under way asks it to read
+// again when it is done (resync) and goes on, rather than queue behind it.
+// The goroutines every connection shares (the sweep, the follower) read on
+// a goroutine of their own (syncH2Off), so that a blocked connection holds
+// up nobody else's.
+func (n *Node) syncH2(hc *h2conn) { n.stateH2(hc, n.syncH2Now, false) }
+
+// syncH2Off is syncH2, or f (which reads hc's state too), on a goroutine of
+// its own.
+func (n *Node) syncH2Off(hc *h2conn, f func(*h2conn)) { n.stateH2(hc, f, true) }
+
+// stateH2 runs f as the one read of hc's state in flight (see syncH2), here
+// or, if off, on a new goroutine; or leaves a resync to the read in flight.
+// A resync set after the runner last looked is seen either by the runner,
+// or by this caller, which finds syncing clear and runs it itself.
+func (n *Node) stateH2(hc *h2conn, f func(*h2conn), off bool) {
+	for {
+		if hc.syncing.CompareAndSwap(false, true) {
+			if off {
+				go n.runStateH2(hc, f)
+			} else {
+				n.runStateH2(hc, f)
+			}
+			return
+		}
+		hc.resync.Store(true)
+		if hc.syncing.Load() {
+			return
+		}
+	}
+}
+
+// runStateH2 runs f holding hc.syncing, then syncH2Now for as long as a
+// resync was asked for meanwhile.
+func (n *Node) runStateH2(hc *h2conn, f func(*h2conn)) {
+	for {
+		hc.resync.Store(false)
+		f(hc)
+		hc.syncing.Store(false)
+		if !hc.resync.Load() || !hc.syncing.CompareAndSwap(false, true) {
+			return
+		}
+		f = n.syncH2Now
+	}
+}
+
+// syncH2Now is syncH2's work, run as the one read of hc's state in flight.
+func (n *Node) syncH2Now(hc *h2conn) {
 	st := hc.cc.State()
 	switch {
 	case st.Closed:
@@ -464,7 +523,7 @@ func (n *Node) acceptH2(hc *h2conn, exec *orbitpool.Execution) (execution, error
 func (n *Node) sweepH2() {
 	for i := range n.h2slots {
 		if hc := n.h2slots[i].Load(); hc != nil {
-			n.syncH2(hc)
+			n.syncH2Off(hc, n.syncH2Now)
 		}
 	}
 }

@@ -11,9 +11,10 @@ import (
 // it. What a read loop does offer is its reads: it asks the socket for bytes
 // only once it has processed every frame it holds (its bufio.Reader, and
 // crypto/tls under it, read the socket only when empty). So every read of the
-// socket first wakes the node's follower for the connection, which reads the
-// ClientConn's state and tells the pool of a changed stream limit (or drains
-// on GOAWAY). The pool's capacity thus follows a SETTINGS frame before the
+// socket first wakes the node's follower for the connection, which has the
+// ClientConn's state read (on a goroutine of its own, one at a time per
+// connection: see syncH2) and the pool told of a changed stream limit (or
+// the connection drained on GOAWAY). The pool's capacity thus follows a SETTINGS frame before the
 // read loop waits for anything after it, plus one wake-up of the follower;
 // it does not wait for a stream to start or end or for the sweep, so a
 // connection whose long-lived streams never end is followed too.
@@ -111,13 +112,17 @@ func (n *Node) h2follower() {
 			return
 		case hc := <-n.h2wake:
 			hc.noted.Store(false)
-			n.followH2(hc)
+			// On a goroutine of its own: reading the state may wait
+			// for a blocked write (see syncH2), which must not hold
+			// up the other connections' wake-ups.
+			n.syncH2Off(hc, n.followH2)
 		}
 	}
 }
 
-// followH2 is syncH2 for the follower: the cheap comparison first, since it
-// runs for every read of the socket.
+// followH2 is syncH2Now for the follower: the cheap comparison first, since
+// it runs for every read of the socket. It runs as the one read of hc's
+// state in flight (see syncH2).
 func (n *Node) followH2(hc *h2conn) {
 	if n.lookupH2(hc.id) != hc {
 		return
@@ -132,5 +137,5 @@ func (n *Node) followH2(hc *h2conn) {
 		}
 	}
 	n.stats.followed.Add(1)
-	n.syncH2(hc)
+	n.syncH2Now(hc)
 }
