@@ -200,6 +200,12 @@ func (p *Pool) Close() error {
 	futexWake(p.seg.u32(p.seg.laneOff(p.lane) + lnDoorbell)) // even if the sleeping flag lies
 	<-p.finished
 	p.waiters.closeAll(p)
+	// A caller's Reconcile may have passed its closed check already: let it
+	// finish before the lane goes, for once the lane is released it may be
+	// another process's, whose record a late healOwnLane would overwrite.
+	// One that takes reconcileMu after this sees the pool closed.
+	p.reconcileMu.Lock()
+	defer p.reconcileMu.Unlock()
 	s := p.seg
 	if err := s.lockStructure(); err != nil {
 		return err

@@ -29,6 +29,12 @@ func (p *Pool) Reconcile() error {
 	}
 	p.reconcileMu.Lock()
 	defer p.reconcileMu.Unlock()
+	// Again under the lock, which Close holds while it releases the lane:
+	// a Reconcile that waited for it must not heal or age a lane that may
+	// be another process's by now.
+	if p.closed.Load() {
+		return ErrClosed
+	}
 	p.guards.Store(nil) // see guardBatch
 	s := p.seg
 	atomic.StoreUint64(s.u64(s.laneOff(p.lane)+lnHeartbeat), uint64(time.Now().UnixNano()))
