@@ -65,55 +65,26 @@ func (u *adv11StuckUpstream) close() {
 }
 
 func (u *adv11StuckUpstream) serve(c net.Conn) {
-	preface := make([]byte, len(http2.ClientPreface))
-	if _, err := io.ReadFull(c, preface); err != nil {
-		return
-	}
-	fr := http2.NewFramer(c, c)
-	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 30})
-	fr.WriteWindowUpdate(0, 1<<30)
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			return
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				fr.WriteSettingsAck()
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				fr.WritePing(true, f.Data)
-			}
-		case *http2.HeadersFrame:
-			var b bytes.Buffer
-			enc := hpack.NewEncoder(&b)
-			enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-			enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
-			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
-			// Reads on for a while, so that the client has the response
-			// before its write blocks (the ClientConn's State waits
-			// behind a blocked write, and the stream's end reads it),
-			// then reads nothing more; close closes c.
-			c.SetReadDeadline(time.Now().Add(adv11StuckAfter))
-			for {
-				if _, err := fr.ReadFrame(); err != nil {
-					return
-				}
+	serveH2Frames(c, []http2.Setting{{ID: http2.SettingInitialWindowSize, Val: 1 << 30}}, func(fr *http2.Framer, f *http2.HeadersFrame) {
+		var b bytes.Buffer
+		enc := hpack.NewEncoder(&b)
+		enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
+		// Reads on for a while, so that the client has the response
+		// before its write blocks (the ClientConn's State waits behind a
+		// blocked write, and the stream's end reads it), then reads
+		// nothing more; close closes c.
+		c.SetReadDeadline(time.Now().Add(adv11StuckAfter))
+		for {
+			if _, err := fr.ReadFrame(); err != nil {
+				return
 			}
 		}
-	}
+	})
 }
 
 const adv11StuckAfter = 300 * time.Millisecond
-
-type adv11Zeros struct{}
-
-func (adv11Zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
-}
 
 // TestAdv11H2RetireBehindStuckWrite: an HTTP/2 connection over TLS whose
 // upstream answered a request and stopped reading while the request body
@@ -134,7 +105,7 @@ func TestAdv11H2RetireBehindStuckWrite(t *testing.T) {
 	})
 	url := "https://" + u.ln.Addr().String() + "/"
 	const size = 256 << 20
-	req, err := http.NewRequest("POST", url, io.LimitReader(adv11Zeros{}, size))
+	req, err := http.NewRequest("POST", url, io.LimitReader(zeros{}, size))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,14 +11,6 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// zeros is an endless request body.
-type zeros struct{}
-
-func (zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
-}
-
 // newStuckH2 is an h2c upstream that grants a large flow-control window,
 // answers SETTINGS and PING, and stops reading its connection at a
 // request's HEADERS, until release is closed: a client writing that
@@ -34,33 +26,9 @@ func newStuckH2(t *testing.T, release <-chan struct{}) string {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetReadBuffer(4 << 10)
 		}
-		preface := make([]byte, len(http2.ClientPreface))
-		if _, err := io.ReadFull(c, preface); err != nil {
-			return
-		}
-		fr := http2.NewFramer(c, c)
-		fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 100},
-			http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 30})
-		fr.WriteWindowUpdate(0, 1<<30)
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					fr.WriteSettingsAck()
-				}
-			case *http2.PingFrame:
-				if !f.IsAck() {
-					fr.WritePing(true, f.Data)
-				}
-			case *http2.HeadersFrame:
-				<-release
-				return
-			}
-		}
+		serveH2Frames(c, []http2.Setting{{ID: http2.SettingMaxConcurrentStreams, Val: 100},
+			{ID: http2.SettingInitialWindowSize, Val: 1 << 30}},
+			func(*http2.Framer, *http2.HeadersFrame) { <-release })
 	})
 	return "http://" + ln.Addr().String()
 }

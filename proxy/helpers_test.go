@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -10,7 +11,50 @@ import (
 	"time"
 
 	"github.com/orbitproxy/orbit/orbitpool"
+	"golang.org/x/net/http2"
 )
+
+// zeros is an endless request body.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// serveH2Frames is a bare HTTP/2 server on c: it reads the client preface,
+// sends settings and a connection window of 1 GiB, answers SETTINGS and
+// PING, and hands the first request's HEADERS to onHeaders, then returns.
+// Tests use it to make an upstream misbehave at that point (answer, then
+// stop reading; or stop reading at once).
+func serveH2Frames(c net.Conn, settings []http2.Setting, onHeaders func(*http2.Framer, *http2.HeadersFrame)) {
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(c, preface); err != nil {
+		return
+	}
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings(settings...)
+	fr.WriteWindowUpdate(0, 1<<30)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				fr.WritePing(true, f.Data)
+			}
+		case *http2.HeadersFrame:
+			onHeaders(fr, f)
+			return
+		}
+	}
+}
 
 // member is one process's worth of fleet inside the test process: opening
 // the segment again joins it as another lane, with its own Node and socket.
