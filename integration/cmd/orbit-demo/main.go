@@ -8,6 +8,7 @@
 //	go run ./integration/cmd/orbit-demo -scenarios fast,slow
 //	go run ./integration/cmd/orbit-demo -peers           # nginx and HAProxy too, if on PATH
 //	go run ./integration/cmd/orbit-demo -stock-default   # and Caddy's stock transport untuned
+//	go run ./integration/cmd/orbit-demo -scenarios fast -rounds 5   # ratios over alternating runs
 //
 // By default it runs the scenarios where sharing matters most: an upstream
 // that refuses connections past 16 (capped), a cold start of 256 clients
@@ -15,6 +16,12 @@
 // a worker's death (tls-churn). A scenario whose upstream has a cap also runs
 // without a proxy (direct): the load holds the capped connections itself,
 // which measures what the upstream can serve on this machine.
+//
+// On a shared machine one run's ratio of orbit to stock can swing by a
+// fifth from the next one's. With -rounds N every scenario runs N times,
+// the variants in turn and their order reversed every other round, and the
+// summary gives the median and range of orbit's ratios to stock over the
+// rounds.
 //
 // Everything runs on loopback; every process it starts is stopped before it
 // exits.
@@ -24,8 +31,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +52,7 @@ func main() {
 		peers   = flag.Bool("peers", false, "also run nginx and HAProxy, if on PATH, in the same table")
 		defs    = flag.Bool("stock-default", false, "also run the stock transport with Caddy's default idle pool (32 per upstream)")
 		strict  = flag.Bool("strict", false, "also run orbit with waiters served in strict arrival order (order_window 0)")
+		rounds  = flag.Int("rounds", 1, "run every scenario this many times, alternating the variants' order, and summarise orbit's ratios to stock")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -62,13 +72,17 @@ func main() {
 		}
 		variants = append(variants, found...)
 	}
-	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all, variants); err != nil {
+	if *rounds < 1 {
+		fmt.Fprintln(os.Stderr, "orbit-demo: -rounds must be at least 1")
+		os.Exit(2)
+	}
+	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all, *rounds, variants); err != nil {
 		fmt.Fprintln(os.Stderr, "orbit-demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool, variants []scenario.Variant) error {
+func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool, rounds int, variants []scenario.Variant) error {
 	catalogue := scenario.Catalogue(d)
 	list := catalogue
 	if !all {
@@ -90,28 +104,107 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 	}
 	r := &scenario.Runner{Caddy: caddy, Workers: workers, Dir: dir, Progress: os.Stderr}
 	var rows []scenario.Row
-	for _, s := range list {
-		if s.Conns == 0 {
-			s.Conns = conns
-		}
-		vs := variants
-		if s.Upstream.MaxConns > 0 && s.Client == nil {
-			vs = append([]scenario.Variant{scenario.Direct}, variants...)
-		}
-		for _, v := range vs {
-			if s.Client != nil && !v.Caddy() {
-				fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
-				continue
+	for round := 1; round <= rounds; round++ {
+		for _, s := range list {
+			if s.Conns == 0 {
+				s.Conns = conns
 			}
-			fmt.Fprintf(os.Stderr, "%s, %d workers, %s, %d connections for %v\n", s.Name, workers, v, s.Conns, d)
-			row, err := r.Run(ctx, s, v)
-			if err != nil {
-				return err
+			vs := variants
+			if s.Upstream.MaxConns > 0 && s.Client == nil {
+				vs = append([]scenario.Variant{scenario.Direct}, variants...)
 			}
-			rows = append(rows, row)
+			if round%2 == 0 {
+				// What runs first may find the machine quieter (or its
+				// caches colder) than what runs next.
+				vs = slices.Clone(vs)
+				slices.Reverse(vs)
+			}
+			if rounds > 1 {
+				// One row per scenario and variant in each round.
+				s.Name = fmt.Sprintf("%s#%d", s.Name, round)
+			}
+			for _, v := range vs {
+				if s.Client != nil && !v.Caddy() {
+					fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
+					continue
+				}
+				fmt.Fprintf(os.Stderr, "%s, %d workers, %s, %d connections for %v\n", s.Name, workers, v, s.Conns, d)
+				row, err := r.Run(ctx, s, v)
+				if err != nil {
+					return err
+				}
+				rows = append(rows, row)
+			}
 		}
 	}
 	fmt.Println()
 	scenario.PrintTable(os.Stdout, rows)
+	if rounds > 1 {
+		printRounds(os.Stdout, rows)
+	}
 	return nil
+}
+
+// printRounds gives, for each scenario run in several rounds, the median and
+// range over the rounds of orbit's requests/s and CPU per request as ratios
+// to stock's in the same round.
+func printRounds(w io.Writer, rows []scenario.Row) {
+	type pair struct{ orbit, stock *scenario.Row }
+	byRun := map[string]*pair{}
+	var names []string // scenarios, in the order they ran
+	for i := range rows {
+		r := &rows[i]
+		run := r.Scenario
+		name, _, _ := strings.Cut(run, "#")
+		if byRun[run] == nil {
+			byRun[run] = &pair{}
+			if !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+		}
+		switch r.Variant {
+		case scenario.Orbit:
+			byRun[run].orbit = r
+		case scenario.Stock:
+			byRun[run].stock = r
+		}
+	}
+	fmt.Fprintln(w, "\nOrbit against stock over the rounds (median, and range):")
+	for _, name := range names {
+		var rps, cpu []float64
+		for run, p := range byRun {
+			if n, _, _ := strings.Cut(run, "#"); n != name || p.orbit == nil || p.stock == nil {
+				continue
+			}
+			if s := p.stock.Load.RPS(); s > 0 {
+				rps = append(rps, p.orbit.Load.RPS()/s)
+			}
+			if s := p.stock.CPUPerRequest(); s > 0 && p.orbit.CPU > 0 {
+				cpu = append(cpu, float64(p.orbit.CPUPerRequest())/float64(s))
+			}
+		}
+		if len(rps) == 0 {
+			continue
+		}
+		unit := "rounds"
+		if len(rps) == 1 {
+			unit = "round"
+		}
+		fmt.Fprintf(w, "  %-10s %d %s: %s the requests/s", name, len(rps), unit, ratioSpread(rps))
+		if len(cpu) > 0 {
+			fmt.Fprintf(w, "; CPU per request %s", ratioSpread(cpu))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// ratioSpread is "1.08x (0.95x to 1.21x)": the median and range of xs.
+func ratioSpread(xs []float64) string {
+	slices.Sort(xs)
+	n := len(xs)
+	med := xs[n/2]
+	if n%2 == 0 {
+		med = (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return fmt.Sprintf("%.2fx (%.2fx to %.2fx)", med, xs[0], xs[n-1])
 }
