@@ -347,15 +347,20 @@ func (n *Node) stateH2(hc *h2conn, f func(*h2conn), off bool) {
 }
 
 // runStateH2 runs f holding hc.syncing, then syncH2Now for as long as a
-// resync was asked for meanwhile.
+// resync was asked for meanwhile. A resync asked for before f runs is not
+// cleared then: syncing is taken before a runner off the caller's goroutine
+// is scheduled, and f may be the follower's check, which looks at the
+// stream limit only, so the full sync asked for (a stream's end, which
+// retires a draining connection) runs after it. At worst a read of the
+// state more.
 func (n *Node) runStateH2(hc *h2conn, f func(*h2conn)) {
 	for {
-		hc.resync.Store(false)
 		f(hc)
 		hc.syncing.Store(false)
 		if !hc.resync.Load() || !hc.syncing.CompareAndSwap(false, true) {
 			return
 		}
+		hc.resync.Store(false)
 		f = n.syncH2Now
 	}
 }
