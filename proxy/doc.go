@@ -79,7 +79,7 @@
 // first answered with an error frame (ErrRequestHeaderTooLarge for the
 // first), which the sibling reads when its write fails as the stream
 // closes: it fails at once, not retry-safe, rather than take the owner for
-// gone. While a response is being produced the owner keeps a read
+// gone, and does not keep the stream. While a response is being produced the owner keeps a read
 // pending on the stream (after a short delay, so fast exchanges never pay for
 // it): if the peer goes, the exchange is cancelled and the upstream connection
 // closed rather than held. An owner that dies closes its streams, so a caller

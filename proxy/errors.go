@@ -53,6 +53,18 @@ var (
 // attempts keep off its connections.
 var errOwnerLeaving = errors.New("the owner is leaving the fleet")
 
+// errMalformedRequestHead is an owner's refusal of a sibling's request head
+// that does not parse (see refuseHead), as it sends it and as its sibling
+// reads it back: the sibling then knows the stream ends with the refusal.
+var errMalformedRequestHead = errors.New("proxy: malformed request head")
+
+// headRefused reports whether err is an owner's refusal of the request
+// head (refuseHead), after which the owner closes the stream: the refusal
+// does not leave it in step, as other refusals before the accept do.
+func headRefused(err error) bool {
+	return errors.Is(err, ErrRequestHeaderTooLarge) || errors.Is(err, errMalformedRequestHead)
+}
+
 // Error describes a failed round trip.
 //
 // RetrySafe reports that nothing of the request could have reached the

@@ -185,8 +185,10 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	if err != nil {
 		var pe *Error
 		// A refusal leaves the stream in step, except one as closing,
-		// which may be the leaving owner's last word, unasked.
-		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving)
+		// which may be the leaving owner's last word, unasked, and one
+		// of the head, after which the owner closes the stream, having
+		// read no further than it could (see refuseHead).
+		refused := o.leg != nil && errors.As(err, &pe) && pe.beforeAccept && !errors.Is(err, errOwnerLeaving) && !headRefused(err)
 		if refused {
 			x.refused.Store(true)
 		}

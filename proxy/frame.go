@@ -104,6 +104,7 @@ const (
 	errCodeHeaderTimeout
 	errCodeDeadline
 	errCodeReqHeaderTooLarge
+	errCodeReqMalformed
 	errCodeMax
 )
 
@@ -115,6 +116,7 @@ var errCodeSentinels = [errCodeMax]error{
 	errCodeDeadline:       context.DeadlineExceeded,
 	// The owner's own refusal of a sibling's head (see refuseHead).
 	errCodeReqHeaderTooLarge: ErrRequestHeaderTooLarge,
+	errCodeReqMalformed:      errMalformedRequestHead,
 }
 
 func errCode(err error) uint16 {

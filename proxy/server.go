@@ -409,7 +409,9 @@ const refuseHeadWait = 10 * time.Millisecond
 // is not retry-safe: any owner would refuse the same head, as a server
 // answers it 431 or 400. The peer's unread bytes are not read: the frame is
 // in the stream before the close that fails the peer's write, and the
-// sibling reads it then (see exchange.ownerAnswer).
+// sibling reads it then (see exchange.ownerAnswer). Its code (see
+// headRefused) tells a sibling whose write went through that the stream
+// ends here, unlike other refusals.
 func refuseHead(nc net.Conn, bw *bufio.Writer, err error) {
 	nc.SetWriteDeadline(time.Now().Add(refuseHeadWait))
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}))
@@ -642,7 +644,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			// The stream broke under the head: nobody to tell.
 		default:
 			s.log.Info("malformed request from peer", zap.Error(err))
-			refuseHead(nc, bw, fmt.Errorf("malformed request head: %w", err))
+			refuseHead(nc, bw, fmt.Errorf("%w: %w", errMalformedRequestHead, err))
 		}
 		return false
 	}
