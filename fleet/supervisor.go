@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -46,7 +47,10 @@ const (
 	// worker whose admin endpoint hangs counts as refusing it (and is asked
 	// again, see retryRefused) instead of holding every later reload back.
 	// Loading a configuration provisions its modules, which may take a
-	// while; a minute is far beyond any healthy load.
+	// while; a minute is far beyond any healthy load. Caddy answers a load
+	// only once the old configuration has stopped, which sleeps through
+	// its shutdown_delay when a listener closes: that comes on top (see
+	// loadTimeoutFor).
 	workerLoadTimeout = time.Minute
 )
 
@@ -626,7 +630,7 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 		ts = append(ts, target{w.id, w.gen, w.sock, body})
 	}
 	s.reloading = true
-	timeout := cmp.Or(s.loadTimeout, workerLoadTimeout)
+	timeout := s.loadTimeoutFor(cfg)
 	go func() {
 		loads := make([]loadResult, len(ts))
 		var wg sync.WaitGroup
@@ -725,6 +729,36 @@ func (s *supervisor) retryRefused() {
 		}
 	}
 	s.catchUp()
+}
+
+// loadTimeoutFor bounds a load of cfg into a worker: workerLoadTimeout (or
+// s.loadTimeout) past the shutdown_delay that the load may sleep through
+// (Caddy stops the old configuration's HTTP app before it answers, and that
+// app waits its shutdown_delay when a listener closes). The old
+// configuration is taken to be the fleet's, or cfg's delay if longer: a
+// worker behind the fleet runs one the supervisor no longer has.
+func (s *supervisor) loadTimeoutFor(cfg []byte) time.Duration {
+	return cmp.Or(s.loadTimeout, workerLoadTimeout) + max(shutdownDelay(cfg), shutdownDelay(s.config))
+}
+
+// shutdownDelay is the shutdown_delay of config's HTTP app as a worker runs
+// it (workerShutdownDelay where it sets none, see workerConfig); 0 without
+// an HTTP app, or if config does not decode, which push has reported.
+func shutdownDelay(config []byte) time.Duration {
+	var cfg struct {
+		Apps struct {
+			HTTP *struct {
+				ShutdownDelay *caddy.Duration `json:"shutdown_delay"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if json.Unmarshal(config, &cfg) != nil || cfg.Apps.HTTP == nil {
+		return 0
+	}
+	if cfg.Apps.HTTP.ShutdownDelay == nil {
+		return workerShutdownDelay
+	}
+	return max(time.Duration(*cfg.Apps.HTTP.ShutdownDelay), 0)
 }
 
 // loadInto makes the worker at admin socket sock run config, even if it is
