@@ -638,7 +638,12 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 			wg.Go(func() {
 				err := loadInto(t.sock, t.body, timeout)
 				if err != nil {
-					s.log.Error("reloading worker: it keeps running its previous configuration", zap.Int("worker", t.id), zap.Error(err))
+					msg := "reloading worker: it keeps running its previous configuration"
+					if errors.Is(err, errLoadTimeout) {
+						// Counted as a refusal, but it may still apply it.
+						msg = "reloading worker: no answer in time; counted as a refusal, though it may still apply the configuration"
+					}
+					s.log.Error(msg, zap.Int("worker", t.id), zap.Error(err))
 				} else {
 					s.log.Info("worker reloaded", zap.Int("worker", t.id))
 				}
@@ -761,6 +766,9 @@ func shutdownDelay(config []byte) time.Duration {
 	return max(time.Duration(*cfg.Apps.HTTP.ShutdownDelay), 0)
 }
 
+// errLoadTimeout is a load into a worker that got no answer in time.
+var errLoadTimeout = errors.New("load timed out")
+
 // loadInto makes the worker at admin socket sock run config, even if it is
 // unchanged (as `caddy reload --force` does), within timeout. Caddy's own
 // admin client (caddycmd.AdminAPIRequest) has no timeout.
@@ -784,7 +792,7 @@ func loadInto(sock string, config []byte, timeout time.Duration) error {
 	}}
 	resp, err := client.Do(req)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("its admin endpoint did not answer within %s", timeout)
+		return fmt.Errorf("%w: its admin endpoint did not answer within %s", errLoadTimeout, timeout)
 	}
 	if err != nil {
 		return err
