@@ -177,6 +177,17 @@ func (p *Pool) join() error {
 // Lane is this process's lane in the segment.
 func (p *Pool) Lane() int { return p.lane }
 
+// LaneIncarnation is the incarnation of the process that holds lane now, or
+// last held it; 0 for a lane out of range, one never held, or once this
+// pool is closed. A lease names its owner's incarnation (Lease.Owner): a
+// caller that holds one can tell whether the lane changed hands since.
+func (p *Pool) LaneIncarnation(lane int) Incarnation {
+	if p.closed.Load() || lane < 0 || lane >= p.l.nlanes {
+		return 0
+	}
+	return Incarnation(atomic.LoadUint64(p.seg.u64(p.seg.laneOff(lane) + lnIncarnation)))
+}
+
 // OrderWindow is the pool's Options.OrderWindow: 0 when waiters are served
 // in strict ticket order.
 func (p *Pool) OrderWindow() uint32 { return p.opts.OrderWindow }

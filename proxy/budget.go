@@ -100,9 +100,18 @@ func isRefusal(err error) bool {
 }
 
 // avoided is what one request's attempts keep off: owners that rejected it
-// for want of room in time (busy), and owners leaving the fleet.
+// for want of room in time (busy, by lane), and owners leaving the fleet or
+// gone (by lane and incarnation: a process that takes the lane next is not
+// the one that left).
 type avoided struct {
-	busy, leaving []int
+	busy    []int
+	leaving []leftOwner
+}
+
+// leftOwner is an owner that left, or is leaving, lane.
+type leftOwner struct {
+	lane  int
+	owner orbitpool.Incarnation
 }
 
 // avoidLanes is a policy that reuses no connection of the lanes a request's
@@ -114,15 +123,28 @@ type avoided struct {
 type avoidLanes struct {
 	inner orbitpool.Policy
 	avoid *avoided
+	pool  *orbitpool.Pool // whose lanes' incarnations tell a leaving owner's successor
+	left  []int           // lanes still held by an owner that is leaving
 	keep  []orbitpool.Candidate
 	index []int // of keep's candidates in the full view
 }
 
 // Decide implements orbitpool.Policy.
 func (p *avoidLanes) Decide(v *orbitpool.View) orbitpool.Decision {
-	d, filtered := p.decideWithout(v, p.avoid.busy, p.avoid.leaving)
+	// A lane that changed hands since its owner refused as leaving (or was
+	// found gone) is a new process's, whose connections serve like any
+	// other: under a cap they may be all the key has, and a request that
+	// kept off them would wait out its deadline. Looked at on every
+	// decision, for a request may wait on the pool for that long.
+	p.left = p.left[:0]
+	for _, o := range p.avoid.leaving {
+		if p.pool.LaneIncarnation(o.lane) == o.owner {
+			p.left = append(p.left, o.lane)
+		}
+	}
+	d, filtered := p.decideWithout(v, p.avoid.busy, p.left)
 	if filtered && d.Action == orbitpool.ActionWait && len(p.avoid.busy) > 0 {
-		d, _ = p.decideWithout(v, p.avoid.leaving)
+		d, _ = p.decideWithout(v, p.left)
 	}
 	return d
 }

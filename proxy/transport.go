@@ -514,9 +514,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 	}
 	if len(avoid.busy)+len(avoid.leaving) > 0 {
-		policy = &avoidLanes{inner: policy, avoid: avoid}
+		policy = &avoidLanes{inner: policy, avoid: avoid, pool: n.pool}
 		if fallback != nil {
-			fallback = &avoidLanes{inner: fallback, avoid: avoid}
+			fallback = &avoidLanes{inner: fallback, avoid: avoid, pool: n.pool}
 		}
 	}
 	near := t.nearWindow()
@@ -586,7 +586,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
 			case errors.Is(err, errOwnerLeaving), ownerDown(err):
-				avoid.leaving = append(avoid.leaving, lane)
+				avoid.leaving = append(avoid.leaving, leftOwner{lane, plan.Lease.Owner})
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
 				// Let the pool learn of a dead sibling now rather than at
