@@ -403,18 +403,22 @@ func (hc *h2conn) idleExpired() bool {
 // cannot is drained. One idle past its timeout cannot, whenever the sweep
 // next runs (the ClientConn, which has no idle timeout, would take it).
 //
-// The drain is done here, not left to syncH2, which may leave it to a read
-// of the state in flight elsewhere: the caller plans again at once (or its
-// sibling does, refused), and the pool must not offer hc to it again. A
-// ClientConn that cannot take a request never can again (the Transport
-// sets StrictMaxConcurrentStreams, so a full one still can); syncH2 then
-// retires a closed one at once.
+// The pool's view is brought in line here, on this goroutine, not through
+// syncH2, which may leave the work to a read of the state in flight
+// elsewhere: the caller plans again at once (or its sibling does, refused),
+// and the pool must not offer hc to it again. The state, not
+// CanTakeNewRequest, says whether hc is done for: x/net's wrapper of
+// net/http's HTTP/2 client (Go 1.27) reports a full connection as unable
+// too.
 func (n *Node) usableH2(hc *h2conn) bool {
 	if hc.cc.CanTakeNewRequest() && !hc.idleExpired() {
 		return true
 	}
-	n.drainH2(hc)
-	n.syncH2(hc)
+	if hc.idleExpired() {
+		n.drainH2(hc)
+	} else {
+		n.syncH2Now(hc)
+	}
 	return false
 }
 
