@@ -213,7 +213,13 @@ func TestAdv7FleetStopDuringReload(t *testing.T) {
 	if left := processesNaming(f.runDir); len(left) > 0 {
 		t.Errorf("processes of the fleet still running: %v", left)
 	}
-	waitFor(t, 5*time.Second, "the segment to be removed", func() bool { return len(f.adv7Leftovers()) == 0 })
+	deadline := time.Now().Add(5 * time.Second)
+	for left := f.adv7Leftovers(); len(left) > 0; left = f.adv7Leftovers() {
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind 5s after the fleet exited: %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestAdv7FleetStopKeepAlive: a stop while clients hold keep-alive

@@ -3,7 +3,6 @@ package fleet
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -770,39 +769,32 @@ func shutdownDelay(config []byte) time.Duration {
 var errLoadTimeout = errors.New("load timed out")
 
 // loadInto makes the worker at admin socket sock run config, even if it is
-// unchanged (as `caddy reload --force` does), within timeout. Caddy's own
-// admin client (caddycmd.AdminAPIRequest) has no timeout.
+// unchanged (as `caddy reload --force` does), within timeout. The request
+// is Caddy's own (caddycmd.AdminAPIRequest), whose client has no timeout:
+// past it the request is left to finish in the background, when the worker
+// answers or exits, and the load counts as refused. (With a client of our
+// own, which closed its connection after the answer, a worker that exited
+// during the load sometimes left its admin socket file behind; with
+// Caddy's client it did not.)
 func loadInto(sock string, config []byte, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	// The host is a placeholder: the admin endpoint of a unix socket
-	// accepts 127.0.0.1 as its Host.
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1/load", bytes.NewReader(config))
-	if err != nil {
+	done := make(chan error, 1)
+	go func() {
+		hdr := make(http.Header)
+		hdr.Set("Cache-Control", "must-revalidate")
+		resp, err := caddycmd.AdminAPIRequest("unix/"+sock, http.MethodPost, "/load", hdr, bytes.NewReader(config))
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
 		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Cache-Control", "must-revalidate")
-	client := http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
-		DisableKeepAlives: true,
-	}}
-	resp, err := client.Do(req)
-	if errors.Is(err, context.DeadlineExceeded) {
+	case <-t.C:
 		return fmt.Errorf("%w: its admin endpoint did not answer within %s", errLoadTimeout, timeout)
 	}
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 400 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return fmt.Errorf("caddy responded with error: HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
-	}
-	return nil
 }
 
 // adapt reads and adapts the configuration file.
