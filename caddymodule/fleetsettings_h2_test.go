@@ -18,9 +18,12 @@ import (
 // fleet, each in front of a frame-level h2c upstream of its own that
 // announces SETTINGS_MAX_CONCURRENT_STREAMS 8, lowers it to 2 under load
 // from twelve concurrent clients, then raises it to 6. Every call succeeds
-// through both, and neither ever opens a stream beyond the limit its
+// through both, and the fleet never opens a stream beyond the limit its
 // connection acknowledged (the upstream checks every HEADERS against it);
-// the fleet's calls go through a sibling's connection too.
+// the fleet's calls go through a sibling's connection too. Stock Caddy is
+// the baseline, not under test: its HTTP/2 client (x/net's, without
+// StrictMaxConcurrentStreams) was seen to open a stream past the lowered
+// limit, once in a CI run; that is logged, not failed.
 func TestFleetH2CPeerLowersStreamLimit(t *testing.T) {
 	upStock := h2frame.New(t, 8, 3*time.Millisecond)
 	upFleet := h2frame.New(t, 8, 3*time.Millisecond)
@@ -100,6 +103,15 @@ func TestFleetH2CPeerLowersStreamLimit(t *testing.T) {
 		}
 	}
 
+	// report is how a target's excess over the limit is told: an error
+	// for the fleet, a line of the log for the baseline.
+	report := func(name string) func(string, ...any) {
+		if name == "stock" {
+			return t.Logf
+		}
+		return t.Errorf
+	}
+
 	moreLoad("load at limit 8")
 	remoteBefore := f.remoteUses(fleetHost)
 	change(2)
@@ -108,7 +120,7 @@ func TestFleetH2CPeerLowersStreamLimit(t *testing.T) {
 	for _, tg := range targets {
 		peak[tg.name] = tg.up.PeakSinceAck()
 		if peak[tg.name] > 2 {
-			t.Errorf("%s: %d streams at once on a connection that acknowledged limit 2", tg.name, peak[tg.name])
+			report(tg.name)("%s: %d streams at once on a connection that acknowledged limit 2", tg.name, peak[tg.name])
 		}
 	}
 	change(6)
@@ -118,7 +130,7 @@ func TestFleetH2CPeerLowersStreamLimit(t *testing.T) {
 	for _, tg := range targets {
 		c, s, a, violations := tg.up.Stats()
 		for _, v := range violations {
-			t.Errorf("%s: %s", tg.name, v)
+			report(tg.name)("%s: %s", tg.name, v)
 		}
 		if tg.fail.Load() != 0 {
 			t.Errorf("%s: %d of %d calls failed, first: %v", tg.name, tg.fail.Load(), tg.ok.Load()+tg.fail.Load(), tg.firstErr.Load())
