@@ -7,26 +7,19 @@ import (
 	"time"
 )
 
-// TestAdv14UsableH2FullNotDrained: usableH2 drains at once a connection
-// whose ClientConn cannot take a request (cb1c60d), on the grounds that
-// with StrictMaxConcurrentStreams a ClientConn that is merely full still
-// can. A connection whose one stream (the peer's limit) is running must
-// then stay usable and keep its pool capacity; one that got GOAWAY must
-// have capacity 0 at once and leave the pool once its stream ends.
+// TestAdv14UsableH2FullNotDrained: usableH2 drains a connection that cannot
+// take a request any more, at once, but not one that is merely full (its
+// one stream, the peer's limit, running): that one stays usable and keeps
+// its pool capacity, whatever CanTakeNewRequest says of a full connection
+// (x/net's wrapper of net/http's client, built with Go 1.27, says false).
+// One that got GOAWAY has capacity 0 at once and leaves the pool once its
+// stream ends.
 func TestAdv14UsableH2FullNotDrained(t *testing.T) {
 	up := newH2Upstream(t, 1)
 	owner, _ := remotePair(t, h2cConf)
 	warmH2(t, owner, up.url)
 	key := mustKey(t, owner.tr, up.url)
-	var hc *h2conn
-	for i := range owner.node.h2slots {
-		if c := owner.node.h2slots[i].Load(); c != nil {
-			hc = c
-		}
-	}
-	if hc == nil {
-		t.Fatal("no HTTP/2 connection installed")
-	}
+	hc := installedH2(t, owner)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := owner.tr.RoundTrip(grpcReq(t, ctx, up.url+"/hold", http.NoBody))
@@ -56,22 +49,14 @@ func TestAdv14UsableH2FullNotDrained(t *testing.T) {
 
 // TestAdv14UsableH2ClosedRetiresAtOnce: a ClientConn closed under the pool
 // (the upstream went) is retired at once by usableH2, its unit back before
-// closeWait: drainH2, called first since cb1c60d, takes the slot for a
-// retirement in good order, which must not wait on a socket already gone.
+// closeWait: a retirement in good order must not wait on a socket already
+// gone.
 func TestAdv14UsableH2ClosedRetiresAtOnce(t *testing.T) {
 	up := newH2Upstream(t, 10)
 	owner, _ := remotePair(t, h2cConf)
 	warmH2(t, owner, up.url)
 	key := mustKey(t, owner.tr, up.url)
-	var hc *h2conn
-	for i := range owner.node.h2slots {
-		if c := owner.node.h2slots[i].Load(); c != nil {
-			hc = c
-		}
-	}
-	if hc == nil {
-		t.Fatal("no HTTP/2 connection installed")
-	}
+	hc := installedH2(t, owner)
 	up.close()
 	waitFor(t, 5*time.Second, "the ClientConn to close", func() bool { return !hc.cc.CanTakeNewRequest() })
 	// Mostly still installed here; the follower may have retired it first.
@@ -84,4 +69,16 @@ func TestAdv14UsableH2ClosedRetiresAtOnce(t *testing.T) {
 	if d := time.Since(start); d >= closeWait {
 		t.Fatalf("a closed connection left the pool after %v; want before closeWait (%v)", d, closeWait)
 	}
+}
+
+// installedH2 is m's one installed HTTP/2 connection.
+func installedH2(t *testing.T, m *member) *h2conn {
+	t.Helper()
+	for i := range m.node.h2slots {
+		if c := m.node.h2slots[i].Load(); c != nil {
+			return c
+		}
+	}
+	t.Fatal("no HTTP/2 connection installed")
+	return nil
 }
