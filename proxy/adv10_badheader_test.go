@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -103,7 +104,7 @@ func TestAdv10InvalidMethodRefusedLikeNetHTTP(t *testing.T) {
 }
 
 // TestAdv10ControlBytesInURLCostNoConnection: a request line with control
-// bytes (a raw query with a newline) is refused, as Request.Write refuses
+// bytes (in a raw query or an opaque target) is refused, as Request.Write refuses
 // it, before a connection or a sibling's stream is taken: the write that
 // refused it tore down the pooled connection it had taken, and each retry
 // another.
@@ -114,10 +115,15 @@ func TestAdv10ControlBytesInURLCostNoConnection(t *testing.T) {
 		})
 	}
 	adv10Paths(t, mk, func(t *testing.T, u *adv10Upstream, rt http.RoundTripper, owner *member) {
-		req, _ := http.NewRequest("GET", u.url("/q"), nil)
-		req.URL.RawQuery = "a=\nb"
-		if _, err := rt.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "control character") {
-			t.Errorf("a raw query with a newline: %v, want a refusal", err)
+		for what, set := range map[string]func(*url.URL){
+			"a raw query with a newline":  func(u *url.URL) { u.RawQuery = "a=\nb" },
+			"an opaque target with a DEL": func(u *url.URL) { u.Opaque = "/q\x7f" },
+		} {
+			req, _ := http.NewRequest("GET", u.url("/q"), nil)
+			set(req.URL)
+			if _, err := rt.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "control character") {
+				t.Errorf("%s: %v, want a refusal", what, err)
+			}
 		}
 		resp, body, err := adv10Do(t, rt, "GET", u.url("/next"), nil)
 		adv10CheckOwn(t, "next request", resp, body, err, "/next")

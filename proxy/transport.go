@@ -285,8 +285,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// Request.Write refuses a request line with control bytes, but only once
 	// a connection or a stream is taken, which the failed write then tears
-	// down, on every retry.
-	if strings.ContainsFunc(req.URL.RequestURI(), func(r rune) bool { return r < ' ' || r == 0x7f }) {
+	// down, on every retry. They can come only from the URL's opaque part
+	// or its query: RequestURI escapes the path (a RawPath with them is not
+	// valid, and not used), so these two are checked without building it.
+	if hasCTL(req.URL.Opaque) || hasCTL(req.URL.RawQuery) {
 		closeBody()
 		return nil, errors.New("proxy: can't write control character in Request.URL")
 	}
@@ -845,6 +847,12 @@ func shallowWithBody(req *http.Request, body io.ReadCloser) *http.Request {
 	r := *req
 	r.Body = body
 	return &r
+}
+
+// hasCTL reports whether s has an ASCII control byte, which net/http refuses
+// in a request line.
+func hasCTL(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f })
 }
 
 // rewind decides whether a failed attempt may be sent again and returns the
