@@ -411,12 +411,12 @@ func (hc *h2conn) idleExpired() bool {
 // net/http's HTTP/2 client (Go 1.27) reports a full connection as unable
 // too.
 func (n *Node) usableH2(hc *h2conn) bool {
-	if hc.cc.CanTakeNewRequest() && !hc.idleExpired() {
-		return true
-	}
-	if hc.idleExpired() {
+	switch {
+	case hc.idleExpired():
 		n.drainH2(hc)
-	} else {
+	case hc.cc.CanTakeNewRequest():
+		return true
+	default:
 		n.syncH2Now(hc)
 	}
 	return false
