@@ -153,7 +153,7 @@ func (s *server) serve() error {
 		}
 		if !s.track(c, true) {
 			if s.draining.Load() {
-				s.refuse(c)
+				lastWord(c, leavingFrame, leavingWriteWait)
 			}
 			c.Close()
 			return ErrClosed
@@ -209,9 +209,11 @@ const idleCapGrace = 100 * time.Millisecond
 var idleCapFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectOverload,
 	msg: "owner busy: too many idle streams from one peer"})
 
-func (s *server) refuse(c net.Conn) {
-	c.SetWriteDeadline(time.Now().Add(leavingWriteWait))
-	c.Write(leavingFrame)
+// lastWord writes frame to c, the last thing c carries before it closes,
+// waiting no longer than wait for a peer that does not read.
+func lastWord(c net.Conn, frame []byte, wait time.Duration) {
+	c.SetWriteDeadline(time.Now().Add(wait))
+	c.Write(frame)
 }
 
 // refuseQueued accepts the streams queued on the socket, without blocking,
@@ -258,7 +260,7 @@ func (s *server) close() error {
 	err := s.ln.Close()
 	for c, busy := range s.conns {
 		if drained && !busy {
-			s.refuse(c)
+			lastWord(c, leavingFrame, leavingWriteWait)
 		}
 		c.Close()
 	}
@@ -330,8 +332,7 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 				// owner's streams (see close), rather than be lost with
 				// the stream, which would leave the peer unable to tell
 				// whether it was acted on.
-				nc.SetWriteDeadline(time.Now().Add(leavingWriteWait))
-				nc.Write(idleCapFrame)
+				lastWord(nc, idleCapFrame, leavingWriteWait)
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 				// The peer left, we are closing, or the stream sat idle.
 			default:
@@ -412,10 +413,8 @@ const refuseHeadWait = 10 * time.Millisecond
 // sibling reads it then (see exchange.ownerAnswer). Its code (see
 // headRefused) tells a sibling whose write went through that the stream
 // ends here, unlike other refusals.
-func refuseHead(nc net.Conn, bw *bufio.Writer, err error) {
-	nc.SetWriteDeadline(time.Now().Add(refuseHeadWait))
-	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}))
-	bw.Flush()
+func refuseHead(nc net.Conn, err error) {
+	lastWord(nc, appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}), refuseHeadWait)
 }
 
 // readBodyWithHead reads the short body that a frame without
@@ -637,14 +636,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		switch {
 		case errors.Is(err, errHeaderLimit):
 			s.log.Info("request head from peer over the header limit", zap.Int64("limit", limit))
-			refuseHead(nc, bw, fmt.Errorf("%w: request head over the owner's limit of %d bytes", ErrRequestHeaderTooLarge, limit))
+			refuseHead(nc, fmt.Errorf("%w: request head over the owner's limit of %d bytes", ErrRequestHeaderTooLarge, limit))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			s.log.Info("request head from peer not complete by its deadline")
 		case isIOError(err):
 			// The stream broke under the head: nobody to tell.
 		default:
 			s.log.Info("malformed request from peer", zap.Error(err))
-			refuseHead(nc, bw, fmt.Errorf("%w: %w", errMalformedRequestHead, err))
+			refuseHead(nc, fmt.Errorf("%w: %w", errMalformedRequestHead, err))
 		}
 		return false
 	}
