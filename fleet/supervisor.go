@@ -86,10 +86,9 @@ type supervisor struct {
 	// retryDelay is how long after a partly refused reload the workers
 	// that refused the fleet's configuration are asked again (see
 	// retryRefused); it doubles from retryMin (0: retryRefusedMin) while
-	// they keep refusing. retryDue says a retry is scheduled.
+	// they keep refusing. retryTimer is the retry scheduled, if any.
 	retryDelay time.Duration
 	retryMin   time.Duration
-	retryDue   bool
 	retryTimer *time.Timer
 	// loadTimeout bounds each load into a worker (0: workerLoadTimeout).
 	loadTimeout time.Duration
@@ -375,7 +374,7 @@ func (s *supervisor) loop(startErr error) error {
 			}
 
 		case evRetryRefused:
-			s.retryDue = false
+			s.retryTimer = nil
 			if s.stopping {
 				break
 			}
@@ -691,7 +690,7 @@ func (s *supervisor) reloaded(ev event) {
 		}
 	}
 	switch {
-	case refused && !s.retryDue:
+	case refused && s.retryTimer == nil:
 		// Some workers refused the configuration the fleet runs: ask
 		// them again later, for as long as they refuse it.
 		s.retryDelay = min(max(2*s.retryDelay, s.retryLow()), retryRefusedMax)
@@ -704,7 +703,6 @@ func (s *supervisor) reloaded(ev event) {
 
 // armRetry schedules retryRefused in d.
 func (s *supervisor) armRetry(d time.Duration) {
-	s.retryDue = true
 	s.retryTimer = time.AfterFunc(d, func() { s.events <- event{kind: evRetryRefused} })
 }
 
