@@ -316,9 +316,11 @@ func (n *Node) drainH2(hc *h2conn) {
 // so a read of the state may wait as long as that write. At most one is in
 // flight per connection: a caller that finds one under way asks it to read
 // again when it is done (resync) and goes on, rather than queue behind it.
-// The goroutines every connection shares (the sweep, the follower) read on
-// a goroutine of their own (syncH2Off), so that a blocked connection holds
-// up nobody else's.
+// The goroutines every connection shares (the sweep, the follower) and a
+// request deciding whether to use hc (usableH2) read on a goroutine of
+// their own (syncH2Off), so that a blocked connection holds up nobody
+// else's. A stream's end reads here: x/net/http2's own end of the stream
+// waits for the write lock too.
 func (n *Node) syncH2(hc *h2conn) { n.stateH2(hc, n.syncH2Now, false) }
 
 // syncH2Off is syncH2, or f (which reads hc's state too), on a goroutine of
@@ -403,13 +405,14 @@ func (hc *h2conn) idleExpired() bool {
 // cannot is drained. One idle past its timeout cannot, whenever the sweep
 // next runs (the ClientConn, which has no idle timeout, would take it).
 //
-// The pool's view is brought in line here, on this goroutine, not through
-// syncH2, which may leave the work to a read of the state in flight
-// elsewhere: the caller plans again at once (or its sibling does, refused),
-// and the pool must not offer hc to it again. The state, not
-// CanTakeNewRequest, says whether hc is done for: x/net's wrapper of
-// net/http's HTTP/2 client (Go 1.27) reports a full connection as unable
-// too.
+// The pool must not offer hc again once this says no: the caller plans
+// again at once (or its sibling does, refused). Reading hc's state here
+// would wait behind a write blocked on it (see syncH2), past the request's
+// own deadline, so hc is paused instead (capacity 0, at once) and its state
+// read off this goroutine, which gives the capacity back or drains hc. The
+// state, not CanTakeNewRequest, says whether hc is done for: x/net's
+// wrapper of net/http's HTTP/2 client (Go 1.27) reports a full connection
+// as unable too.
 func (n *Node) usableH2(hc *h2conn) bool {
 	switch {
 	case hc.idleExpired():
@@ -417,9 +420,26 @@ func (n *Node) usableH2(hc *h2conn) bool {
 	case hc.cc.CanTakeNewRequest():
 		return true
 	default:
-		n.syncH2Now(hc)
+		n.pauseH2(hc)
+		n.syncH2Off(hc, n.syncH2Now)
 	}
 	return false
+}
+
+// pauseH2 takes hc's capacity to 0 until its state is next read.
+func (n *Node) pauseH2(hc *h2conn) {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if hc.draining || hc.capacity == 0 {
+		return
+	}
+	if err := n.pool.SetCapacity(hc.id, 0); err != nil {
+		if !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
+			n.log.Debug("pause", zap.Stringer("id", hc.id), zap.Error(err))
+		}
+		return
+	}
+	hc.capacity = 0
 }
 
 // useH2 runs req as one stream of hc under exec, which holds the stream's

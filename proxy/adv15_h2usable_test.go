@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// TestAdv15UnusableH2NotReadBehindBlockedWrite: a request the pool offers
+// an HTTP/2 connection that can take no new stream (its upstream sent
+// GOAWAY) while a write on it is blocked (the upstream stopped reading under
+// a request body). The request used to read the connection's state on its
+// own goroutine to take it out of the pool, and x/net/http2's State waits
+// for the blocked write: the request hung, past its own deadline. It must
+// go to a new connection at once instead.
+func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release) // before the member's cleanup: the write ends with it
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveConns(t, ln, func(c net.Conn, id int) {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetReadBuffer(4 << 10)
+		}
+		serveH2Frames(c, []http2.Setting{{ID: http2.SettingMaxConcurrentStreams, Val: 100},
+			{ID: http2.SettingInitialWindowSize, Val: 1 << 30}},
+			func(fr *http2.Framer, f *http2.HeadersFrame) {
+				if id == 1 {
+					// The stream goes on; no new one may start.
+					fr.WriteGoAway(f.StreamID, http2.ErrCodeNo, nil)
+					<-release
+					return
+				}
+				var b bytes.Buffer
+				enc := hpack.NewEncoder(&b)
+				enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+				enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
+				io.Copy(io.Discard, c)
+			})
+	})
+	url := "http://" + ln.Addr().String()
+	// No sweep during the test: the request itself must find the
+	// connection unusable, not a sweep before it.
+	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour}, func(tr *Transport) { tr.H2C = true })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	blocked := make(chan error, 1)
+	go func() {
+		resp, err := m.tr.RoundTrip(grpcReq(t, ctx, url+"/upload", io.NopCloser(zeros{})))
+		if resp != nil {
+			resp.Body.Close()
+		}
+		blocked <- err
+	}()
+	key := mustKey(t, m.tr, url)
+	var hc *h2conn
+	waitFor(t, 5*time.Second, "the blocked upload's connection to have its GOAWAY", func() bool {
+		c, _ := m.pool.Candidates(key, nil)
+		if len(c) != 1 || c[0].InUse != 1 {
+			return false
+		}
+		hc = m.node.lookupH2(c[0].ID)
+		return hc != nil && !hc.cc.CanTakeNewRequest()
+	})
+	// The write is blocked once State waits: check that it does.
+	stateDone := make(chan struct{})
+	go func() { hc.cc.State(); close(stateDone) }()
+	select {
+	case <-stateDone:
+		t.Fatal("ClientConn.State returned: the upload's write is not blocked, the test shows nothing")
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		resp, err := m.tr.RoundTrip(grpcReq(t, rctx, url+"/unary", http.NoBody))
+		if err == nil {
+			drain(resp)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("request after %v: %v", time.Since(start), err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("request still running 5s past its deadline, behind the blocked write")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("request took %v behind the blocked write, want it on a new connection at once", d)
+	}
+	if c, _ := m.pool.Candidates(key, nil); len(c) != 2 {
+		t.Fatalf("%d connection(s) for the key, want the blocked one and a new one: %+v", len(c), c)
+	}
+	select {
+	case err := <-blocked:
+		t.Fatalf("the upload ended (%v); want it blocked for the whole test", err)
+	default:
+	}
+}
