@@ -300,6 +300,7 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 	owner, client := remotePair(b, nil)
 	warm(b, owner, url)
 	rtt := unixEcho(b)
+	fdRTT := unixDescriptorEcho(b, url)
 	body := bytes.Repeat([]byte("b"), 1<<10)
 	for _, method := range []string{"GET", "POST"} {
 		// A POST's body waits on the remote path for the owner's accept.
@@ -315,7 +316,7 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 			req := newReq()
 			benchGet(b, local, req)
 			benchGet(b, client.tr, newReq())
-			var lt, rtimes, ut []time.Duration
+			var lt, rtimes, ut, ft []time.Duration
 			before := client.node.Stats().ReusedRemote
 			hopStageMedians() // the stages of the warm-up exchanges
 			b.ReportAllocs()
@@ -331,9 +332,12 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 				benchGet(b, client.tr, rreq)
 				t2 := time.Now()
 				rtt()
+				t3 := time.Now()
+				fdRTT()
 				lt = append(lt, t1.Sub(t0))
 				rtimes = append(rtimes, t2.Sub(t1))
-				ut = append(ut, time.Since(t2))
+				ut = append(ut, t3.Sub(t2))
+				ft = append(ft, time.Since(t3))
 			}
 			b.StopTimer()
 			if client.node.Stats().ReusedRemote-before < uint64(len(rtimes)) {
@@ -354,6 +358,7 @@ func BenchmarkRemoteAddedLatency(b *testing.B) {
 			up50 := pct(ut, .5)
 			b.ReportMetric(up50, "unix-rtt-p50-us")
 			b.ReportMetric(rp50-lp50-up50, "added-over-rtt-p50-us")
+			b.ReportMetric(pct(ft, .5), "fd-rtt-p50-us")
 			for name, us := range hopStageMedians() {
 				b.ReportMetric(us, name+"-us")
 			}
@@ -389,6 +394,78 @@ func unixEcho(b *testing.B) func() {
 		if _, err := io.ReadFull(conns[0], msg); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// unixDescriptorEcho is unixEcho with the descriptor of a TCP connection
+// to url's host in each answer, which the asker makes into a net.Conn and
+// closes: the floor of a hop that would lend an owner's upstream connection
+// to the sibling for one exchange (SCM_RIGHTS) instead of relaying it.
+func unixDescriptorEcho(b *testing.B, url string) func() {
+	b.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var conns [2]*net.UnixConn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "lend")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		conns[i] = c.(*net.UnixConn)
+	}
+	up, err := net.Dial("tcp", strings.TrimPrefix(url[:strings.LastIndex(url, "/")], "http://"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conns[0].Close(); conns[1].Close(); up.Close() })
+	raw, err := up.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		msg := make([]byte, 128)
+		for {
+			if _, err := io.ReadFull(conns[1], msg); err != nil {
+				return
+			}
+			var werr error
+			raw.Control(func(fd uintptr) {
+				_, _, werr = conns[1].WriteMsgUnix(msg[:16], unix.UnixRights(int(fd)), nil)
+			})
+			if werr != nil {
+				return
+			}
+		}
+	}()
+	msg := make([]byte, 128)
+	oob := make([]byte, unix.CmsgSpace(4))
+	return func() {
+		if _, err := conns[0].Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		_, oobn, _, _, err := conns[0].ReadMsgUnix(msg[:16], oob)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil || len(cmsgs) != 1 {
+			b.Fatalf("control messages %v: %v", cmsgs, err)
+		}
+		lent, err := unix.ParseUnixRights(&cmsgs[0])
+		if err != nil || len(lent) != 1 {
+			b.Fatalf("descriptors %v: %v", lent, err)
+		}
+		f := os.NewFile(uintptr(lent[0]), "lent")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
 	}
 }
 

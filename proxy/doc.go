@@ -248,6 +248,10 @@
 // and their difference, and times a bare round trip on a unix stream in the
 // same loop: what the hop adds over that (added-over-rtt-p50-us) is its own
 // work, which a loaded machine inflates less than the difference itself.
+// It times too a round trip that carries a TCP connection's descriptor
+// back (SCM_RIGHTS) and makes it a net.Conn (fd-rtt-p50-us): the floor of a
+// hop that would lend the owner's connection to the sibling for one
+// exchange rather than relay it.
 // Built with -tags orbithopclock it also reports the median of each stage
 // of a remote exchange (hopclock.go names them: the caller's write and the
 // owner's wake-up, the owner's admission, lease and head parse, the
