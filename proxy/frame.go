@@ -23,7 +23,9 @@ import (
 // Version 2 added the HTTP/2 head flags (headProto2, headLength) and the
 // request's flagLength; version 3 the trailer streamResetTrailer, which ends
 // the chunked body of an HTTP/2 response whose stream the upstream reset
-// (RST_STREAM) mid-body. A frame of
+// (RST_STREAM) mid-body; version 4 the error codes of a request head the
+// owner refused (errCodeReqHeaderTooLarge, errCodeReqMalformed), which an
+// earlier build would take for a malformed frame. A frame of
 // another version is refused with an error that names both versions: the
 // processes of one fleet must run builds that speak the same unix leg.
 // Integers are big-endian. Every field is checked strictly: unknown types or
@@ -32,7 +34,7 @@ import (
 const (
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 3
+	frameVersion  = 4
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
