@@ -59,6 +59,7 @@ func (c fleetConfig) spec() orbitpool.PoolSpec {
 		Lanes:            c.Processes,
 		Keys:             c.Keys,
 		ResourcesPerLane: c.ConnsPerProcess,
+		Protocol:         proxy.Protocol,
 	}
 }
 

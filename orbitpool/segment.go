@@ -15,7 +15,7 @@ import (
 
 // abiVersion changes whenever the segment layout or the meaning of a word
 // changes; processes of different versions must not share a segment.
-const abiVersion = 4
+const abiVersion = 5
 
 // segmentMagic marks an initialised segment; it is written last at creation.
 const segmentMagic uint64 = 0x4f52_4249_5450_4f4c // "ORBITPOL"
@@ -31,7 +31,8 @@ const (
 	hdrPending  = 28 // uint32
 	hdrSize     = 32
 	hdrCreated  = 40
-	hdrChecksum = 48 // crc64 of bytes [8, 48)
+	hdrProtocol = 48 // uint32
+	hdrChecksum = 56 // crc64 of bytes [8, 56)
 
 	// hdrWriterWaiting is when (CLOCK_MONOTONIC nanoseconds, system-wide) a
 	// process last said it waits to take the structure lock exclusively;
@@ -270,6 +271,9 @@ func (s *segment) validateHeader(hdr []byte, fileSize int64) error {
 			return fmt.Errorf("orbitpool: segment %s was made with %s %d, this process asks for %d; every process of a fleet must use one spec: %w", s.path, f.name, f.got, f.want, ErrIncompatible)
 		}
 	}
+	if got := u32(hdrProtocol); got != want.Protocol {
+		return fmt.Errorf("orbitpool: segment %s was made by processes that speak protocol %d to each other, this process speaks %d (another build); every process of a fleet must run builds of one protocol: stop the other fleet, or give this one another segment path: %w", s.path, got, want.Protocol, ErrIncompatible)
+	}
 	if size := u64(hdrSize); size != uint64(s.l.size) || fileSize != int64(size) {
 		return fmt.Errorf("orbitpool: segment %s is %d bytes and its header says %d, want %d: %w", s.path, fileSize, size, s.l.size, ErrCorrupt)
 	}
@@ -284,6 +288,7 @@ func (s *segment) initHeader() {
 	*s.u32(hdrKeys) = uint32(sp.Keys)
 	*s.u32(hdrPerLane) = uint32(sp.ResourcesPerLane)
 	*s.u32(hdrPending) = PendingReservations
+	*s.u32(hdrProtocol) = sp.Protocol
 	*s.u64(hdrSize) = uint64(s.l.size)
 	*s.u64(hdrCreated) = uint64(time.Now().UnixNano())
 	*s.u64(hdrChecksum) = crc64.Checksum(s.data[hdrABI:hdrChecksum], crcTable)

@@ -57,6 +57,11 @@ func TestSegmentValidation(t *testing.T) {
 			s.Kind = 7
 			return s
 		}, ErrIncompatible, "kind"},
+		{"other protocol", func(t *testing.T, path string) PoolSpec {
+			s := spec(path)
+			s.Protocol = 9
+			return s
+		}, ErrIncompatible, "speak protocol 0 to each other, this process speaks 9"},
 		{"abi", func(t *testing.T, path string) PoolSpec {
 			patch(t, path, hdrABI, u32(abiVersion+1))
 			return spec(path)

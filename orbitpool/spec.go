@@ -63,6 +63,11 @@ type PoolSpec struct {
 	// ResourcesPerLane is how many resources one process can hold at once.
 	// Default DefaultResourcesPerLane.
 	ResourcesPerLane int
+	// Protocol is the version of what the fleet's processes say to each
+	// other outside the segment (the proxy's unix leg). A process of
+	// another protocol cannot join: it could share the table but not the
+	// resources. Default 0.
+	Protocol uint32
 }
 
 // WithDefaults returns the spec with zero fields set to their defaults.

@@ -25,13 +25,19 @@ import (
 // the chunked body of an HTTP/2 response whose stream the upstream reset
 // (RST_STREAM) mid-body; version 4 the error codes of a request head the
 // owner refused (errCodeReqHeaderTooLarge, errCodeReqMalformed), which an
-// earlier build would take for a malformed frame. A frame of
-// another version is refused with an error that names both versions: the
-// processes of one fleet must run builds that speak the same unix leg.
+// earlier build would take for a malformed frame. The processes of one
+// fleet must run builds that speak the same unix leg: one of another
+// version cannot join the fleet's segment (Protocol), and a frame of
+// another version is refused with an error that names both versions.
 // Integers are big-endian. Every field is checked strictly: unknown types or
 // flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
 // that sends one loses its stream (and only its stream).
 const (
+	// Protocol is the unix leg's version, for a fleet's pool spec
+	// (orbitpool.PoolSpec.Protocol): a process of another build joins no
+	// fleet whose owners it could not talk to.
+	Protocol = frameVersion
+
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
 	frameVersion  = 4
