@@ -23,6 +23,7 @@ import (
 func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release) // before the member's cleanup: the write ends with it
+	goaway := make(chan struct{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +36,14 @@ func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
 			{ID: http2.SettingInitialWindowSize, Val: 1 << 30}},
 			func(fr *http2.Framer, f *http2.HeadersFrame) {
 				if id == 1 {
-					// The stream goes on; no new one may start.
-					fr.WriteGoAway(f.StreamID, http2.ErrCodeNo, nil)
+					// Once the client's write is blocked (the state
+					// cannot be read) the stream goes on and no new
+					// one may start.
+					select {
+					case <-goaway:
+						fr.WriteGoAway(f.StreamID, http2.ErrCodeNo, nil)
+					case <-release:
+					}
 					<-release
 					return
 				}
@@ -65,21 +72,29 @@ func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
 	}()
 	key := mustKey(t, m.tr, url)
 	var hc *h2conn
-	waitFor(t, 5*time.Second, "the blocked upload's connection to have its GOAWAY", func() bool {
+	waitFor(t, 5*time.Second, "the blocked upload's connection", func() bool {
 		c, _ := m.pool.Candidates(key, nil)
 		if len(c) != 1 || c[0].InUse != 1 {
 			return false
 		}
 		hc = m.node.lookupH2(c[0].ID)
-		return hc != nil && !hc.cc.CanTakeNewRequest()
+		return hc != nil
 	})
-	// The write is blocked once State waits: check that it does.
-	stateDone := make(chan struct{})
-	go func() { hc.cc.State(); close(stateDone) }()
-	select {
-	case <-stateDone:
-		t.Fatal("ClientConn.State returned: the upload's write is not blocked, the test shows nothing")
-	case <-time.After(200 * time.Millisecond):
+	// The write is blocked once State waits for it.
+	waitFor(t, 10*time.Second, "the upload's write to block (ClientConn.State to wait for it)", func() bool {
+		done := make(chan struct{})
+		go func() { hc.cc.State(); close(done) }()
+		select {
+		case <-done:
+			return false
+		case <-time.After(200 * time.Millisecond):
+			return true
+		}
+	})
+	close(goaway)
+	waitFor(t, 5*time.Second, "the GOAWAY", func() bool { return !hc.cc.CanTakeNewRequest() })
+	if c, _ := m.pool.Candidates(key, nil); len(c) != 1 || c[0].Capacity == 0 {
+		t.Fatalf("candidates %+v: want the connection still offered (its state cannot be read), or the test shows nothing", c)
 	}
 
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
