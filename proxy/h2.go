@@ -417,6 +417,7 @@ func (n *Node) usableH2(hc *h2conn) bool {
 	switch {
 	case hc.idleExpired():
 		n.drainH2(hc)
+		n.drainExpiredH2(hc.key)
 	case hc.cc.CanTakeNewRequest():
 		return true
 	default:
@@ -424,6 +425,20 @@ func (n *Node) usableH2(hc *h2conn) bool {
 		n.syncH2Off(hc, n.syncH2Now)
 	}
 	return false
+}
+
+// drainExpiredH2 drains this process's other connections for key that are
+// idle past their timeout, as the next sweep would: the caller found one,
+// and the others of the same burst are likely expired with it. Left to the
+// sweep, each would be offered in turn and refused, and a sibling's
+// request, whose every refused lease costs it one of its retries, could run
+// out of them before it reached a live connection or dialed one.
+func (n *Node) drainExpiredH2(key orbitpool.Key) {
+	for i := range n.h2slots {
+		if hc := n.h2slots[i].Load(); hc != nil && hc.key == key && hc.idleExpired() && !hc.isDraining() {
+			n.drainH2(hc)
+		}
+	}
 }
 
 // pauseH2 takes hc's capacity to 0 until its state is next read.
