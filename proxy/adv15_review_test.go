@@ -1,12 +1,18 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"net"
 	"net/http"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // TestAdv15ReviewIdleExpiredLeasesNotRefusedUntilFail: an owner holds
@@ -83,5 +89,77 @@ func TestAdv15ReviewIdleExpiredLeasesNotRefusedUntilFail(t *testing.T) {
 	drain(resp)
 	if n := client.node.stats.retries.Load() - retries0; n > 1 {
 		t.Errorf("sibling's request spent %d retries on idle-expired connections, want at most 1", n)
+	}
+}
+
+// TestAdv15ReviewClosedH2NotOfferedWhileRetiring: an HTTP/2 connection the
+// upstream closed is retired by retireH2 (syncH2Now finds the ClientConn
+// closed): it leaves h2slots at once, but stays in the pool, with its
+// capacity, until its ClientConn is closed and it is unregistered. Closing
+// takes a while on a loaded machine (up to 250ms in x/net when the close
+// blocks). Meanwhile the pool still offers it: a sibling's lease on it finds
+// no connection on the owner ("connection closed"), is refused and given
+// back, and the sibling's next plan is offered the same connection again,
+// refused again, until the request has used up its retries (within a
+// millisecond) and fails, where it should dial. The hook holds retireH2 in
+// that window while the sibling's request runs.
+func TestAdv15ReviewClosedH2NotOfferedWhileRetiring(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveConns(t, ln, func(c net.Conn, id int) {
+		if id > 1 {
+			(&http2.Server{}).ServeConn(c, &http2.ServeConnOpts{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Write([]byte("ok"))
+			})})
+			return
+		}
+		// The first connection answers one stream, then the upstream
+		// closes it.
+		serveH2Frames(c, []http2.Setting{{ID: http2.SettingMaxConcurrentStreams, Val: 100}},
+			func(fr *http2.Framer, f *http2.HeadersFrame) {
+				var b bytes.Buffer
+				enc := hpack.NewEncoder(&b)
+				enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+				enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
+			})
+	})
+	url := "http://" + ln.Addr().String()
+	ms := newFleet(t, 2, h2cConf)
+	owner, client := ms[0], ms[1]
+
+	var fired atomic.Bool
+	hookDone := make(chan error, 1)
+	hook := func(n *Node, hc *h2conn) {
+		if n != owner.node || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/", nil)
+		resp, err := client.tr.RoundTrip(req)
+		if err == nil {
+			drain(resp)
+		}
+		hookDone <- err
+	}
+	testHookRetireH2.Store(&hook)
+	defer testHookRetireH2.Store(nil)
+
+	req, _ := http.NewRequest("GET", url+"/", nil)
+	resp, err := owner.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	select {
+	case err := <-hookDone:
+		if err != nil {
+			t.Fatalf("sibling's request while the owner retired its closed connection: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the owner never retired the connection its upstream closed")
 	}
 }

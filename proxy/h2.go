@@ -206,14 +206,28 @@ func (n *Node) lookupH2(id orbitpool.ResourceID) *h2conn {
 	return hc
 }
 
-// retireH2 unregisters hc and closes its connection, once.
+// retireH2 unregisters hc and closes its connection, once. hc leaves
+// h2slots first, and the pool only once its ClientConn is closed, which may
+// take a while: its capacity goes to 0 in between, or the pool would go on
+// offering it, and every lease a sibling took on it would be refused
+// (accept no longer finds it) and given back, and taken again at once,
+// each refusal costing the sibling's request a retry.
 func (n *Node) retireH2(hc *h2conn) {
 	if !n.h2slots[hc.id.Slot()].CompareAndSwap(hc, nil) {
 		return
 	}
+	n.stopOffersH2(hc)
+	if h := testHookRetireH2.Load(); h != nil {
+		(*h)(n, hc)
+	}
 	hc.cc.Close()
 	n.unregisterH2(hc)
 }
+
+// testHookRetireH2, set only by tests, runs in retireH2 once hc has left
+// h2slots, before its ClientConn is closed and it leaves the pool: tests
+// present leases there to make the race with the close certain.
+var testHookRetireH2 atomic.Pointer[func(*Node, *h2conn)]
 
 func (n *Node) unregisterH2(hc *h2conn) {
 	if err := n.pool.Unregister(hc.id); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
@@ -284,6 +298,21 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 	}()
 }
 
+// stopOffersH2 takes hc's capacity to 0 for good: the pool offers it no
+// more.
+func (n *Node) stopOffersH2(hc *h2conn) {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	if hc.draining {
+		return
+	}
+	hc.draining = true
+	hc.capacity = 0
+	if err := n.pool.SetCapacity(hc.id, 0); err != nil && !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
+		n.log.Debug("drain", zap.Stringer("id", hc.id), zap.Error(err))
+	}
+}
+
 func (hc *h2conn) isDraining() bool {
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
@@ -292,15 +321,7 @@ func (hc *h2conn) isDraining() bool {
 
 // drainH2 stops new streams on hc for good; it leaves the pool once idle.
 func (n *Node) drainH2(hc *h2conn) {
-	hc.mu.Lock()
-	if !hc.draining {
-		hc.draining = true
-		hc.capacity = 0
-		if err := n.pool.SetCapacity(hc.id, 0); err != nil && !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
-			n.log.Debug("drain", zap.Stringer("id", hc.id), zap.Error(err))
-		}
-	}
-	hc.mu.Unlock()
+	n.stopOffersH2(hc)
 	if hc.active.Load() == 0 {
 		n.retireH2InOrder(hc)
 	}
