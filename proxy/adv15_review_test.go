@@ -92,6 +92,83 @@ func TestAdv15ReviewIdleExpiredLeasesNotRefusedUntilFail(t *testing.T) {
 	}
 }
 
+// TestAdv15ReviewIdleExpiredLeasesAcrossOwners: as
+// TestAdv15ReviewIdleExpiredLeasesNotRefusedUntilFail, with the expired
+// connections spread over more owners than the request has retries, one
+// each: every owner refuses the lease once (and drains what it holds), and
+// the request, which pays a retry per refusal, fails before it dials. A
+// lease refused because the connection is gone reached nothing upstream
+// and leaves the owner with one connection fewer: it must not use up the
+// request's retries.
+func TestAdv15ReviewIdleExpiredLeasesAcrossOwners(t *testing.T) {
+	const owners = 5
+	release := make(chan struct{})
+	var slow sync.WaitGroup
+	up := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			slow.Done()
+			<-release
+		}
+		w.Write([]byte("ok"))
+	}, 1)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	conf := func(tr *Transport) {
+		tr.H2C = true
+		tr.IdleConnTimeout = 300 * time.Millisecond
+	}
+	opts := NodeOptions{SweepInterval: time.Hour}
+	var ms []*member
+	for range owners + 1 {
+		ms = append(ms, newMemberOpts(t, spec, opts, conf))
+	}
+	client := ms[owners]
+
+	// One stream from each owner at once, one connection each (the
+	// upstream allows a stream per connection, so none has room for
+	// another owner's).
+	slow.Add(owners)
+	var wg sync.WaitGroup
+	errs := make(chan error, owners)
+	for _, m := range ms[:owners] {
+		wg.Go(func() {
+			req, _ := http.NewRequest("GET", up.url+"/slow", nil)
+			resp, err := m.tr.RoundTrip(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			drain(resp)
+		})
+	}
+	slow.Wait()
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("owners' burst: %v", err)
+	}
+	key := mustKey(t, client.tr, up.url)
+	c, _ := client.pool.Candidates(key, nil)
+	lanes := map[int]bool{}
+	for _, r := range c {
+		lanes[r.ID.Lane()] = true
+	}
+	if len(c) != owners || len(lanes) != owners {
+		t.Fatalf("%d connection(s) on %d owner(s) after the burst, want one on each of %d", len(c), len(lanes), owners)
+	}
+	time.Sleep(500 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/fast", nil)
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("sibling's request failed against %d owners' idle-expired connections: %v", owners, err)
+	}
+	drain(resp)
+}
+
 // TestAdv15ReviewClosedH2NotOfferedWhileRetiring: an HTTP/2 connection the
 // upstream closed is retired by retireH2 (syncH2Now finds the ClientConn
 // closed): it leaves h2slots at once, but stays in the pool, with its

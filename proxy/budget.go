@@ -106,6 +106,7 @@ func isRefusal(err error) bool {
 type avoided struct {
 	busy    []int
 	leaving []leftOwner
+	gone    []int // lanes that refused a lease as gone (see Error.freeRetry)
 }
 
 // leftOwner is an owner that left, or is leaving, lane.

@@ -53,6 +53,11 @@ var (
 // attempts keep off its connections.
 var errOwnerLeaving = errors.New("the owner is leaving the fleet")
 
+// errLeaseGone is an owner's refusal of a lease because the connection it
+// names is gone (closed, or draining: a GOAWAY, its idle timeout), as its
+// sibling reads it back.
+var errLeaseGone = errors.New("the connection is gone")
+
 // errMalformedRequestHead is an owner's refusal of a sibling's request head
 // that does not parse (see refuseHead), as it sends it and as its sibling
 // reads it back: the sibling then knows the stream ends with the refusal.
@@ -99,6 +104,14 @@ type Error struct {
 	// takes dials, and resets them), while its connections may still be
 	// in the table: the request's later attempts keep off them.
 	ownerDown bool
+	// freeRetry marks a lease refused as gone (errLeaseGone) by an owner
+	// that had not refused the request so before: its retry costs none of
+	// MaxRetries. The owner has taken that connection out of the pool, and
+	// any other of the key idle past its timeout with it (see
+	// Node.drainExpiredH2), so the request cannot be offered gone
+	// connections of one owner retry after retry; across the fleet it may
+	// be refused so once per owner, more often than MaxRetries allows.
+	freeRetry bool
 }
 
 func (e *Error) Error() string {

@@ -238,6 +238,8 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, ErrOwnerBusy, f.msg)
 		case rejectClosing:
 			err = fmt.Errorf("%w: %w", ErrLeaseRefused, errOwnerLeaving)
+		case rejectGone:
+			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, errLeaseGone, f.msg)
 		}
 		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,7 +102,9 @@ type Transport struct {
 	// Transport's.
 	KeyExtra string
 	// MaxRetries bounds how often one request is sent again after a
-	// retry-safe failure. Default 3.
+	// retry-safe failure. Default 3. A lease refused because the owner's
+	// connection is gone costs none, the first time each owner refuses
+	// one for the request.
 	MaxRetries int
 	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
 	// a connection on which the upstream chooses h2 is one pool resource
@@ -358,8 +361,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, nil
 		}
-		if attempt < maxRetries && ctx.Err() == nil && !isRefusal(err) {
+		free := freeRetry(err)
+		if (attempt < maxRetries || free) && ctx.Err() == nil && !isRefusal(err) {
 			if next, ok := rewind(req, r, tb, err); ok {
+				if free {
+					attempt--
+				}
 				t.Node.stats.retries.Add(1)
 				if nb, ok := next.Body.(*trackBody); ok && next != r {
 					tb = nb
@@ -589,6 +596,12 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				avoid.busy = append(avoid.busy, lane)
 			case errors.Is(err, errOwnerLeaving), ownerDown(err):
 				avoid.leaving = append(avoid.leaving, leftOwner{lane, plan.Lease.Owner})
+			case errors.Is(err, errLeaseGone) && !slices.Contains(avoid.gone, lane):
+				avoid.gone = append(avoid.gone, lane)
+				var pe *Error
+				if errors.As(err, &pe) {
+					pe.freeRetry = true
+				}
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
 				// Let the pool learn of a dead sibling now rather than at
@@ -649,6 +662,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
 		}
 	}
+}
+
+// freeRetry reports whether err's retry costs none of MaxRetries (see
+// Error.freeRetry).
+func freeRetry(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.freeRetry
 }
 
 // ownerDown reports whether err says the owner could not be reached (see
