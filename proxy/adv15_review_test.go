@@ -240,3 +240,72 @@ func TestAdv15ReviewClosedH2NotOfferedWhileRetiring(t *testing.T) {
 		t.Fatal("the owner never retired the connection its upstream closed")
 	}
 }
+
+// TestAdv15ReviewGoAwayEachPooledConnNotFatal: an upstream restarts
+// gracefully while this process holds several idle HTTP/2 connections to
+// it, and each connection's GOAWAY names the stream the request sent on it
+// as not processed (sent after the upstream's last one): x/net/http2
+// reports it retry-safe ("received Server's graceful shutdown GOAWAY"), and
+// the connection takes no new stream. Each connection can refuse a request
+// so only once, but each refusal cost the request one of its MaxRetries:
+// with more such connections than retries, it failed, without ever
+// reaching the restarted upstream, where stock net/http's HTTP/2 client
+// retries these streams up to 6 times (with backoff) and would have dialed.
+func TestAdv15ReviewGoAwayEachPooledConnNotFatal(t *testing.T) {
+	const conns = 5
+	var restarted atomic.Bool
+	var mu sync.Mutex
+	old := map[*rawConn]bool{}
+	var goAways atomic.Int64
+	up := newRawH2(t, func(s *rawStream) {
+		mu.Lock()
+		wasOld := old[s.c]
+		if !restarted.Load() {
+			old[s.c] = true
+		}
+		mu.Unlock()
+		if restarted.Load() && wasOld {
+			goAways.Add(1)
+			s.goAway(s.id - 2)
+			return
+		}
+		s.headers(false, ":status", "200")
+		s.data(true, []byte("ok"))
+	})
+	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour}, h2cConf)
+	key := mustKey(t, m.tr, up.url)
+	// One connection at a time: each, once used, is made full (the
+	// upstream's limit 0), so that the next request dials.
+	for i := range conns {
+		if err := getOK(m, context.Background(), up.url+"/"); err != nil {
+			t.Fatal(err)
+		}
+		up.setLimit(0)
+		waitFor(t, 5*time.Second, "every connection at capacity 0", func() bool {
+			c, _ := m.pool.Candidates(key, nil)
+			for _, r := range c {
+				if r.Capacity != 0 {
+					return false
+				}
+			}
+			return len(c) == i+1
+		})
+	}
+	up.setLimit(100)
+	waitFor(t, 5*time.Second, "every connection at capacity 100", func() bool {
+		c, _ := m.pool.Candidates(key, nil)
+		for _, r := range c {
+			if r.Capacity != 100 {
+				return false
+			}
+		}
+		return len(c) == conns
+	})
+	restarted.Store(true)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := getOK(m, ctx, up.url+"/"); err != nil {
+		t.Fatalf("request failed after %d GOAWAYs from %d pooled connections: %v", goAways.Load(), conns, err)
+	}
+}

@@ -107,6 +107,9 @@ type avoided struct {
 	busy    []int
 	leaving []leftOwner
 	gone    []int // lanes that refused a lease as gone (see Error.freeRetry)
+	// goneConns are this process's HTTP/2 connections that refused a
+	// stream of the request as they went away (see Error.connGone).
+	goneConns []orbitpool.ResourceID
 }
 
 // leftOwner is an owner that left, or is leaving, lane.

@@ -105,13 +105,21 @@ type Error struct {
 	// in the table: the request's later attempts keep off them.
 	ownerDown bool
 	// freeRetry marks a lease refused as gone (errLeaseGone) by an owner
-	// that had not refused the request so before: its retry costs none of
-	// MaxRetries. The owner has taken that connection out of the pool, and
+	// that had not refused the request so before, or a stream refused by a
+	// connection going away (connGone) that had not refused it before: its
+	// retry costs none of MaxRetries. The owner has taken that connection out of the pool, and
 	// any other of the key idle past its timeout with it (see
 	// Node.drainExpiredH2), so the request cannot be offered gone
 	// connections of one owner retry after retry; across the fleet it may
 	// be refused so once per owner, more often than MaxRetries allows.
 	freeRetry bool
+	// connGone marks a stream an HTTP/2 connection of this process
+	// refused, retry-safe, for good: its upstream's GOAWAY left the stream
+	// out, or the connection could take no stream. The connection takes
+	// none again, so it can refuse a request so once: the first time,
+	// the retry costs none of MaxRetries (see freeRetry), as a graceful
+	// restart of the upstream GOAWAYs every pooled connection at once.
+	connGone bool
 }
 
 func (e *Error) Error() string {

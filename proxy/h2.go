@@ -532,7 +532,11 @@ func h2Error(req *http.Request, err error) error {
 		retry = true
 	}
 	if retry {
-		return &Error{Op: "roundtrip", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+		e := &Error{Op: "roundtrip", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+		// Not usable, or left out of a GOAWAY: the connection takes no
+		// stream again (see Error.connGone).
+		e.connGone = se.Code != http2.ErrCodeRefusedStream
+		return e
 	}
 	return &Error{Op: "roundtrip", Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
 }

@@ -104,7 +104,8 @@ type Transport struct {
 	// MaxRetries bounds how often one request is sent again after a
 	// retry-safe failure. Default 3. A lease refused because the owner's
 	// connection is gone costs none, the first time each owner refuses
-	// one for the request.
+	// one for the request; nor does a stream an HTTP/2 connection of this
+	// process refused as it went away (a GOAWAY), once per connection.
 	MaxRetries int
 	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
 	// a connection on which the upstream chooses h2 is one pool resource
@@ -568,7 +569,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					continue
 				}
 				n.stats.reusedLocal.Add(1)
-				return n.useH2(hc, plan.Execution, req, release)
+				resp, err := n.useH2(hc, plan.Execution, req, release)
+				var pe *Error
+				if err != nil && errors.As(err, &pe) && pe.connGone && !slices.Contains(avoid.goneConns, hc.id) {
+					avoid.goneConns = append(avoid.goneConns, hc.id)
+					pe.freeRetry = true
+				}
+				return resp, err
 			}
 			oc := n.lookup(plan.Execution.ID())
 			if !n.takeFor(oc, plan.Execution) {
