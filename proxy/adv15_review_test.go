@@ -242,7 +242,7 @@ func TestAdv15ReviewClosedH2NotOfferedWhileRetiring(t *testing.T) {
 }
 
 // TestAdv15ReviewGoAwayEachPooledConnNotFatal: an upstream restarts
-// gracefully while this process holds several idle HTTP/2 connections to
+// gracefully while a process holds several idle HTTP/2 connections to
 // it, and each connection's GOAWAY names the stream the request sent on it
 // as not processed (sent after the upstream's last one): x/net/http2
 // reports it retry-safe ("received Server's graceful shutdown GOAWAY"), and
@@ -251,7 +251,14 @@ func TestAdv15ReviewClosedH2NotOfferedWhileRetiring(t *testing.T) {
 // with more such connections than retries, it failed, without ever
 // reaching the restarted upstream, where stock net/http's HTTP/2 client
 // retries these streams up to 6 times (with backoff) and would have dialed.
+// The same holds for a sibling's request on the owner's connections: the
+// owner's error frame says the connection went away (flagConnGone).
 func TestAdv15ReviewGoAwayEachPooledConnNotFatal(t *testing.T) {
+	t.Run("local", func(t *testing.T) { goAwayEachPooledConn(t, false) })
+	t.Run("sibling", func(t *testing.T) { goAwayEachPooledConn(t, true) })
+}
+
+func goAwayEachPooledConn(t *testing.T, sibling bool) {
 	const conns = 5
 	var restarted atomic.Bool
 	var mu sync.Mutex
@@ -272,7 +279,14 @@ func TestAdv15ReviewGoAwayEachPooledConnNotFatal(t *testing.T) {
 		s.headers(false, ":status", "200")
 		s.data(true, []byte("ok"))
 	})
-	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour}, h2cConf)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	opts := NodeOptions{SweepInterval: time.Hour}
+	m := newMemberOpts(t, spec, opts, h2cConf)
+	client := m
+	if sibling {
+		client = newMemberOpts(t, spec, opts, h2cConf)
+	}
 	key := mustKey(t, m.tr, up.url)
 	// One connection at a time: each, once used, is made full (the
 	// upstream's limit 0), so that the next request dials.
@@ -305,7 +319,12 @@ func TestAdv15ReviewGoAwayEachPooledConnNotFatal(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := getOK(m, ctx, up.url+"/"); err != nil {
+	before := client.node.Stats().ReusedRemote
+	if err := getOK(client, ctx, up.url+"/"); err != nil {
 		t.Fatalf("request failed after %d GOAWAYs from %d pooled connections: %v", goAways.Load(), conns, err)
+	}
+	if sibling && client.node.Stats().ReusedRemote-before < 2 {
+		t.Fatalf("the sibling's request went through the owner %d time(s); want it refused on several of the owner's connections, or the test shows nothing",
+			client.node.Stats().ReusedRemote-before)
 	}
 }

@@ -107,9 +107,19 @@ type avoided struct {
 	busy    []int
 	leaving []leftOwner
 	gone    []int // lanes that refused a lease as gone (see Error.freeRetry)
-	// goneConns are this process's HTTP/2 connections that refused a
-	// stream of the request as they went away (see Error.connGone).
+	// goneConns are the HTTP/2 connections that refused a stream of the
+	// request as they went away (see Error.connGone).
 	goneConns []orbitpool.ResourceID
+}
+
+// goneOnce makes err's retry free (Error.freeRetry) if it is the first
+// stream of the request that connection id refused as it went away.
+func (a *avoided) goneOnce(err error, id orbitpool.ResourceID) {
+	var pe *Error
+	if errors.As(err, &pe) && pe.connGone && !slices.Contains(a.goneConns, id) {
+		a.goneConns = append(a.goneConns, id)
+		pe.freeRetry = true
+	}
 }
 
 // leftOwner is an owner that left, or is leaving, lane.

@@ -113,12 +113,13 @@ type Error struct {
 	// connections of one owner retry after retry; across the fleet it may
 	// be refused so once per owner, more often than MaxRetries allows.
 	freeRetry bool
-	// connGone marks a stream an HTTP/2 connection of this process
-	// refused, retry-safe, for good: its upstream's GOAWAY left the stream
-	// out, or the connection could take no stream. The connection takes
-	// none again, so it can refuse a request so once: the first time,
-	// the retry costs none of MaxRetries (see freeRetry), as a graceful
-	// restart of the upstream GOAWAYs every pooled connection at once.
+	// connGone marks a stream an HTTP/2 connection refused, retry-safe,
+	// for good: its upstream's GOAWAY left the stream out, or the
+	// connection could take no stream. An owner that relayed the stream
+	// says so (flagConnGone). The connection takes none again, so it can
+	// refuse a request so once: the first time, the retry costs none of
+	// MaxRetries (see freeRetry), as a graceful restart of the upstream
+	// GOAWAYs every pooled connection at once.
 	connGone bool
 }
 

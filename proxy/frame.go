@@ -25,7 +25,8 @@ import (
 // the chunked body of an HTTP/2 response whose stream the upstream reset
 // (RST_STREAM) mid-body; version 4 the error codes of a request head the
 // owner refused (errCodeReqHeaderTooLarge, errCodeReqMalformed), which an
-// earlier build would take for a malformed frame. The processes of one
+// earlier build would take for a malformed frame, and the error frame's
+// flagConnGone. The processes of one
 // fleet must run builds that speak the same unix leg: one of another
 // version cannot join the fleet's segment (Protocol), and a frame of
 // another version is refused with an error that names both versions.
@@ -65,8 +66,11 @@ const (
 	// flagIdleClosed on an error frame: the owner's reused connection
 	// closed before answering, so a replayable request may be sent again.
 	flagIdleClosed
+	// flagConnGone on an error frame: the owner's HTTP/2 connection
+	// refused the stream for good as it went away (see Error.connGone).
+	flagConnGone
 
-	respFlagsKnown = flagNothingSent | flagIdleClosed
+	respFlagsKnown = flagNothingSent | flagIdleClosed | flagConnGone
 )
 
 // Request frame flags.

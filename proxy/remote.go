@@ -248,7 +248,7 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 			err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, f.msg)
 		}
 		return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
-			beforeAccept: true, Err: err}
+			connGone: f.flags&flagConnGone != 0, beforeAccept: true, Err: err}
 	}
 }
 

@@ -739,6 +739,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		if errors.As(err, &pe) && pe.idleClosed {
 			flags |= flagIdleClosed
 		}
+		if pe != nil && pe.connGone {
+			flags |= flagConnGone
+		}
 		bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flags, code: errCode(err), msg: err.Error()}))
 		// Nothing was accepted, so the writer read none of the body
 		// (its first read sends the accept), and a caller that holds

@@ -570,10 +570,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				n.stats.reusedLocal.Add(1)
 				resp, err := n.useH2(hc, plan.Execution, req, release)
-				var pe *Error
-				if err != nil && errors.As(err, &pe) && pe.connGone && !slices.Contains(avoid.goneConns, hc.id) {
-					avoid.goneConns = append(avoid.goneConns, hc.id)
-					pe.freeRetry = true
+				if err != nil {
+					avoid.goneOnce(err, hc.id)
 				}
 				return resp, err
 			}
@@ -596,6 +594,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// rather than when the owner ages it out. An accepted
 				// lease has no ticket left to withdraw.
 				n.pool.Withdraw(plan.Lease)
+				avoid.goneOnce(err, plan.Lease.ID)
 			}
 			switch {
 			case err == nil:
