@@ -28,58 +28,16 @@ import (
 // succeed, with no retry spent per expired connection.
 func TestAdv15ReviewIdleExpiredLeasesNotRefusedUntilFail(t *testing.T) {
 	const conns = 6
-	release := make(chan struct{})
-	var slow sync.WaitGroup
-	up := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			slow.Done()
-			<-release
-		}
-		w.Write([]byte("ok"))
-	}, 1)
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
-	conf := func(tr *Transport) {
-		tr.H2C = true
-		tr.IdleConnTimeout = 300 * time.Millisecond
-	}
-	// No sweep during the test: the connections expire between sweeps.
-	opts := NodeOptions{SweepInterval: time.Hour}
-	owner := newMemberOpts(t, spec, opts, conf)
-	client := newMemberOpts(t, spec, opts, conf)
-
-	// conns concurrent streams: one connection each.
-	slow.Add(conns)
-	var wg sync.WaitGroup
-	errs := make(chan error, conns)
-	for range conns {
-		wg.Go(func() {
-			req, _ := http.NewRequest("GET", up.url+"/slow", nil)
-			resp, err := owner.tr.RoundTrip(req)
-			if err != nil {
-				errs <- err
-				return
-			}
-			drain(resp)
-		})
-	}
-	slow.Wait()
-	close(release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("owner's burst: %v", err)
-	}
-	key := mustKey(t, owner.tr, up.url)
+	ms, url := expiredH2Burst(t, 2, func(i int) int { return 0 }, conns)
+	owner, client := ms[0], ms[1]
+	key := mustKey(t, owner.tr, url)
 	if c, _ := owner.pool.Candidates(key, nil); len(c) != conns {
 		t.Fatalf("%d connection(s) after the burst, want %d", len(c), conns)
 	}
-	// All of them idle past their timeout.
-	time.Sleep(500 * time.Millisecond)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/fast", nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/fast", nil)
 	retries0 := client.node.stats.retries.Load()
 	resp, err := client.tr.RoundTrip(req)
 	if err != nil {
@@ -102,6 +60,36 @@ func TestAdv15ReviewIdleExpiredLeasesNotRefusedUntilFail(t *testing.T) {
 // request's retries.
 func TestAdv15ReviewIdleExpiredLeasesAcrossOwners(t *testing.T) {
 	const owners = 5
+	ms, url := expiredH2Burst(t, owners+1, func(i int) int { return i }, owners)
+	client := ms[owners]
+	key := mustKey(t, client.tr, url)
+	c, _ := client.pool.Candidates(key, nil)
+	lanes := map[int]bool{}
+	for _, r := range c {
+		lanes[r.ID.Lane()] = true
+	}
+	if len(c) != owners || len(lanes) != owners {
+		t.Fatalf("%d connection(s) on %d owner(s) after the burst, want one on each of %d", len(c), len(lanes), owners)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/fast", nil)
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("sibling's request failed against %d owners' idle-expired connections: %v", owners, err)
+	}
+	drain(resp)
+}
+
+// expiredH2Burst starts n members of one fleet, whose HTTP/2 connections
+// expire 300ms idle and are swept only hourly, and an h2c upstream that
+// allows one stream per connection. It runs a burst of streams requests at
+// once, request i by member holder(i), so that each takes a connection of
+// its own, and returns once the burst's connections are all idle past
+// their timeout.
+func expiredH2Burst(t *testing.T, n int, holder func(i int) int, streams int) ([]*member, string) {
+	t.Helper()
 	release := make(chan struct{})
 	var slow sync.WaitGroup
 	up := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -119,18 +107,14 @@ func TestAdv15ReviewIdleExpiredLeasesAcrossOwners(t *testing.T) {
 	}
 	opts := NodeOptions{SweepInterval: time.Hour}
 	var ms []*member
-	for range owners + 1 {
+	for range n {
 		ms = append(ms, newMemberOpts(t, spec, opts, conf))
 	}
-	client := ms[owners]
-
-	// One stream from each owner at once, one connection each (the
-	// upstream allows a stream per connection, so none has room for
-	// another owner's).
-	slow.Add(owners)
+	slow.Add(streams)
 	var wg sync.WaitGroup
-	errs := make(chan error, owners)
-	for _, m := range ms[:owners] {
+	errs := make(chan error, streams)
+	for i := range streams {
+		m := ms[holder(i)]
 		wg.Go(func() {
 			req, _ := http.NewRequest("GET", up.url+"/slow", nil)
 			resp, err := m.tr.RoundTrip(req)
@@ -146,27 +130,10 @@ func TestAdv15ReviewIdleExpiredLeasesAcrossOwners(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatalf("owners' burst: %v", err)
-	}
-	key := mustKey(t, client.tr, up.url)
-	c, _ := client.pool.Candidates(key, nil)
-	lanes := map[int]bool{}
-	for _, r := range c {
-		lanes[r.ID.Lane()] = true
-	}
-	if len(c) != owners || len(lanes) != owners {
-		t.Fatalf("%d connection(s) on %d owner(s) after the burst, want one on each of %d", len(c), len(lanes), owners)
+		t.Fatalf("burst: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/fast", nil)
-	resp, err := client.tr.RoundTrip(req)
-	if err != nil {
-		t.Fatalf("sibling's request failed against %d owners' idle-expired connections: %v", owners, err)
-	}
-	drain(resp)
+	return ms, up.url
 }
 
 // TestAdv15ReviewClosedH2NotOfferedWhileRetiring: an HTTP/2 connection the
