@@ -105,7 +105,9 @@ type Transport struct {
 	// retry-safe failure. Default 3. A lease refused because the owner's
 	// connection is gone costs none, the first time each owner refuses
 	// one for the request; nor does a stream an HTTP/2 connection of this
-	// process refused as it went away (a GOAWAY), once per connection.
+	// process refused as it went away (a GOAWAY), once per connection; in
+	// all, no more of these than the fleet had connections to the
+	// upstream when the request was first refused so, and one.
 	MaxRetries int
 	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
 	// a connection on which the upstream chooses h2 is one pool resource
@@ -346,6 +348,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		maxRetries = 3
 	}
 	var avoid avoided // owners that rejected this request
+	freeLeft := -1    // free retries left, counted at the first (see freeRetries)
 	for attempt := 0; ; attempt++ {
 		onDone, delivered := attemptRelease(release)
 		resp, err := t.once(r, e, b, &avoid, onDone)
@@ -363,10 +366,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		free := freeRetry(err)
+		if free {
+			if freeLeft < 0 {
+				freeLeft = t.freeRetries(e.key)
+			}
+			free = freeLeft > 0
+		}
 		if (attempt < maxRetries || free) && ctx.Err() == nil && !isRefusal(err) {
 			if next, ok := rewind(req, r, tb, err); ok {
 				if free {
 					attempt--
+					freeLeft--
 				}
 				t.Node.stats.retries.Add(1)
 				if nb, ok := next.Body.(*trackBody); ok && next != r {
@@ -668,6 +678,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
 		}
 	}
+}
+
+// freeRetries is how many retries one request may have for free (see
+// Error.freeRetry), counted when it is first refused so: one for each
+// connection of key the fleet holds then, and one for the connection that
+// refused it, which may be out of the table already. Once per connection
+// or owner alone is no bound: an upstream that GOAWAYs every connection
+// after its first stream, while other requests keep dialing, offers the
+// request a connection it has not met on every attempt.
+func (t *Transport) freeRetries(key orbitpool.Key) int {
+	c, _ := t.Node.pool.Candidates(key, nil)
+	return len(c) + 1
 }
 
 // freeRetry reports whether err's retry costs none of MaxRetries (see
