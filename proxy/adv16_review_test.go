@@ -28,9 +28,16 @@ func (adv16AlwaysCreate) Decide(*orbitpool.View) orbitpool.Decision {
 // every such retry free, so the request is sent again for as long as the
 // churn lasts, bounded by neither MaxRetries nor anything else but its
 // context (none here, as for a Caddy request without a deadline). Stock
-// net/http's HTTP/2 client gives up on these after 6 retries. The upstream
-// stops refusing after churn refusals, so the test ends either way.
+// net/http's HTTP/2 client gives up on these after 6 retries. The same
+// holds for a sibling's request on the owner's connections (flagConnGone,
+// once per lease's ResourceID). The upstream stops refusing after churn
+// refusals, so the test ends either way.
 func TestAdv16ReviewGoAwayChurnRetriesBounded(t *testing.T) {
+	t.Run("local", func(t *testing.T) { goAwayChurn(t, false) })
+	t.Run("sibling", func(t *testing.T) { goAwayChurn(t, true) })
+}
+
+func goAwayChurn(t *testing.T, sibling bool) {
 	const churn = 50
 	const maxRetries = 3
 	var helper *Transport
@@ -54,10 +61,15 @@ func TestAdv16ReviewGoAwayChurnRetriesBounded(t *testing.T) {
 	})
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
-	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, func(tr *Transport) {
+	conf := func(tr *Transport) {
 		tr.H2C = true
 		tr.MaxRetries = maxRetries
-	})
+	}
+	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, conf)
+	client := m
+	if sibling {
+		client = newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, conf)
+	}
 	helper = &Transport{Node: m.node, H2C: true, Policy: adv16AlwaysCreate{}}
 	if mustKey(t, helper, up.url) != mustKey(t, m.tr, up.url) {
 		t.Fatal("the helper's requests go to another key")
@@ -69,7 +81,8 @@ func TestAdv16ReviewGoAwayChurnRetriesBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/r", nil)
-	resp, err := m.tr.RoundTrip(req)
+	before := client.node.Stats().ReusedRemote
+	resp, err := client.tr.RoundTrip(req)
 	if err == nil {
 		drain(resp)
 	}
@@ -78,6 +91,10 @@ func TestAdv16ReviewGoAwayChurnRetriesBounded(t *testing.T) {
 		if herr != nil {
 			t.Fatalf("the other traffic's request failed: %v", herr)
 		}
+	}
+	if sibling && client.node.Stats().ReusedRemote-before < 2 {
+		t.Fatalf("the sibling's request went through the owner %d time(s); want it refused on several of the owner's connections, or the test shows nothing",
+			client.node.Stats().ReusedRemote-before)
 	}
 	// However free retries are counted, one request is sent a bounded
 	// number of times, well under the churn.
