@@ -112,6 +112,10 @@ type Error struct {
 	// Node.drainExpiredH2), so the request cannot be offered gone
 	// connections of one owner retry after retry; across the fleet it may
 	// be refused so once per owner, more often than MaxRetries allows.
+	// Once per owner or connection is no bound while new connections
+	// keep coming (each has a ResourceID of its own): RoundTrip allows a
+	// request no more free retries than the fleet had connections to the
+	// upstream at the first, and one (see Transport.freeRetries).
 	freeRetry bool
 	// connGone marks a stream an HTTP/2 connection refused, retry-safe,
 	// for good: its upstream's GOAWAY left the stream out, or the
