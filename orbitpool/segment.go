@@ -272,7 +272,7 @@ func (s *segment) validateHeader(hdr []byte, fileSize int64) error {
 		}
 	}
 	if got := u32(hdrProtocol); got != want.Protocol {
-		return fmt.Errorf("orbitpool: segment %s was made by processes that speak protocol %d to each other, this process speaks %d (another build); every process of a fleet must run builds of one protocol: stop the other fleet, or give this one another segment path: %w", s.path, got, want.Protocol, ErrIncompatible)
+		return fmt.Errorf("orbitpool: segment %s was made by processes that speak protocol %d to each other, this process speaks %d (another build); every process of a fleet must run builds of one protocol: stop the processes of the other build (remove the segment if none is left), or give this fleet another segment path: %w", s.path, got, want.Protocol, ErrIncompatible)
 	}
 	if size := u64(hdrSize); size != uint64(s.l.size) || fileSize != int64(size) {
 		return fmt.Errorf("orbitpool: segment %s is %d bytes and its header says %d, want %d: %w", s.path, fileSize, size, s.l.size, ErrCorrupt)
