@@ -18,17 +18,24 @@ import (
 // x/net/http2 makes holding its ClientConn's write lock.
 func newStuckH2(t *testing.T, release <-chan struct{}) string {
 	t.Helper()
+	return newStuckH2With(t, func(*http2.Framer, *http2.HeadersFrame, int) { <-release })
+}
+
+// newStuckH2With is newStuckH2 that runs onHeaders, given the connection's
+// number (from 1), at the first request's HEADERS instead.
+func newStuckH2With(t *testing.T, onHeaders func(fr *http2.Framer, f *http2.HeadersFrame, conn int)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveConns(t, ln, func(c net.Conn, _ int) {
+	serveConns(t, ln, func(c net.Conn, id int) {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetReadBuffer(4 << 10)
 		}
 		serveH2Frames(c, []http2.Setting{{ID: http2.SettingMaxConcurrentStreams, Val: 100},
 			{ID: http2.SettingInitialWindowSize, Val: 1 << 30}},
-			func(*http2.Framer, *http2.HeadersFrame) { <-release })
+			func(fr *http2.Framer, f *http2.HeadersFrame) { onHeaders(fr, f, id) })
 	})
 	return "http://" + ln.Addr().String()
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -24,38 +23,29 @@ func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release) // before the member's cleanup: the write ends with it
 	goaway := make(chan struct{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveConns(t, ln, func(c net.Conn, id int) {
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetReadBuffer(4 << 10)
+	url := newStuckH2With(t, func(fr *http2.Framer, f *http2.HeadersFrame, conn int) {
+		if conn == 1 {
+			// Once the client's write is blocked (the state cannot be
+			// read) the stream goes on and no new one may start.
+			select {
+			case <-goaway:
+				fr.WriteGoAway(f.StreamID, http2.ErrCodeNo, nil)
+			case <-release:
+			}
+			<-release
+			return
 		}
-		serveH2Frames(c, []http2.Setting{{ID: http2.SettingMaxConcurrentStreams, Val: 100},
-			{ID: http2.SettingInitialWindowSize, Val: 1 << 30}},
-			func(fr *http2.Framer, f *http2.HeadersFrame) {
-				if id == 1 {
-					// Once the client's write is blocked (the state
-					// cannot be read) the stream goes on and no new
-					// one may start.
-					select {
-					case <-goaway:
-						fr.WriteGoAway(f.StreamID, http2.ErrCodeNo, nil)
-					case <-release:
-					}
-					<-release
-					return
-				}
-				var b bytes.Buffer
-				enc := hpack.NewEncoder(&b)
-				enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-				enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
-				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
-				io.Copy(io.Discard, c)
-			})
+		var b bytes.Buffer
+		enc := hpack.NewEncoder(&b)
+		enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		enc.WriteField(hpack.HeaderField{Name: "content-length", Value: "0"})
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
+		for {
+			if _, err := fr.ReadFrame(); err != nil {
+				return
+			}
+		}
 	})
-	url := "http://" + ln.Addr().String()
 	// No sweep during the test: the request itself must find the
 	// connection unusable, not a sweep before it.
 	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour}, func(tr *Transport) { tr.H2C = true })
