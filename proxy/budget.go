@@ -122,6 +122,16 @@ func (a *avoided) goneOnce(err error, id orbitpool.ResourceID) {
 	}
 }
 
+// leaseGoneOnce makes err's retry free (Error.freeRetry) if it is the
+// first lease of the request that the owner of lane refused as gone.
+func (a *avoided) leaseGoneOnce(err error, lane int) {
+	var pe *Error
+	if errors.Is(err, errLeaseGone) && errors.As(err, &pe) && !slices.Contains(a.gone, lane) {
+		a.gone = append(a.gone, lane)
+		pe.freeRetry = true
+	}
+}
+
 // leftOwner is an owner that left, or is leaving, lane.
 type leftOwner struct {
 	lane  int

@@ -104,18 +104,15 @@ type Error struct {
 	// takes dials, and resets them), while its connections may still be
 	// in the table: the request's later attempts keep off them.
 	ownerDown bool
-	// freeRetry marks a lease refused as gone (errLeaseGone) by an owner
-	// that had not refused the request so before, or a stream refused by a
-	// connection going away (connGone) that had not refused it before: its
-	// retry costs none of MaxRetries. The owner has taken that connection out of the pool, and
-	// any other of the key idle past its timeout with it (see
-	// Node.drainExpiredH2), so the request cannot be offered gone
-	// connections of one owner retry after retry; across the fleet it may
-	// be refused so once per owner, more often than MaxRetries allows.
-	// Once per owner or connection is no bound while new connections
-	// keep coming (each has a ResourceID of its own): RoundTrip allows a
-	// request no more free retries than the fleet had connections to the
-	// upstream at the first, and one (see Transport.freeRetries).
+	// freeRetry marks a refusal whose retry costs none of MaxRetries: the
+	// first lease of the request an owner refused as gone (errLeaseGone),
+	// or the first stream a connection refused as it went away (connGone).
+	// Either connection is out of the pool by then (with the owner's other
+	// idle-expired ones of the key, see Node.drainExpiredH2), so no one
+	// owner or connection refuses the request twice for free; and since
+	// new connections keep coming, RoundTrip allows no more free retries
+	// than the fleet had connections to the upstream at the first, and one
+	// (see Transport.freeRetries).
 	freeRetry bool
 	// connGone marks a stream an HTTP/2 connection refused, retry-safe,
 	// for good: its upstream's GOAWAY left the stream out, or the

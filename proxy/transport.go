@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -605,6 +604,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// lease has no ticket left to withdraw.
 				n.pool.Withdraw(plan.Lease)
 				avoid.goneOnce(err, plan.Lease.ID)
+				avoid.leaseGoneOnce(err, lane)
 			}
 			switch {
 			case err == nil:
@@ -612,12 +612,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				avoid.busy = append(avoid.busy, lane)
 			case errors.Is(err, errOwnerLeaving), ownerDown(err):
 				avoid.leaving = append(avoid.leaving, leftOwner{lane, plan.Lease.Owner})
-			case errors.Is(err, errLeaseGone) && !slices.Contains(avoid.gone, lane):
-				avoid.gone = append(avoid.gone, lane)
-				var pe *Error
-				if errors.As(err, &pe) {
-					pe.freeRetry = true
-				}
 			}
 			if err != nil && errors.Is(err, ErrOwnerGone) {
 				// Let the pool learn of a dead sibling now rather than at
