@@ -118,3 +118,45 @@ func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
 	default:
 	}
 }
+
+// TestAdv15PausedFullH2StaysPausedUntilAStreamEnds: a request that finds a
+// connection unable to take a stream pauses it (capacity 0) and has its
+// state read, which gives the capacity back unless the connection is done
+// for. x/net's wrapper of net/http's HTTP/2 client (Go 1.27) reports a
+// connection that is merely full as unable, and the pool, which hands a
+// stream's unit back early (an empty response, a reset stream), may count
+// fewer streams on it than the ClientConn does: given back while the
+// ClientConn is still full, the capacity would bring the next request to
+// it again, paused again, read again, in a loop until a stream ended. The
+// pause must last, while the ClientConn says it is full, until one does.
+func TestAdv15PausedFullH2StaysPausedUntilAStreamEnds(t *testing.T) {
+	up := newH2Upstream(t, 1)
+	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour}, h2cConf)
+	warmH2(t, m, up.url)
+	key := mustKey(t, m.tr, up.url)
+	hc := installedH2(t, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := m.tr.RoundTrip(grpcReq(t, ctx, up.url+"/hold", http.NoBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the held stream to reach the upstream", func() bool { return up.cur.Load() == 1 })
+	capacity := func() int {
+		cs, _ := m.pool.Candidates(key, nil)
+		if len(cs) != 1 {
+			t.Fatalf("candidates %+v: want one", cs)
+		}
+		return cs[0].Capacity
+	}
+
+	// What usableH2 does when CanTakeNewRequest says no, run here at once.
+	m.node.pauseH2(hc)
+	m.node.syncH2Now(hc)
+	if c := capacity(); c != 0 || hc.isDraining() {
+		t.Fatalf("a full connection paused and its state read: capacity %d, draining %v; want it still paused", c, hc.isDraining())
+	}
+	cancel()
+	drain(resp)
+	waitFor(t, 5*time.Second, "the capacity back once the stream ended", func() bool { return capacity() == 1 })
+}
