@@ -407,11 +407,6 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	if hc.draining || c == hc.capacity {
 		return
 	}
-	if hc.capacity == 0 && st.StreamsActive+st.StreamsReserved >= c {
-		// Paused (see usableH2) and full by the ClientConn's own count,
-		// which may exceed the pool's: the end of a stream reads again.
-		return
-	}
 	if err := n.pool.SetCapacity(hc.id, c); err != nil {
 		if !errors.Is(err, orbitpool.ErrClosed) {
 			n.log.Debug("set capacity", zap.Stringer("id", hc.id), zap.Error(err))
