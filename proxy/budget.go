@@ -110,6 +110,28 @@ type avoided struct {
 	// goneConns are the HTTP/2 connections that refused a stream of the
 	// request as they went away (see Error.connGone).
 	goneConns []orbitpool.ResourceID
+	// freeLeft is how many free retries the request has left, once
+	// counted (freeCounted) at its first.
+	freeLeft    int
+	freeCounted bool
+}
+
+// freeRetry reports whether err's retry costs none of MaxRetries
+// (Error.freeRetry) and is within the request's allowance of such
+// retries, which allowance counts at the first; it spends one.
+func (a *avoided) freeRetry(err error, allowance func() int) bool {
+	var pe *Error
+	if !errors.As(err, &pe) || !pe.freeRetry {
+		return false
+	}
+	if !a.freeCounted {
+		a.freeLeft, a.freeCounted = allowance(), true
+	}
+	if a.freeLeft == 0 {
+		return false
+	}
+	a.freeLeft--
+	return true
 }
 
 // goneOnce makes err's retry free (Error.freeRetry) if it is the first

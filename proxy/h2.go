@@ -300,16 +300,23 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 
 // stopOffersH2 takes hc's capacity to 0 for good: the pool offers it no
 // more.
-func (n *Node) stopOffersH2(hc *h2conn) {
+func (n *Node) stopOffersH2(hc *h2conn) { n.zeroH2(hc, true) }
+
+// pauseH2 takes hc's capacity to 0 until its state is next read.
+func (n *Node) pauseH2(hc *h2conn) { n.zeroH2(hc, false) }
+
+// zeroH2 takes hc's capacity to 0 in the pool, for good (draining) or
+// until its state is next read.
+func (n *Node) zeroH2(hc *h2conn, forGood bool) {
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
-	if hc.draining {
+	if hc.draining || !forGood && hc.capacity == 0 {
 		return
 	}
-	hc.draining = true
+	hc.draining = forGood
 	hc.capacity = 0
 	if err := n.pool.SetCapacity(hc.id, 0); err != nil && !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
-		n.log.Debug("drain", zap.Stringer("id", hc.id), zap.Error(err))
+		n.log.Debug("capacity to 0", zap.Stringer("id", hc.id), zap.Bool("draining", forGood), zap.Error(err))
 	}
 }
 
@@ -460,22 +467,6 @@ func (n *Node) drainExpiredH2(key orbitpool.Key) {
 			n.drainH2(hc)
 		}
 	}
-}
-
-// pauseH2 takes hc's capacity to 0 until its state is next read.
-func (n *Node) pauseH2(hc *h2conn) {
-	hc.mu.Lock()
-	defer hc.mu.Unlock()
-	if hc.draining || hc.capacity == 0 {
-		return
-	}
-	if err := n.pool.SetCapacity(hc.id, 0); err != nil {
-		if !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
-			n.log.Debug("pause", zap.Stringer("id", hc.id), zap.Error(err))
-		}
-		return
-	}
-	hc.capacity = 0
 }
 
 // useH2 runs req as one stream of hc under exec, which holds the stream's

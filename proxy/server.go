@@ -735,12 +735,13 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		if IsRetrySafe(err) {
 			flags |= flagNothingSent
 		}
-		var pe *Error
-		if errors.As(err, &pe) && pe.idleClosed {
-			flags |= flagIdleClosed
-		}
-		if pe != nil && pe.connGone {
-			flags |= flagConnGone
+		if pe := (*Error)(nil); errors.As(err, &pe) {
+			if pe.idleClosed {
+				flags |= flagIdleClosed
+			}
+			if pe.connGone {
+				flags |= flagConnGone
+			}
 		}
 		bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flags, code: errCode(err), msg: err.Error()}))
 		// Nothing was accepted, so the writer read none of the body

@@ -347,8 +347,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		maxRetries = 3
 	}
 	var avoid avoided // owners that rejected this request
-	freeLeft := -1    // free retries left, counted at the first (see freeRetries)
-	for attempt := 0; ; attempt++ {
+	for paid := 0; ; {
 		onDone, delivered := attemptRelease(release)
 		resp, err := t.once(r, e, b, &avoid, onDone)
 		if err == nil {
@@ -364,18 +363,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, nil
 		}
-		free := freeRetry(err)
-		if free {
-			if freeLeft < 0 {
-				freeLeft = t.freeRetries(e.key)
-			}
-			free = freeLeft > 0
-		}
-		if (attempt < maxRetries || free) && ctx.Err() == nil && !isRefusal(err) {
+		free := avoid.freeRetry(err, func() int { return t.freeRetries(e.key) })
+		if (free || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) {
 			if next, ok := rewind(req, r, tb, err); ok {
-				if free {
-					attempt--
-					freeLeft--
+				if !free {
+					paid++
 				}
 				t.Node.stats.retries.Add(1)
 				if nb, ok := next.Body.(*trackBody); ok && next != r {
@@ -684,13 +676,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 func (t *Transport) freeRetries(key orbitpool.Key) int {
 	c, _ := t.Node.pool.Candidates(key, nil)
 	return len(c) + 1
-}
-
-// freeRetry reports whether err's retry costs none of MaxRetries (see
-// Error.freeRetry).
-func freeRetry(err error) bool {
-	var pe *Error
-	return errors.As(err, &pe) && pe.freeRetry
 }
 
 // ownerDown reports whether err says the owner could not be reached (see
