@@ -71,6 +71,7 @@ type supervisor struct {
 	ln      net.Listener  // pingbacks: a worker echoes its token once its config runs
 	sockets *fleetSockets // listening sockets shared by the workers
 	events  chan event
+	done    chan struct{} // closed when the event loop returns
 	spawn   chan spawnRequest
 	workers []*worker
 	// config is the adapted configuration the fleet runs, before
@@ -134,6 +135,7 @@ const (
 	evStartTimeout
 	evStopTimeout
 	evRetryRefused
+	evLateLoad
 )
 
 type event struct {
@@ -144,8 +146,11 @@ type event struct {
 	token string
 	sig   os.Signal
 	// A reload's outcome (evReloaded): the configuration it loaded, its
-	// generation, and what each worker answered.
+	// generation, and what each worker answered. A late answer
+	// (evLateLoad) has the configuration and its generation in config and
+	// cfgGen, the worker in id and gen, and the answer in err.
 	config []byte
+	cfgGen int
 	loads  []loadResult
 }
 
@@ -228,6 +233,7 @@ func (s *supervisor) run() error {
 	}
 	defer s.ln.Close()
 	s.events = make(chan event, 4*s.n+16)
+	s.done = make(chan struct{})
 	go s.acceptPingbacks()
 
 	// Children are started from one locked OS thread that lives as long as
@@ -268,7 +274,9 @@ func (s *supervisor) run() error {
 			break
 		}
 	}
-	return s.loop(startErr)
+	err = s.loop(startErr)
+	close(s.done)
+	return err
 }
 
 // loop handles events until every worker has stopped. startErr is a failure
@@ -371,6 +379,11 @@ func (s *supervisor) loop(startErr error) error {
 			}
 			if !s.reloading {
 				s.catchUp()
+			}
+
+		case evLateLoad:
+			if !s.stopping {
+				s.lateLoaded(ev)
 			}
 
 		case evRetryRefused:
@@ -634,12 +647,14 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 		var wg sync.WaitGroup
 		for i, t := range ts {
 			wg.Go(func() {
-				err := loadInto(t.sock, t.body, timeout)
+				late := func(err error) {
+					s.send(event{kind: evLateLoad, id: t.id, gen: t.gen, err: err, config: cfg, cfgGen: gen})
+				}
+				err := loadInto(t.sock, t.body, timeout, late)
 				if err != nil {
 					msg := "reloading worker: it keeps running its previous configuration"
 					if errors.Is(err, errLoadTimeout) {
-						// Counted as a refusal, but it may still apply it.
-						msg = "reloading worker: no answer in time; counted as a refusal, though it may still apply the configuration"
+						msg = "reloading worker: no answer in time; counted as a refusal until it answers"
 					}
 					s.log.Error(msg, zap.Int("worker", t.id), zap.Error(err))
 				} else {
@@ -667,11 +682,7 @@ func (s *supervisor) reloaded(ev event) {
 	case accepted == 0 && len(ev.loads) > 0:
 		s.log.Error("reload failed: every worker refused the new configuration; the fleet keeps running the previous one, and restarts workers with it")
 	default:
-		s.config, s.cfgGen = ev.config, ev.gen
-		s.retryDelay = 0 // refusals of a new configuration start at retryMin again
-		if dropped := s.sockets.dropUnused(s.config); len(dropped) > 0 {
-			s.log.Info("the configuration no longer listens on these addresses: closed the fleet's sockets for them", zap.Strings("addresses", dropped))
-		}
+		s.adopt(ev.config, ev.gen)
 		if accepted < len(ev.loads) {
 			s.log.Error("reload partly failed: the workers that refused the new configuration keep running the previous one until they accept it (they are asked again), restart, or the next reload")
 		}
@@ -691,14 +702,77 @@ func (s *supervisor) reloaded(ev event) {
 	}
 	switch {
 	case refused && s.retryTimer == nil:
-		// Some workers refused the configuration the fleet runs: ask
-		// them again later, for as long as they refuse it.
-		s.retryDelay = min(max(2*s.retryDelay, s.retryLow()), retryRefusedMax)
-		s.log.Warn("workers refused the fleet's configuration; trying them again", zap.Duration("in", s.retryDelay))
-		s.armRetry(s.retryDelay)
+		s.retryLater()
 	case !refused && ev.gen == s.cfgGen:
 		s.retryDelay = 0
 	}
+}
+
+// adopt makes cfg, generation gen, the fleet's configuration, which a
+// worker runs.
+func (s *supervisor) adopt(cfg []byte, gen int) {
+	s.config, s.cfgGen = cfg, gen
+	s.retryDelay = 0 // refusals of a new configuration start at retryMin again
+	if dropped := s.sockets.dropUnused(s.config); len(dropped) > 0 {
+		s.log.Info("the configuration no longer listens on these addresses: closed the fleet's sockets for them", zap.Strings("addresses", dropped))
+	}
+}
+
+// lateLoaded takes in a worker's answer to a load that had timed out, and
+// so counted as refused (see loadInto). A worker that applied it runs that
+// configuration: if it is newer than the fleet's, it becomes the fleet's,
+// as if the worker had answered in time, and the other workers are brought
+// to it. Otherwise a reload every worker answered too late would leave the
+// fleet restarting workers with a configuration none of them runs.
+// Generations only grow: a worker applies its loads in the order they were
+// sent (Caddy runs one at a time), so an answer older than what the worker
+// or the fleet runs since changes nothing.
+func (s *supervisor) lateLoaded(ev event) {
+	w := s.workers[ev.id]
+	if ev.gen != w.gen || !w.running {
+		return // restarted meanwhile, with the fleet's configuration
+	}
+	if ev.err != nil {
+		s.log.Warn("worker answered a load that had timed out: it refused the configuration", zap.Int("worker", w.id), zap.Error(ev.err))
+		return
+	}
+	s.log.Info("worker applied a configuration after its load had timed out", zap.Int("worker", w.id))
+	if ev.cfgGen <= w.cfgGen {
+		return
+	}
+	w.cfgGen = ev.cfgGen
+	if w.refused == ev.cfgGen {
+		w.refused = 0
+	}
+	if ev.cfgGen <= s.cfgGen {
+		return
+	}
+	s.log.Warn("a worker applied a reload's configuration after its load had timed out: it is the fleet's configuration now, and the other workers are loaded with it", zap.Int("worker", w.id))
+	s.adopt(ev.config, ev.cfgGen)
+	if !s.reloading {
+		s.catchUp()
+	}
+	refused := func(o *worker) bool { return o.running && o.refused == s.cfgGen }
+	if s.retryTimer == nil && slices.ContainsFunc(s.workers, refused) {
+		s.retryLater()
+	}
+}
+
+// send hands ev to the event loop, unless the loop has returned.
+func (s *supervisor) send(ev event) {
+	select {
+	case s.events <- ev:
+	case <-s.done:
+	}
+}
+
+// retryLater asks the workers that refused the configuration the fleet runs
+// again later, for as long as they refuse it, each time after twice the
+// delay of the last time.
+func (s *supervisor) retryLater() {
+	s.retryDelay = min(max(2*s.retryDelay, s.retryLow()), retryRefusedMax)
+	s.log.Warn("workers refused the fleet's configuration; trying them again", zap.Duration("in", s.retryDelay))
+	s.armRetry(s.retryDelay)
 }
 
 // armRetry schedules retryRefused in d.
@@ -770,12 +844,14 @@ var errLoadTimeout = errors.New("load timed out")
 // unchanged (as `caddy reload --force` does), within timeout. The request
 // is Caddy's own (caddycmd.AdminAPIRequest), whose client has no timeout:
 // past it the request is left to finish in the background, when the worker
-// answers or exits, and the load counts as refused. (With a client of our
-// own, which closed its connection after the answer, a worker that exited
-// during the load sometimes left its admin socket file behind; with
-// Caddy's client it did not.)
-func loadInto(sock string, config []byte, timeout time.Duration) error {
+// answers or exits, and loadInto returns errLoadTimeout; late gets the
+// answer then. (With a client of our own, which closed its connection after
+// the answer, a worker that exited during the load sometimes left its admin
+// socket file behind; with Caddy's client it did not.)
+func loadInto(sock string, config []byte, timeout time.Duration, late func(error)) error {
 	done := make(chan error, 1)
+	var mu sync.Mutex
+	timedOut := false
 	go func() {
 		hdr := make(http.Header)
 		hdr.Set("Cache-Control", "must-revalidate")
@@ -783,7 +859,15 @@ func loadInto(sock string, config []byte, timeout time.Duration) error {
 		if err == nil {
 			resp.Body.Close()
 		}
-		done <- err
+		mu.Lock()
+		tooLate := timedOut
+		if !tooLate {
+			done <- err
+		}
+		mu.Unlock()
+		if tooLate {
+			late(err)
+		}
 	}()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -791,6 +875,14 @@ func loadInto(sock string, config []byte, timeout time.Duration) error {
 	case err := <-done:
 		return err
 	case <-t.C:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case err := <-done: // answered as the timer fired
+		return err
+	default:
+		timedOut = true
 		return fmt.Errorf("%w: its admin endpoint did not answer within %s", errLoadTimeout, timeout)
 	}
 }
