@@ -678,7 +678,10 @@ func (s *supervisor) reloaded(ev event) {
 		}
 	}
 	switch {
-	case ev.gen == s.cfgGen: // a catch-up, to the fleet's own configuration
+	case ev.gen <= s.cfgGen:
+		// A catch-up, to the fleet's own configuration, or to one a late
+		// answer (lateLoaded) made the fleet replace while it was under
+		// way: never the fleet's again.
 	case accepted == 0 && len(ev.loads) > 0:
 		s.log.Error("reload failed: every worker refused the new configuration; the fleet keeps running the previous one, and restarts workers with it")
 	default:
