@@ -88,35 +88,40 @@ func TestLateLoadBecomesFleetConfig(t *testing.T) {
 	}
 }
 
-// TestLateLoadOrder: a late answer changes the fleet only when it is newer
-// than what the worker and the fleet run, and was applied, by the process
-// the load was sent to.
+// TestLateLoadOrder: a late answer counts when the load was applied, by
+// the process it was sent to, and sent after any the worker applied; it
+// changes the fleet's configuration only when newer, and a worker it leaves
+// behind the fleet is caught up.
 func TestLateLoadOrder(t *testing.T) {
 	late := []byte(`{"late":true}`)
 	for _, tc := range []struct {
 		name string
-		// before: the fleet's and the worker's configuration, and the
-		// last one the worker refused
-		fleet, worker, refused int
-		// the answer: the worker's process and the configuration
-		procGen, gen int
-		err          error
-		// after
+		// before: the fleet's and the worker's configuration, the number
+		// of the load the worker last applied, and the configuration it
+		// last refused
+		fleet, worker, applied, refused int
+		// the answer: the worker's process, the load's number and its
+		// configuration
+		procGen, seq, gen int
+		err               error
+		// after, and whether a catch-up was sent
 		wantFleet, wantWorker, wantRefused int
+		wantCatchUp                        bool
 	}{
-		{"newer, applied", 3, 3, 5, 1, 5, nil, 5, 5, 0},
-		{"newer, refused", 3, 3, 5, 1, 5, errors.New("bad config"), 3, 3, 5},
-		{"from a process since restarted", 3, 3, 5, 0, 5, nil, 3, 3, 5},
-		{"older than the worker runs", 4, 4, 0, 1, 3, nil, 4, 4, 0},
-		{"the fleet's own, asked again", 4, 3, 4, 1, 4, nil, 4, 4, 0},
-		{"newer than the worker, older than the fleet", 5, 3, 4, 1, 4, nil, 5, 4, 0},
+		{"newer, applied", 3, 3, 1, 5, 1, 2, 5, nil, 5, 5, 0, false},
+		{"newer, refused", 3, 3, 1, 5, 1, 2, 5, errors.New("bad config"), 3, 3, 5, false},
+		{"from a process since restarted", 3, 3, 1, 5, 0, 2, 5, nil, 3, 3, 5, false},
+		{"sent before one the worker applied", 4, 4, 3, 0, 1, 2, 3, nil, 4, 4, 0, false},
+		{"the fleet's own, asked again", 4, 3, 1, 4, 1, 2, 4, nil, 4, 4, 0, false},
+		{"older, sent after a newer one", 5, 5, 2, 0, 1, 3, 4, nil, 5, 4, 0, true},
+		{"the fleet's, answered after a load sent later", 3, 2, 3, 3, 1, 2, 3, nil, 3, 2, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fleetCfg := []byte(`{"fleet":true}`)
-			s := &supervisor{config: fleetCfg, cfgGen: tc.fleet, genSeq: 5, log: zap.NewNop(), sockets: &fleetSockets{}}
-			w := &worker{id: 0, gen: 1, cfgGen: tc.worker, refused: tc.refused, running: true, ready: true}
+			s := &supervisor{config: fleetCfg, cfgGen: tc.fleet, genSeq: 5, events: make(chan event, 4), log: zap.NewNop(), sockets: &fleetSockets{}}
+			w := &worker{id: 0, gen: 1, cfgGen: tc.worker, applied: tc.applied, loads: max(tc.applied, tc.seq), refused: tc.refused, running: true, ready: true, sock: "/nonexistent/admin.sock"}
 			s.workers = []*worker{w}
-			s.lateLoaded(event{kind: evLateLoad, id: 0, gen: tc.procGen, cfgGen: tc.gen, err: tc.err, config: late})
+			s.lateLoaded(event{kind: evLateLoad, config: late, late: loadResult{id: 0, gen: tc.procGen, seq: tc.seq, cfgGen: tc.gen, err: tc.err}})
 			if s.cfgGen != tc.wantFleet || w.cfgGen != tc.wantWorker || w.refused != tc.wantRefused {
 				t.Errorf("fleet %d, worker %d, refused %d; want %d, %d, %d", s.cfgGen, w.cfgGen, w.refused, tc.wantFleet, tc.wantWorker, tc.wantRefused)
 			}
@@ -126,6 +131,9 @@ func TestLateLoadOrder(t *testing.T) {
 			}
 			if !bytes.Equal(s.config, want) {
 				t.Errorf("fleet configuration %s; want %s", s.config, want)
+			}
+			if s.reloading != tc.wantCatchUp {
+				t.Errorf("catch-up sent: %v; want %v", s.reloading, tc.wantCatchUp)
 			}
 		})
 	}
@@ -139,7 +147,7 @@ func TestLateLoadRetriesTheRefusing(t *testing.T) {
 	late := &worker{id: 0, gen: 1, cfgGen: 3, refused: 5, running: true, ready: true}
 	other := &worker{id: 1, gen: 1, cfgGen: 3, refused: 5, running: true, ready: true}
 	s.workers = []*worker{late, other}
-	s.lateLoaded(event{kind: evLateLoad, id: 0, gen: 1, cfgGen: 5, config: []byte(`{"late":true}`)})
+	s.lateLoaded(event{kind: evLateLoad, config: []byte(`{"late":true}`), late: loadResult{id: 0, gen: 1, seq: 1, cfgGen: 5}})
 	if s.cfgGen != 5 {
 		t.Fatalf("fleet configuration %d after the late answer; want 5", s.cfgGen)
 	}

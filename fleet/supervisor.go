@@ -122,6 +122,15 @@ type worker struct {
 	// to load.
 	cfgGen  int
 	refused int
+	// loads numbers the loads sent to this process, and applied is the
+	// number of the last one it applied, which cfgGen is. A process
+	// applies loads one at a time, in the order they were sent (Caddy
+	// holds a lock through each), but answers to loads that timed out
+	// reach the supervisor in any order, and a load the supervisor sends
+	// (a catch-up of the fleet's configuration) may be older than one the
+	// process has yet to apply: the order of sending, not the
+	// configurations' generations, says which the process runs.
+	loads, applied int
 }
 
 type eventKind int
@@ -146,19 +155,21 @@ type event struct {
 	token string
 	sig   os.Signal
 	// A reload's outcome (evReloaded): the configuration it loaded, its
-	// generation, and what each worker answered. A late answer
-	// (evLateLoad) has the configuration and its generation in config and
-	// cfgGen, the worker in id and gen, and the answer in err.
+	// generation, and what each worker answered.
 	config []byte
-	cfgGen int
 	loads  []loadResult
+	// A late answer (evLateLoad): the configuration in config, and the
+	// answer in late.
+	late loadResult
 }
 
 // loadResult is a worker's answer to a configuration load: id is its slot,
-// gen its process generation.
+// gen its process generation, seq the load's number among those sent to
+// that process (see worker.loads), and cfgGen the configuration's
+// generation.
 type loadResult struct {
-	id, gen int
-	err     error
+	id, gen, seq, cfgGen int
+	err                  error
 }
 
 type spawnRequest struct {
@@ -471,6 +482,7 @@ func (s *supervisor) start(w *worker) error {
 	w.gen++
 	w.cfgGen = s.cfgGen
 	w.refused = 0
+	w.loads, w.applied = 0, 0
 	w.token = hex.EncodeToString(b[:])
 	reply := make(chan error, 1)
 	s.spawn <- spawnRequest{w: w, reply: reply}
@@ -627,9 +639,9 @@ func (s *supervisor) catchUp() {
 // stops serving meanwhile); an evReloaded event reports the outcome.
 func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 	type target struct {
-		id, gen int
-		sock    string
-		body    []byte
+		load loadResult
+		sock string
+		body []byte
 	}
 	var ts []target
 	for _, w := range targets {
@@ -638,7 +650,11 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 			s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
 			return
 		}
-		ts = append(ts, target{w.id, w.gen, w.sock, body})
+		ts = append(ts, target{loadResult{id: w.id, gen: w.gen, cfgGen: gen}, w.sock, body})
+	}
+	for i, w := range targets {
+		w.loads++
+		ts[i].load.seq = w.loads
 	}
 	s.reloading = true
 	timeout := s.loadTimeoutFor(cfg)
@@ -648,7 +664,9 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 		for i, t := range ts {
 			wg.Go(func() {
 				late := func(err error) {
-					s.send(event{kind: evLateLoad, id: t.id, gen: t.gen, err: err, config: cfg, cfgGen: gen})
+					l := t.load
+					l.err = err
+					s.send(event{kind: evLateLoad, config: cfg, late: l})
 				}
 				err := loadInto(t.sock, t.body, timeout, late)
 				if err != nil {
@@ -656,11 +674,12 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 					if errors.Is(err, errLoadTimeout) {
 						msg = "reloading worker: no answer in time; counted as a refusal until it answers"
 					}
-					s.log.Error(msg, zap.Int("worker", t.id), zap.Error(err))
+					s.log.Error(msg, zap.Int("worker", t.load.id), zap.Error(err))
 				} else {
-					s.log.Info("worker reloaded", zap.Int("worker", t.id))
+					s.log.Info("worker reloaded", zap.Int("worker", t.load.id))
 				}
-				loads[i] = loadResult{id: t.id, gen: t.gen, err: err}
+				loads[i] = t.load
+				loads[i].err = err
 			})
 		}
 		wg.Wait()
@@ -697,7 +716,7 @@ func (s *supervisor) reloaded(ev event) {
 			continue // restarted meanwhile, with the fleet's configuration
 		}
 		if l.err == nil {
-			w.cfgGen = ev.gen
+			w.took(l)
 		} else {
 			w.refused = ev.gen
 			refused = refused || ev.gen == s.cfgGen
@@ -723,42 +742,48 @@ func (s *supervisor) adopt(cfg []byte, gen int) {
 
 // lateLoaded takes in a worker's answer to a load that had timed out, and
 // so counted as refused (see loadInto). A worker that applied it runs that
-// configuration: if it is newer than the fleet's, it becomes the fleet's,
-// as if the worker had answered in time, and the other workers are brought
-// to it. Otherwise a reload every worker answered too late would leave the
-// fleet restarting workers with a configuration none of them runs.
-// Generations only grow: a worker applies its loads in the order they were
-// sent (Caddy runs one at a time), so an answer older than what the worker
-// or the fleet runs since changes nothing.
+// configuration, unless it has applied a load sent later: if it is newer
+// than the fleet's, it becomes the fleet's, as if the worker had answered in
+// time, and the other workers are brought to it. Otherwise a reload every
+// worker answered too late would leave the fleet restarting workers with a
+// configuration none of them runs. A worker left behind the fleet (it
+// applied a catch-up sent behind a newer load, or its newest load's answer
+// came first) is caught up.
 func (s *supervisor) lateLoaded(ev event) {
-	w := s.workers[ev.id]
-	if ev.gen != w.gen || !w.running {
+	l := ev.late
+	w := s.workers[l.id]
+	if l.gen != w.gen || !w.running {
 		return // restarted meanwhile, with the fleet's configuration
 	}
-	if ev.err != nil {
-		s.log.Warn("worker answered a load that had timed out: it refused the configuration", zap.Int("worker", w.id), zap.Error(ev.err))
-		return
-	}
-	s.log.Info("worker applied a configuration after its load had timed out", zap.Int("worker", w.id))
-	if ev.cfgGen <= w.cfgGen {
-		return
-	}
-	w.cfgGen = ev.cfgGen
-	if w.refused == ev.cfgGen {
-		w.refused = 0
-	}
-	if ev.cfgGen <= s.cfgGen {
-		return
-	}
-	s.log.Warn("a worker applied a reload's configuration after its load had timed out: it is the fleet's configuration now, and the other workers are loaded with it", zap.Int("worker", w.id))
-	s.adopt(ev.config, ev.cfgGen)
-	if !s.reloading {
-		s.catchUp()
+	if l.err != nil {
+		s.log.Warn("worker answered a load that had timed out: it refused the configuration", zap.Int("worker", w.id), zap.Error(l.err))
+	} else {
+		s.log.Info("worker applied a configuration after its load had timed out", zap.Int("worker", w.id))
+		if w.refused == l.cfgGen {
+			w.refused = 0 // counted as refused when it timed out
+		}
+		if w.took(l) && l.cfgGen > s.cfgGen {
+			s.log.Warn("a worker applied a reload's configuration after its load had timed out: it is the fleet's configuration now, and the other workers are loaded with it", zap.Int("worker", w.id))
+			s.adopt(ev.config, l.cfgGen)
+		}
+		if !s.reloading {
+			s.catchUp()
+		}
 	}
 	refused := func(o *worker) bool { return o.running && o.refused == s.cfgGen }
 	if s.retryTimer == nil && slices.ContainsFunc(s.workers, refused) {
 		s.retryLater()
 	}
+}
+
+// took records that w applied load l, unless it has applied one sent after
+// l since (see worker.loads), and reports whether l is what w runs now.
+func (w *worker) took(l loadResult) bool {
+	if l.seq <= w.applied {
+		return false
+	}
+	w.applied, w.cfgGen = l.seq, l.cfgGen
+	return true
 }
 
 // send hands ev to the event loop, unless the loop has returned.
