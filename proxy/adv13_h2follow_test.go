@@ -42,18 +42,7 @@ func TestAdv13FollowerNotStalledByBlockedH2Write(t *testing.T) {
 	if shc == nil {
 		t.Fatal("the blocked connection is not installed")
 	}
-	// The write blocks once the socket's buffers are full; then a read of
-	// the state does too.
-	waitFor(t, 5*time.Second, "a read of the state to block behind the write", func() bool {
-		done := make(chan struct{})
-		go func() { shc.cc.State(); close(done) }()
-		select {
-		case <-done:
-			return false
-		case <-time.After(100 * time.Millisecond):
-			return true
-		}
-	})
+	waitH2WriteBlocked(t, shc)
 	m.node.noteH2(shc) // as its read loop's next read would
 
 	up.SetLimit(2)

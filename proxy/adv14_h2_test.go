@@ -36,11 +36,16 @@ func TestAdv14UsableH2FullNotDrained(t *testing.T) {
 
 	up.goAway()
 	waitFor(t, 5*time.Second, "the ClientConn to see the GOAWAY", func() bool { return !hc.cc.CanTakeNewRequest() })
-	if owner.node.usableH2(hc) {
-		t.Fatal("usableH2 true after GOAWAY")
-	}
-	if cs, _ := owner.pool.Candidates(key, nil); len(cs) != 1 || cs[0].Capacity != 0 {
-		t.Fatalf("after GOAWAY, with the stream still running: candidates %+v; want one, capacity 0", cs)
+	// x/net's wrapper (h2Wrapped) tells a GOAWAY only once the connection
+	// has closed: one that got it while full looks full, and what decides
+	// there is that it leaves the pool once its stream ends (below).
+	if !h2Wrapped {
+		if owner.node.usableH2(hc) {
+			t.Fatal("usableH2 true after GOAWAY")
+		}
+		if cs, _ := owner.pool.Candidates(key, nil); len(cs) != 1 || cs[0].Capacity != 0 {
+			t.Fatalf("after GOAWAY, with the stream still running: candidates %+v; want one, capacity 0", cs)
+		}
 	}
 	cancel()
 	drain(resp)

@@ -70,17 +70,7 @@ func TestAdv15UnusableH2NotReadBehindBlockedWrite(t *testing.T) {
 		hc = m.node.lookupH2(c[0].ID)
 		return hc != nil
 	})
-	// The write is blocked once State waits for it.
-	waitFor(t, 10*time.Second, "the upload's write to block (ClientConn.State to wait for it)", func() bool {
-		done := make(chan struct{})
-		go func() { hc.cc.State(); close(done) }()
-		select {
-		case <-done:
-			return false
-		case <-time.After(200 * time.Millisecond):
-			return true
-		}
-	})
+	waitH2WriteBlocked(t, hc)
 	close(goaway)
 	waitFor(t, 5*time.Second, "the GOAWAY", func() bool { return !hc.cc.CanTakeNewRequest() })
 	if c, _ := m.pool.Candidates(key, nil); len(c) != 1 || c[0].Capacity == 0 {

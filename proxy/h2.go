@@ -85,6 +85,7 @@ func streamCapacity(max uint32) int {
 // business, as for HTTP/1.1; connections are made and pooled by the fleet.
 func (t *Transport) newH2Transport() *http2.Transport {
 	return &http2.Transport{
+		ConnPool:                   h2DeadPool{t},
 		AllowHTTP:                  true,
 		DisableCompression:         true,
 		StrictMaxConcurrentStreams: true,
@@ -93,6 +94,39 @@ func (t *Transport) newH2Transport() *http2.Transport {
 		// connection in good order: the ClientConn's would close it
 		// under the pool, and its unit would come back at once.
 	}
+}
+
+// h2DeadPool is the x/net/http2 transport's ClientConnPool. The fleet pools
+// the connections; what this gives is MarkDead, which x/net calls when a
+// ClientConn gets GOAWAY or closes, and which wakes the follower (see
+// h2follow.go) to read the connection's state at once. With Go 1.27's
+// net/http client under x/net's wrapper (h2Wrapped) it is the only word of a
+// connection that closed after a GOAWAY, once its last stream ended:
+// nothing reads the socket after that.
+type h2DeadPool struct{ t *Transport }
+
+var errNoH2Pool = errors.New("proxy: the fleet pools HTTP/2 connections, not x/net")
+
+func (p h2DeadPool) GetClientConn(*http.Request, string) (*http2.ClientConn, error) {
+	return nil, errNoH2Pool
+}
+
+func (p h2DeadPool) MarkDead(cc *http2.ClientConn) {
+	if n := p.t.Node; n != nil {
+		if hc := n.h2ByClientConn(cc); hc != nil {
+			n.noteH2(hc)
+		}
+	}
+}
+
+// h2ByClientConn is the installed connection that runs cc, if any.
+func (n *Node) h2ByClientConn(cc *http2.ClientConn) *h2conn {
+	for i := range n.h2slots {
+		if hc := n.h2slots[i].Load(); hc != nil && hc.cc == cc {
+			return hc
+		}
+	}
+	return nil
 }
 
 // h2Wanted reports whether a connection dialed for u speaks HTTP/2: h2c
@@ -440,19 +474,38 @@ func (hc *h2conn) idleExpired() bool {
 // read off this goroutine, which gives the capacity back or drains hc. The
 // state, not CanTakeNewRequest, says whether hc is done for: x/net's
 // wrapper of net/http's HTTP/2 client (Go 1.27) reports a full connection
-// as unable too.
+// as unable too (see wrappedFull).
 func (n *Node) usableH2(hc *h2conn) bool {
 	switch {
 	case hc.idleExpired():
 		n.drainH2(hc)
 		n.drainExpiredH2(hc.key)
-	case hc.cc.CanTakeNewRequest():
+	case hc.cc.CanTakeNewRequest(), h2Wrapped && hc.wrappedFull():
 		return true
 	default:
 		n.pauseH2(hc)
 		n.syncH2Off(hc, n.syncH2Now)
 	}
 	return false
+}
+
+// wrappedFull reports whether hc, which says it can take no new stream, runs
+// as many as the pool gives it room for: under x/net's wrapper (h2Wrapped)
+// that is a connection merely full, which the pool offered because a stream
+// that ended still counts in the ClientConn for a moment. Its RoundTrip waits
+// for that stream to go, as x/net's own client does under
+// StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
+// instead would hand its capacity back at once, to be offered and paused
+// again until the stream went. The wrapper's State takes no write lock.
+// It tells a GOAWAY only once the connection has closed: a connection that
+// got one while full looks full, and a stream sent there is refused
+// retry-safe, at no retry's cost (connGone).
+func (hc *h2conn) wrappedFull() bool {
+	st := hc.cc.State()
+	hc.mu.Lock()
+	c := hc.capacity
+	hc.mu.Unlock()
+	return !st.Closed && !st.Closing && c > 0 && st.StreamsActive+st.StreamsReserved >= c
 }
 
 // drainExpiredH2 drains this process's other connections for key that are

@@ -15,7 +15,6 @@ import (
 
 	"github.com/orbitproxy/orbit/internal/grpcmsg"
 	"github.com/orbitproxy/orbit/orbitpool"
-	"golang.org/x/net/http2"
 )
 
 // h2Upstream is an h2c test upstream (HTTP/2 with prior knowledge) that
@@ -24,16 +23,17 @@ import (
 type h2Upstream struct {
 	ln    net.Listener
 	hs    *http.Server
-	h2s   *http2.Server
 	url   string
 	conns atomic.Int64
 	cur   atomic.Int64
 	peak  atomic.Int64
 	wg    sync.WaitGroup
-	mu    sync.Mutex
-	open  []net.Conn
 }
 
+// newH2Upstream serves h2c with prior knowledge from net/http's own server,
+// whose Shutdown sends GOAWAY on every connection. (x/net's ServeConn, built
+// with Go 1.27, serves each connection from a copy of its BaseConfig, which
+// the original's Shutdown does not reach.)
 func newH2Upstream(t testing.TB, maxStreams uint32) *h2Upstream {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -41,41 +41,28 @@ func newH2Upstream(t testing.TB, maxStreams uint32) *h2Upstream {
 		t.Fatal(err)
 	}
 	u := &h2Upstream{ln: ln, url: "http://" + ln.Addr().String()}
-	u.h2s = &http2.Server{MaxConcurrentStreams: maxStreams}
-	u.hs = &http.Server{Handler: http.HandlerFunc(u.serve)}
-	if err := http2.ConfigureServer(u.hs, u.h2s); err != nil {
-		t.Fatal(err)
+	u.hs = &http.Server{
+		Handler: http.HandlerFunc(u.serve),
+		HTTP2:   &http.HTTP2Config{MaxConcurrentStreams: int(maxStreams)},
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				u.conns.Add(1)
+			}
+		},
 	}
+	u.hs.Protocols = new(http.Protocols)
+	u.hs.Protocols.SetUnencryptedHTTP2(true)
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.conns.Add(1)
-			u.mu.Lock()
-			u.open = append(u.open, c)
-			u.mu.Unlock()
-			u.wg.Add(1)
-			go func() {
-				defer u.wg.Done()
-				u.h2s.ServeConn(c, &http2.ServeConnOpts{Handler: u.hs.Handler, BaseConfig: u.hs})
-			}()
-		}
+		u.hs.Serve(ln)
 	}()
 	t.Cleanup(u.close)
 	return u
 }
 
 func (u *h2Upstream) close() {
-	u.ln.Close()
-	u.mu.Lock()
-	for _, c := range u.open {
-		c.Close()
-	}
-	u.mu.Unlock()
+	u.hs.Close()
 	u.wg.Wait()
 }
 
@@ -414,6 +401,29 @@ func TestH2CGoAwayDrains(t *testing.T) {
 	}
 	key := mustKey(t, owner.tr, up.url)
 	waitFor(t, 5*time.Second, "the drained connection to leave the pool", func() bool { return owner.pool.Live(key) == 0 })
+}
+
+// TestH2GoAwayLeavesPoolWithoutSweep: a connection that got GOAWAY while a
+// stream ran closes once the stream ends, and leaves the pool then, with
+// the sweep an hour away and no request to look at it. With Go 1.27's
+// net/http client under x/net's wrapper, the ClientConn says nothing of the
+// GOAWAY until it has closed, and nothing reads the socket after that: only
+// x/net's MarkDead tells.
+func TestH2GoAwayLeavesPoolWithoutSweep(t *testing.T) {
+	up := newH2Upstream(t, 100)
+	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour}, h2cConf)
+	warmH2(t, m, up.url)
+	key := mustKey(t, m.tr, up.url)
+	resp, err := m.tr.RoundTrip(grpcReq(t, context.Background(), up.url+"/slow", http.NoBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.goAway()
+	if p, err := grpcmsg.Read(resp.Body); err != nil || string(p) != "slow" {
+		t.Fatalf("stream in flight across GOAWAY: %q, %v", p, err)
+	}
+	drain(resp)
+	waitFor(t, 3*time.Second, "the connection, closed after its GOAWAY, to leave the pool", func() bool { return m.pool.Live(key) == 0 })
 }
 
 // TestH2CSiblingDialsOnceWhenOwnerBehind: a connection whose owner has
