@@ -341,20 +341,49 @@ func startStockGRPC(t *testing.T, upstream, transport string) string {
 
 // goAwayUpstream is an h2c upstream that can send GOAWAY on its
 // connections without closing its listener: each connection is served by
-// the current generation of http.Server, and goAway shuts the current one
-// down (GOAWAY, streams in flight finish) and starts the next. /hold
-// answers headers and waits for the client to go (RST_STREAM), reporting
-// the call's X-Call-Id on resets; /slow answers after 400ms; /echo echoes.
+// the current generation of http.Server (net/http's own h2c), and goAway
+// shuts the current one down (GOAWAY, streams in flight finish) and starts
+// the next. /hold answers headers and waits for the client to go
+// (RST_STREAM), reporting the call's X-Call-Id on resets; /slow answers
+// after 400ms; /echo echoes. (x/net's ServeConn, built with Go 1.27, serves
+// each connection from a copy of its BaseConfig, which the generation's
+// Shutdown does not reach.)
 type goAwayUpstream struct {
 	ln     net.Listener
 	conns  atomic.Int64
 	active atomic.Int64
 	resets chan string
 	mu     sync.Mutex
-	cur    *http.Server
-	open   []net.Conn
+	cur    *goAwayGen
+	gens   []*goAwayGen
 	wg     sync.WaitGroup
 }
+
+// goAwayGen is a generation: its server takes the connections handed to
+// its listener.
+type goAwayGen struct {
+	hs   *http.Server
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func (g *goAwayGen) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.ch:
+		return c, nil
+	case <-g.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (g *goAwayGen) Close() error {
+	g.once.Do(func() { close(g.done) })
+	return nil
+}
+
+func (g *goAwayGen) Addr() net.Addr { return g.addr }
 
 func newGoAwayUpstream(t *testing.T) *goAwayUpstream {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -362,7 +391,7 @@ func newGoAwayUpstream(t *testing.T) *goAwayUpstream {
 		t.Fatal(err)
 	}
 	u := &goAwayUpstream{ln: ln, resets: make(chan string, 64)}
-	u.cur = u.newServer(t)
+	u.cur = u.newGen()
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
@@ -372,77 +401,83 @@ func newGoAwayUpstream(t *testing.T) *goAwayUpstream {
 				return
 			}
 			u.conns.Add(1)
-			u.mu.Lock()
-			hs := u.cur
-			u.open = append(u.open, c)
-			u.mu.Unlock()
-			u.wg.Add(1)
-			go func() {
-				defer u.wg.Done()
-				// Each connection's server registers its GOAWAY with
-				// the generation's http.Server, whose fields
-				// ConfigureServer writes: one connection at a time.
-				h2s := &http2.Server{MaxConcurrentStreams: 100}
+			for handed := false; !handed; {
 				u.mu.Lock()
-				err := http2.ConfigureServer(hs, h2s)
+				g := u.cur
 				u.mu.Unlock()
-				if err != nil {
-					return
+				select {
+				case g.ch <- c:
+					handed = true
+				case <-g.done: // shut down meanwhile: the next one takes it
 				}
-				h2s.ServeConn(c, &http2.ServeConnOpts{Handler: hs.Handler, BaseConfig: hs})
-			}()
+			}
 		}
 	}()
 	t.Cleanup(func() {
 		ln.Close()
 		u.mu.Lock()
-		for _, c := range u.open {
-			c.Close()
-		}
+		gens := u.gens
 		u.mu.Unlock()
+		for _, g := range gens {
+			g.hs.Close()
+		}
 		u.wg.Wait()
 	})
 	return u
 }
 
-func (u *goAwayUpstream) newServer(t *testing.T) *http.Server {
-	return &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.active.Add(1)
-		defer u.active.Add(-1)
-		w.Header().Set("Content-Type", "application/grpc")
-		w.Header().Set("Trailer", "Grpc-Status")
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		switch r.URL.Path {
-		case "/hold":
-			select {
-			case <-r.Context().Done():
-				u.resets <- r.Header.Get("X-Call-Id")
-			case <-time.After(10 * time.Second):
+// newGen starts a generation; mu is held, or the upstream not yet shared.
+func (u *goAwayUpstream) newGen() *goAwayGen {
+	g := &goAwayGen{ch: make(chan net.Conn), done: make(chan struct{}), addr: u.ln.Addr()}
+	g.hs = &http.Server{
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 100},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			u.active.Add(1)
+			defer u.active.Add(-1)
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Trailer", "Grpc-Status")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			switch r.URL.Path {
+			case "/hold":
+				select {
+				case <-r.Context().Done():
+					u.resets <- r.Header.Get("X-Call-Id")
+				case <-time.After(10 * time.Second):
+				}
+				return
+			case "/slow":
+				time.Sleep(400 * time.Millisecond)
+				w.Write(grpcmsg.Frame([]byte("slow")))
+			case "/echo":
+				grpcmsg.Echo(w, w.(http.Flusher).Flush, r.Body, 0)
 			}
-			return
-		case "/slow":
-			time.Sleep(400 * time.Millisecond)
-			w.Write(grpcmsg.Frame([]byte("slow")))
-		case "/echo":
-			grpcmsg.Echo(w, w.(http.Flusher).Flush, r.Body, 0)
-		}
-		w.Header().Set("Grpc-Status", "0")
-	})}
+			w.Header().Set("Grpc-Status", "0")
+		}),
+	}
+	g.hs.Protocols = new(http.Protocols)
+	g.hs.Protocols.SetUnencryptedHTTP2(true)
+	u.gens = append(u.gens, g)
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		g.hs.Serve(g)
+	}()
+	return g
 }
 
 // goAway sends GOAWAY on every connection of the current generation.
 func (u *goAwayUpstream) goAway(t *testing.T) {
 	u.mu.Lock()
 	old := u.cur
-	u.cur = u.newServer(t)
+	u.cur = u.newGen()
 	u.mu.Unlock()
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		old.Shutdown(ctx)
+		old.hs.Shutdown(ctx)
 	}()
 }
 
