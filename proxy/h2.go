@@ -443,6 +443,12 @@ func (n *Node) syncH2Now(hc *h2conn) {
 		return
 	}
 	c := streamCapacity(st.MaxConcurrentStreams)
+	if cur := hc.loadCapacity(); h2Wrapped && c != cur {
+		var ok bool
+		if c, ok = wrappedLimit(hc, st.MaxConcurrentStreams, cur); !ok {
+			return
+		}
+	}
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
 	if hc.draining || c == hc.capacity {
@@ -456,6 +462,37 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	}
 	n.log.Debug("upstream changed its stream limit", zap.Stringer("id", hc.id), zap.Int("from", hc.capacity), zap.Int("to", c))
 	hc.capacity = c
+}
+
+// wrappedLimit confirms a stream limit m that x/net's wrapper (h2Wrapped)
+// reported for hc and that differs from its capacity, current. The wrapper
+// reports Available()+InFlight(), read under two locks: a stream that ends
+// between them puts a reading low, one that starts puts it high, and a pool
+// that followed such readings would flap below the peer's steady limit and
+// dial connections it does not need. So hc's state is read a few times
+// more, and a lower limit is taken as the highest reading, a higher one as
+// the lowest: a wrong change needs every reading wrong the same way. A limit
+// the peer changed reads the same every time. ok is false if the readings
+// leave the capacity as it is.
+func wrappedLimit(hc *h2conn, m uint32, current int) (c int, ok bool) {
+	lower := streamCapacity(m) < current
+	for range 3 {
+		next := hc.cc.State().MaxConcurrentStreams
+		if lower {
+			m = max(m, next)
+		} else {
+			m = min(m, next)
+		}
+	}
+	c = streamCapacity(m)
+	return c, c != current
+}
+
+// loadCapacity is hc.capacity, read under hc.mu.
+func (hc *h2conn) loadCapacity() int {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return hc.capacity
 }
 
 // idleExpired reports whether hc has run no stream for its idle timeout.
@@ -502,9 +539,7 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // retry-safe, at no retry's cost (connGone).
 func (hc *h2conn) wrappedFull() bool {
 	st := hc.cc.State()
-	hc.mu.Lock()
-	c := hc.capacity
-	hc.mu.Unlock()
+	c := hc.loadCapacity()
 	return !st.Closed && !st.Closing && c > 0 && st.StreamsActive+st.StreamsReserved >= c
 }
 
