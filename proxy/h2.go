@@ -31,6 +31,14 @@ import (
 // GOAWAY (or the ClientConn deciding not to reuse the connection) drains the
 // resource: capacity 0, so nothing new is reserved, while the streams in
 // flight finish; the connection leaves the pool when the last one ends.
+//
+// Built with Go 1.27, x/net's ClientConn wraps net/http's own HTTP/2 client
+// (h2Wrapped), whose state says less: the limit it reports is what may
+// start plus what runs, and a GOAWAY shows only once the connection closes.
+// There a GOAWAY lowers the capacity to the streams running, the close
+// (x/net's MarkDead) retires the connection, a changed limit is read again
+// before the pool follows it (wrappedLimit), and a merely full connection is
+// used (wrappedFull).
 
 // Upstream protocols, as the Key and the dialer see them.
 const (
