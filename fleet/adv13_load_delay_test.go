@@ -22,16 +22,9 @@ import (
 // endpoint on a unix socket; loadTimeout stands for the minute of
 // workerLoadTimeout, and the shutdown_delay is twice it.
 func TestAdv13LoadWaitsOutShutdownDelay(t *testing.T) {
-	dir, err := os.MkdirTemp("/tmp", "adv13f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "admin.sock")
+	sock := adminSockPath(t)
 	const delay = "600ms"
-	cfg := func(addr string) []byte {
-		return []byte(`{"apps":{"http":{"shutdown_delay":"` + delay + `","servers":{"s":{"listen":["` + addr + `"]}}}}}`)
-	}
+	cfg := func(addr string) []byte { return serverConfig(addr, delay) }
 	s := &supervisor{
 		config:      cfg("127.0.0.1:0"),
 		cfgGen:      1,
@@ -40,14 +33,7 @@ func TestAdv13LoadWaitsOutShutdownDelay(t *testing.T) {
 		loadTimeout: 300 * time.Millisecond,
 	}
 	w := &worker{id: 0, gen: 1, sock: sock, cfgGen: 1}
-	first, err := workerConfig(s.config, sock, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(first, true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { caddy.Stop() })
+	runCaddyHere(t, s.config, sock)
 
 	start := time.Now()
 	s.push(cfg("127.0.0.2:0"), 2, []*worker{w}) // the old listener closes
@@ -62,4 +48,36 @@ func TestAdv13LoadWaitsOutShutdownDelay(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no outcome of the reload within 10s")
 	}
+}
+
+// adminSockPath is a path for a worker's admin socket, in a directory of
+// its own under /tmp (a unix socket path must be short), removed at the end.
+func adminSockPath(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "fleetadmin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "admin.sock")
+}
+
+// serverConfig is a configuration whose one HTTP server listens on addr and
+// sets shutdown_delay.
+func serverConfig(addr, shutdownDelay string) []byte {
+	return []byte(`{"apps":{"http":{"shutdown_delay":"` + shutdownDelay + `","servers":{"s":{"listen":["` + addr + `"]}}}}}`)
+}
+
+// runCaddyHere runs cfg, as a worker would, in this process's Caddy, its
+// admin endpoint on the unix socket sock, until the test ends.
+func runCaddyHere(t *testing.T, cfg []byte, sock string) {
+	t.Helper()
+	body, err := workerConfig(cfg, sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(body, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
 }

@@ -180,19 +180,7 @@ func adv18Settle(t *testing.T, l *adv9Loop, admins []*adv18Admin, want string) {
 // v2 and loads v2 into worker 0. The operator's last reload, which every
 // worker applied, is undone.
 func TestAdv18CatchUpOutcomeRevertsFleet(t *testing.T) {
-	const timeout = 500 * time.Millisecond
-	l, a := newAdv18Loop(t, 2, timeout)
-	l.start()
-
-	adv18Reload(t, l, "2")
-	a[0].wantArrival(t, "2")
-	a[1].wantArrival(t, "2")
-	time.Sleep(timeout + 300*time.Millisecond) // timed out: every worker "refused"
-	adv18Reload(t, l, "3")
-	a[0].wantArrival(t, "3")
-	a[1].wantArrival(t, "3")
-	time.Sleep(timeout + 300*time.Millisecond)
-
+	l, a := adv18TwoLateReloads(t)
 	a[0].release(t)          // worker 0 applies v2: late answer, v2 is the fleet's
 	a[1].wantArrival(t, "2") // catch-up of worker 1 to v2
 	a[0].release(t)          // worker 0 applies v3: late answer, v3 is the fleet's
@@ -201,4 +189,23 @@ func TestAdv18CatchUpOutcomeRevertsFleet(t *testing.T) {
 	a[1].release(t) // v3
 	a[1].release(t) // the catch-up's v2, in time
 	adv18Settle(t, l, a, "3")
+}
+
+// adv18Timeout is the load timeout of the adv18 loops.
+const adv18Timeout = 500 * time.Millisecond
+
+// adv18TwoLateReloads starts a loop over two workers and reloads it to v2,
+// then v3, each load timing out on both workers (every worker "refused"),
+// which hold both loads, v2 first, until the test releases them.
+func adv18TwoLateReloads(t *testing.T) (*adv9Loop, []*adv18Admin) {
+	t.Helper()
+	l, a := newAdv18Loop(t, 2, adv18Timeout)
+	l.start()
+	for _, v := range []string{"2", "3"} {
+		adv18Reload(t, l, v)
+		a[0].wantArrival(t, v)
+		a[1].wantArrival(t, v)
+		time.Sleep(adv18Timeout + 300*time.Millisecond)
+	}
+	return l, a
 }

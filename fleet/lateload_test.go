@@ -3,12 +3,9 @@ package fleet
 import (
 	"bytes"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
@@ -23,15 +20,8 @@ import (
 // shutdown_delay the fleet's configuration does not state (a worker behind
 // the fleet), so its load outlasts the timeout.
 func TestLateLoadBecomesFleetConfig(t *testing.T) {
-	dir, err := os.MkdirTemp("/tmp", "lateload")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "admin.sock")
-	cfg := func(addr, delay string) []byte {
-		return []byte(`{"apps":{"http":{"shutdown_delay":"` + delay + `","servers":{"s":{"listen":["` + addr + `"]}}}}}`)
-	}
+	sock := adminSockPath(t)
+	cfg := serverConfig
 	s := &supervisor{
 		config:      cfg("127.0.0.1:0", "0s"),
 		cfgGen:      1,
@@ -43,14 +33,7 @@ func TestLateLoadBecomesFleetConfig(t *testing.T) {
 	}
 	w := &worker{id: 0, gen: 1, sock: sock, cfgGen: 1, running: true, ready: true}
 	s.workers = []*worker{w}
-	running, err := workerConfig(cfg("127.0.0.1:0", "700ms"), sock, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Load(running, true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { caddy.Stop() })
+	runCaddyHere(t, cfg("127.0.0.1:0", "700ms"), sock)
 
 	next := cfg("127.0.0.2:0", "0s") // the old listener closes: the load sleeps 700ms
 	s.genSeq++
