@@ -586,8 +586,17 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	}
 	resp, err := hc.cc.RoundTrip(req)
 	if err != nil {
+		herr := h2Error(req, err)
+		if pe, ok := herr.(*Error); ok && pe.connGone {
+			// The connection takes no stream again (a GOAWAY, or not
+			// usable). Under x/net's wrapper (h2Wrapped) its state does
+			// not say so until it closes, and it reads as merely full
+			// (wrappedFull): left offered, it would refuse the request's
+			// retries too, each but the first at a retry's cost.
+			n.stopOffersH2(hc)
+		}
 		end()
-		return nil, h2Error(req, err)
+		return nil, herr
 	}
 	if resp.Body == nil || resp.Body == http.NoBody || resp.ContentLength == 0 || req.Method == http.MethodHead {
 		// No body to read: x/net/http2 gives length 0 to a response that

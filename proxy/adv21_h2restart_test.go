@@ -1,0 +1,241 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// adv21ChanListener hands one generation of a restarting upstream the
+// connections the one real listener accepts.
+type adv21ChanListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+	addr net.Addr
+}
+
+func (l *adv21ChanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *adv21ChanListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *adv21ChanListener) Addr() net.Addr { return l.addr }
+
+// adv21Restarting is an h2c upstream (net/http's server) that restarts
+// every period: the current generation's Shutdown sends GOAWAY on each of
+// its connections and closes them once their streams end (or after grace,
+// by force), while a new generation takes the connections accepted from
+// then on. The listening socket never closes, as with a server handing its
+// socket to its successor.
+type adv21Restarting struct {
+	url      string
+	ln       net.Listener
+	cur      atomic.Pointer[adv21ChanListener]
+	restarts atomic.Int64
+	conns    atomic.Int64
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func newAdv21Restarting(t testing.TB, handler http.HandlerFunc, period, grace time.Duration) *adv21Restarting {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &adv21Restarting{url: "http://" + ln.Addr().String(), ln: ln, stop: make(chan struct{})}
+	start := func() *http.Server {
+		l := &adv21ChanListener{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		s := &http.Server{Handler: handler, Protocols: &p, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 100}}
+		u.cur.Store(l)
+		u.wg.Add(1)
+		go func() {
+			defer u.wg.Done()
+			s.Serve(l)
+		}()
+		return s
+	}
+	srv := start()
+	// Dispatcher: each accepted connection goes to the current generation.
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			for {
+				l := u.cur.Load()
+				select {
+				case l.ch <- c:
+				case <-l.done:
+					continue
+				case <-u.stop:
+					c.Close()
+				}
+				break
+			}
+		}
+	}()
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		tk := time.NewTicker(period)
+		defer tk.Stop()
+		for {
+			select {
+			case <-u.stop:
+				srv.Close()
+				return
+			case <-tk.C:
+			}
+			old := srv
+			srv = start()
+			u.restarts.Add(1)
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), grace)
+				defer cancel()
+				if old.Shutdown(ctx) != nil {
+					old.Close()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		close(u.stop)
+		ln.Close()
+		u.wg.Wait()
+	})
+	return u
+}
+
+// TestAdv21H2RestartChurnNoWorseThanStock: an h2c upstream restarts (GOAWAY,
+// then close once its streams end) every 40ms while 12 callers through
+// orbit and 12 through stock net/http (an http.Transport speaking h2c) send
+// short requests for 2s. Every request is a GET without a body, which the
+// upstream answers in about 2ms: any failure is one the client could have
+// avoided by sending the request again elsewhere. Orbit must not fail more
+// often than stock.
+func TestAdv21H2RestartChurnNoWorseThanStock(t *testing.T) {
+	up := newAdv21Restarting(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond)
+		io.WriteString(w, "ok")
+	}, 40*time.Millisecond, 500*time.Millisecond)
+	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: 50 * time.Millisecond}, h2cConf)
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	stock := &http.Transport{Protocols: &p}
+	defer stock.CloseIdleConnections()
+
+	type tally struct {
+		mu    sync.Mutex
+		reqs  int
+		fails map[string]int
+	}
+	run := func(rt http.RoundTripper, tl *tally, deadline time.Time, wg *sync.WaitGroup) {
+		defer wg.Done()
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := adv21Get(rt, ctx, up.url+"/")
+			cancel()
+			tl.mu.Lock()
+			tl.reqs++
+			if err != nil {
+				msg := err.Error()
+				if i := strings.Index(msg, "127.0.0.1:"); i >= 0 {
+					msg = msg[:i]
+				}
+				tl.fails[msg]++
+			}
+			tl.mu.Unlock()
+		}
+	}
+	orbit, std := &tally{fails: map[string]int{}}, &tally{fails: map[string]int{}}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for range 12 {
+		wg.Add(2)
+		go run(m.tr, orbit, deadline, &wg)
+		go run(stock, std, deadline, &wg)
+	}
+	wg.Wait()
+	sum := func(f map[string]int) (n int) {
+		for _, v := range f {
+			n += v
+		}
+		return n
+	}
+	of, sf := sum(orbit.fails), sum(std.fails)
+	t.Logf("h2Wrapped=%v restarts=%d upstream conns=%d; orbit: %d requests, %d failed; stock: %d requests, %d failed",
+		h2Wrapped, up.restarts.Load(), up.conns.Load(), orbit.reqs, of, std.reqs, sf)
+	show := func(who string, f map[string]int) {
+		var ks []string
+		for k := range f {
+			ks = append(ks, k)
+		}
+		sort.Strings(ks)
+		for _, k := range ks {
+			t.Logf("  %s: %dx %s", who, f[k], k)
+		}
+	}
+	show("orbit", orbit.fails)
+	show("stock", std.fails)
+	if of > sf {
+		t.Errorf("orbit failed %d requests, stock net/http %d, against the same restarting upstream", of, sf)
+	}
+	// Every connection leaves the pool once the churn stops.
+	key := mustKey(t, m.tr, up.url)
+	waitFor(t, 5*time.Second, "the pool's connections to go after the churn", func() bool {
+		c, _ := m.pool.Candidates(key, nil)
+		for _, r := range c {
+			if r.InUse != 0 || r.Pending != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func adv21Get(rt http.RoundTripper, ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != 200 || string(b) != "ok" || resp.ProtoMajor != 2 {
+		return errors.New(resp.Proto + " " + resp.Status + " " + string(b))
+	}
+	return nil
+}
