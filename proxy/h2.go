@@ -544,7 +544,8 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // again until the stream went. The wrapper's State takes no write lock.
 // It tells a GOAWAY only once the connection has closed: a connection that
 // got one while full looks full, and a stream sent there is refused
-// retry-safe, at no retry's cost (connGone).
+// retry-safe, at no retry's cost (connGone), and takes the connection out
+// of the pool's offers (see useH2).
 func (hc *h2conn) wrappedFull() bool {
 	st := hc.cc.State()
 	c := hc.loadCapacity()
