@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -141,11 +142,32 @@ func newAdv21Restarting(t testing.TB, handler http.HandlerFunc, period, grace ti
 // avoided by sending the request again elsewhere. Orbit must not fail more
 // often than stock.
 func TestAdv21H2RestartChurnNoWorseThanStock(t *testing.T) {
+	t.Run("local", func(t *testing.T) { testAdv21RestartChurn(t, false) })
+	t.Run("sibling", func(t *testing.T) { testAdv21RestartChurn(t, true) })
+}
+
+// testAdv21RestartChurn runs the orbit callers on one member, or (sibling)
+// half of them on a second member of the fleet, whose requests go through
+// the first's connections: the fleet has room for two.
+func testAdv21RestartChurn(t *testing.T, sibling bool) {
 	up := newAdv21Restarting(t, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(2 * time.Millisecond)
 		io.WriteString(w, "ok")
 	}, 40*time.Millisecond, 500*time.Millisecond)
-	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: 50 * time.Millisecond}, h2cConf)
+	opts := NodeOptions{SweepInterval: 50 * time.Millisecond}
+	var m, sib *member
+	rts := make([]http.RoundTripper, 2)
+	if sibling {
+		spec := testSpec
+		spec.Path = filepath.Join(t.TempDir(), "seg")
+		conf := func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 2 }
+		m = newMemberOpts(t, spec, opts, conf)
+		sib = newMemberOpts(t, spec, opts, conf)
+		rts[0], rts[1] = m.tr, sib.tr
+	} else {
+		m = newMemberOpts(t, testSpecLocal, opts, h2cConf)
+		rts[0], rts[1] = m.tr, m.tr
+	}
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	stock := &http.Transport{Protocols: &p}
@@ -177,9 +199,9 @@ func TestAdv21H2RestartChurnNoWorseThanStock(t *testing.T) {
 	orbit, std := &tally{fails: map[string]int{}}, &tally{fails: map[string]int{}}
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(2 * time.Second)
-	for range 12 {
+	for i := range 12 {
 		wg.Add(2)
-		go run(m.tr, orbit, deadline, &wg)
+		go run(rts[i%2], orbit, deadline, &wg)
 		go run(stock, std, deadline, &wg)
 	}
 	wg.Wait()
@@ -206,6 +228,9 @@ func TestAdv21H2RestartChurnNoWorseThanStock(t *testing.T) {
 	show("stock", std.fails)
 	if of > sf {
 		t.Errorf("orbit failed %d requests, stock net/http %d, against the same restarting upstream", of, sf)
+	}
+	if sibling && m.node.Stats().ServedRemote+sib.node.Stats().ServedRemote == 0 {
+		t.Error("no request went through a sibling's connection: the test shows nothing of that path")
 	}
 	// Every connection leaves the pool once the churn stops.
 	key := mustKey(t, m.tr, up.url)
