@@ -17,8 +17,8 @@ import (
 // changes (4), and exactly 4 callers each running one request after another.
 // Never more than 4 streams are wanted at once, so the one connection
 // suffices: stock net/http and x/net's own client never dial a second one,
-// and the pool's capacity for the connection should stay at the peer's 4:
-// the node never logs "upstream changed its stream limit".
+// and the pool's capacity for the connection should never go below the
+// peer's 4 (the node logs "upstream changed its stream limit").
 func TestAdv20H2SteadyLimitOneConn(t *testing.T) {
 	const limit = 4
 	up := h2frame.New(t, limit, 200*time.Microsecond)
@@ -75,14 +75,22 @@ func TestAdv20H2SteadyLimitOneConn(t *testing.T) {
 	conns, _, _, viol := up.Stats()
 	created := m.node.stats.created.Load()
 	changes := logs.FilterMessage("upstream changed its stream limit").AllUntimed()[warmChanges:]
-	var to []any
+	var to, below []any
 	for _, e := range changes {
-		to = append(to, e.ContextMap()["to"])
+		c := e.ContextMap()["to"]
+		to = append(to, c)
+		if n, ok := c.(int64); !ok || n < limit {
+			below = append(below, c)
+		}
 	}
 	t.Logf("h2Wrapped=%v requests=%d failures=%d conns=%d created=%d capacity samples off %d: %v followed=%d",
 		h2Wrapped, reqs.Load(), fails.Load(), conns, created, off.Load(), seen, m.node.stats.followed.Load())
-	if len(changes) > 0 {
-		t.Errorf("the pool's capacity changed %d times under the peer's steady limit of %d, to: %v", len(changes), limit, to)
+	// A capacity above the limit, on readings of x/net's wrapper that all
+	// came high, lets a request through to a full connection, which waits
+	// there for a slot (wrappedFull): no harm. One below it sends requests
+	// to dial connections that are not needed.
+	if len(below) > 0 {
+		t.Errorf("the pool's capacity went below the peer's steady limit of %d %d times (all changes: %v)", limit, len(below), to)
 	}
 	if len(viol) > 0 {
 		t.Errorf("upstream saw the limit exceeded: %v", viol)

@@ -542,13 +542,17 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
 // instead would hand its capacity back at once, to be offered and paused
 // again until the stream went. The wrapper's State takes no write lock.
+// Its limit, when lower than the capacity, counts too: a capacity raised on
+// readings that all came high (see wrappedLimit) lets a request through to
+// a connection that is in fact full, which it then waits for rather than
+// pause it and dial another.
 // It tells a GOAWAY only once the connection has closed: a connection that
 // got one while full looks full, and a stream sent there is refused
 // retry-safe, at no retry's cost (connGone), and takes the connection out
 // of the pool's offers (see useH2).
 func (hc *h2conn) wrappedFull() bool {
 	st := hc.cc.State()
-	c := hc.loadCapacity()
+	c := min(hc.loadCapacity(), streamCapacity(st.MaxConcurrentStreams))
 	return !st.Closed && !st.Closing && c > 0 && st.StreamsActive+st.StreamsReserved >= c
 }
 
