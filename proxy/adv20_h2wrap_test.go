@@ -86,9 +86,8 @@ func TestAdv20H2SteadyLimitOneConn(t *testing.T) {
 	t.Logf("h2Wrapped=%v requests=%d failures=%d conns=%d created=%d capacity samples off %d: %v followed=%d",
 		h2Wrapped, reqs.Load(), fails.Load(), conns, created, off.Load(), seen, m.node.stats.followed.Load())
 	// A capacity above the limit, on readings of x/net's wrapper that all
-	// came high, lets a request through to a full connection, which waits
-	// there for a slot (wrappedFull): no harm. One below it sends requests
-	// to dial connections that are not needed.
+	// came high, is put right at the next sync; one below it sends
+	// requests to dial connections that are not needed.
 	if len(below) > 0 {
 		t.Errorf("the pool's capacity went below the peer's steady limit of %d %d times (all changes: %v)", limit, len(below), to)
 	}

@@ -38,7 +38,7 @@ import (
 // There a GOAWAY lowers the capacity to the streams running, the close
 // (x/net's MarkDead) retires the connection, a changed limit is read again
 // before the pool follows it (wrappedLimit), and a merely full connection is
-// used (wrappedFull).
+// used (wrappedTakes).
 
 // Upstream protocols, as the Key and the dialer see them.
 const (
@@ -519,13 +519,13 @@ func (hc *h2conn) idleExpired() bool {
 // read off this goroutine, which gives the capacity back or drains hc. The
 // state, not CanTakeNewRequest, says whether hc is done for: x/net's
 // wrapper of net/http's HTTP/2 client (Go 1.27) reports a full connection
-// as unable too (see wrappedFull).
+// as unable too (see wrappedTakes).
 func (n *Node) usableH2(hc *h2conn) bool {
 	switch {
 	case hc.idleExpired():
 		n.drainH2(hc)
 		n.drainExpiredH2(hc.key)
-	case hc.cc.CanTakeNewRequest(), h2Wrapped && hc.wrappedFull():
+	case !h2Wrapped && hc.cc.CanTakeNewRequest(), h2Wrapped && hc.wrappedTakes():
 		return true
 	default:
 		n.pauseH2(hc)
@@ -534,26 +534,33 @@ func (n *Node) usableH2(hc *h2conn) bool {
 	return false
 }
 
-// wrappedFull reports whether hc, which says it can take no new stream, runs
-// as many as the pool gives it room for: under x/net's wrapper (h2Wrapped)
-// that is a connection merely full, which the pool offered because a stream
-// that ended still counts in the ClientConn for a moment. Its RoundTrip waits
-// for that stream to go, as x/net's own client does under
+// wrappedTakes is CanTakeNewRequest under x/net's wrapper (h2Wrapped), read
+// from the state: the wrapper's CanTakeNewRequest reads its do-not-reuse
+// flag without the lock SetDoNotReuse writes it under (a data race in x/net
+// v0.62.0), and its State takes that lock, and no write lock.
+//
+// It also takes a connection that is merely full: one running as many
+// streams as the pool gives it room for, which the pool offered because a
+// stream that ended still counts in the ClientConn for a moment. Its
+// RoundTrip waits for that stream to go, as x/net's own client does under
 // StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
 // instead would hand its capacity back at once, to be offered and paused
-// again until the stream went. The wrapper's State takes no write lock.
-// Its limit, when lower than the capacity, counts too: a capacity raised on
-// readings that all came high (see wrappedLimit) lets a request through to
-// a connection that is in fact full, which it then waits for rather than
-// pause it and dial another.
-// It tells a GOAWAY only once the connection has closed: a connection that
-// got one while full looks full, and a stream sent there is refused
-// retry-safe, at no retry's cost (connGone), and takes the connection out
-// of the pool's offers (see useH2).
-func (hc *h2conn) wrappedFull() bool {
+// again until the stream went. A connection whose limit fell below its
+// capacity is not full in that sense: it is paused, and the request goes
+// elsewhere rather than wait for one of its streams to end.
+//
+// The wrapper tells a GOAWAY only once the connection has closed: a
+// connection that got one while full looks full, and a stream sent there
+// is refused retry-safe, at no retry's cost (connGone), and takes the
+// connection out of the pool's offers (see useH2).
+func (hc *h2conn) wrappedTakes() bool {
 	st := hc.cc.State()
-	c := min(hc.loadCapacity(), streamCapacity(st.MaxConcurrentStreams))
-	return !st.Closed && !st.Closing && c > 0 && st.StreamsActive+st.StreamsReserved >= c
+	if st.Closed || st.Closing {
+		return false
+	}
+	running := st.StreamsActive + st.StreamsReserved
+	c := hc.loadCapacity()
+	return running < streamCapacity(st.MaxConcurrentStreams) || c > 0 && running >= c
 }
 
 // drainExpiredH2 drains this process's other connections for key that are
@@ -596,7 +603,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			// The connection takes no stream again (a GOAWAY, or not
 			// usable). Under x/net's wrapper (h2Wrapped) its state does
 			// not say so until it closes, and it reads as merely full
-			// (wrappedFull): left offered, it would refuse the request's
+			// (wrappedTakes): left offered, it would refuse the request's
 			// retries too, each but the first at a retry's cost.
 			n.stopOffersH2(hc)
 		}
