@@ -1,0 +1,274 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// adv22TLSRestarting is adv21Restarting over TLS: each generation is
+// net/http's server offering h2 and http/1.1 by ALPN, restarted every period
+// (GOAWAY, then close once its streams end or after grace).
+type adv22TLSRestarting struct {
+	url      string
+	roots    *x509.CertPool
+	ln       net.Listener
+	cur      atomic.Pointer[adv21ChanListener]
+	restarts atomic.Int64
+	conns    atomic.Int64
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func newAdv22TLSRestarting(t testing.TB, handler http.HandlerFunc, period, grace time.Duration, maxStreams int) *adv22TLSRestarting {
+	t.Helper()
+	certSrc := httptest.NewUnstartedServer(http.NotFoundHandler())
+	certSrc.StartTLS()
+	tlsCfg := certSrc.TLS.Clone()
+	roots := x509.NewCertPool()
+	roots.AddCert(certSrc.Certificate())
+	certSrc.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &adv22TLSRestarting{url: "https://" + ln.Addr().String(), roots: roots, ln: ln, stop: make(chan struct{})}
+	start := func() *http.Server {
+		l := &adv21ChanListener{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
+		var p http.Protocols
+		p.SetHTTP1(true)
+		p.SetHTTP2(true)
+		cfg := tlsCfg.Clone()
+		cfg.NextProtos = nil
+		s := &http.Server{Handler: handler, Protocols: &p, TLSConfig: cfg, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams}}
+		u.cur.Store(l)
+		u.wg.Add(1)
+		go func() {
+			defer u.wg.Done()
+			s.ServeTLS(l, "", "")
+		}()
+		return s
+	}
+	srv := start()
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			for {
+				l := u.cur.Load()
+				select {
+				case l.ch <- c:
+				case <-l.done:
+					continue
+				case <-u.stop:
+					c.Close()
+				}
+				break
+			}
+		}
+	}()
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		var tk <-chan time.Time
+		if period > 0 {
+			t := time.NewTicker(period)
+			defer t.Stop()
+			tk = t.C
+		}
+		for {
+			select {
+			case <-u.stop:
+				srv.Close()
+				return
+			case <-tk:
+			}
+			old := srv
+			srv = start()
+			u.restarts.Add(1)
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), grace)
+				defer cancel()
+				if old.Shutdown(ctx) != nil {
+					old.Close()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		close(u.stop)
+		ln.Close()
+		u.wg.Wait()
+	})
+	return u
+}
+
+func (u *adv22TLSRestarting) conf(tr *Transport) {
+	tr.HTTP2 = true
+	tr.TLSClientConfig = &tls.Config{RootCAs: u.roots}
+}
+
+// stock is net/http's Transport speaking HTTP/2 over TLS (ALPN h2).
+func (u *adv22TLSRestarting) stock() *http.Transport {
+	return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: u.roots}, ForceAttemptHTTP2: true}
+}
+
+type adv22Tally struct {
+	mu    sync.Mutex
+	reqs  int
+	fails map[string]int
+}
+
+func (tl *adv22Tally) add(err error) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.reqs++
+	if err != nil {
+		msg := err.Error()
+		if i := strings.Index(msg, "127.0.0.1:"); i >= 0 {
+			msg = msg[:i]
+		}
+		tl.fails[msg]++
+	}
+}
+
+func (tl *adv22Tally) failed() (n int) {
+	for _, v := range tl.fails {
+		n += v
+	}
+	return n
+}
+
+func (tl *adv22Tally) show(t *testing.T, who string) {
+	var ks []string
+	for k := range tl.fails {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	for _, k := range ks {
+		t.Logf("  %s: %dx %s", who, tl.fails[k], k)
+	}
+}
+
+// adv22GetH2 is adv21Get that also wants HTTP/2.
+func adv22GetH2(rt http.RoundTripper, ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.ProtoMajor != 2 || string(b) != "ok" {
+		return &protoErr{resp.Proto + " " + string(b)}
+	}
+	return nil
+}
+
+type protoErr struct{ s string }
+
+func (e *protoErr) Error() string { return "unexpected response: " + e.s }
+
+// TestAdv22H2TLSRestartChurnNoWorseThanStock: TestAdv21H2RestartChurn over
+// TLS, h2 chosen by ALPN: the upstream restarts (GOAWAY, close once idle)
+// every 40ms while 12 callers through orbit (one member, or two sharing
+// connections) and 12 through stock net/http over TLS send short GETs for
+// 2s. Orbit must not fail more often than stock, and every connection must
+// leave the pool once the churn stops and the transports close idle ones.
+func TestAdv22H2TLSRestartChurnNoWorseThanStock(t *testing.T) {
+	t.Run("local", func(t *testing.T) { testAdv22TLSChurn(t, false) })
+	t.Run("sibling", func(t *testing.T) { testAdv22TLSChurn(t, true) })
+}
+
+func testAdv22TLSChurn(t *testing.T, sibling bool) {
+	up := newAdv22TLSRestarting(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond)
+		io.WriteString(w, "ok")
+	}, 40*time.Millisecond, 500*time.Millisecond, 100)
+	opts := NodeOptions{SweepInterval: 50 * time.Millisecond}
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	conf := func(tr *Transport) { up.conf(tr); tr.MaxConnsPerKey = 2 }
+	m := newMemberOpts(t, spec, opts, conf)
+	rts := []http.RoundTripper{m.tr, m.tr}
+	var sib *member
+	if sibling {
+		sib = newMemberOpts(t, spec, opts, conf)
+		rts[1] = sib.tr
+	}
+	stock := up.stock()
+	defer stock.CloseIdleConnections()
+	orbit, std := &adv22Tally{fails: map[string]int{}}, &adv22Tally{fails: map[string]int{}}
+	run := func(rt http.RoundTripper, tl *adv22Tally, deadline time.Time, wg *sync.WaitGroup) {
+		defer wg.Done()
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			tl.add(adv22GetH2(rt, ctx, up.url+"/"))
+			cancel()
+		}
+	}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for i := range 12 {
+		wg.Add(2)
+		go run(rts[i%2], orbit, deadline, &wg)
+		go run(stock, std, deadline, &wg)
+	}
+	wg.Wait()
+	t.Logf("h2Wrapped=%v restarts=%d upstream conns=%d; orbit: %d requests, %d failed; stock: %d requests, %d failed",
+		h2Wrapped, up.restarts.Load(), up.conns.Load(), orbit.reqs, orbit.failed(), std.reqs, std.failed())
+	orbit.show(t, "orbit")
+	std.show(t, "stock")
+	if orbit.failed() > std.failed() {
+		t.Errorf("orbit failed %d requests, stock net/http %d, against the same restarting TLS upstream", orbit.failed(), std.failed())
+	}
+	if sibling && m.node.Stats().ServedRemote+sib.node.Stats().ServedRemote == 0 {
+		t.Error("no request went through a sibling: the test shows nothing of that path")
+	}
+	key := mustKey(t, m.tr, up.url)
+	waitFor(t, 5*time.Second, "every stream's unit to come back", func() bool {
+		c, _ := m.pool.Candidates(key, nil)
+		for _, r := range c {
+			if r.InUse != 0 || r.Pending != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	deadline = time.Now().Add(5 * time.Second)
+	for m.pool.Live(key) != 0 && time.Now().Before(deadline) {
+		m.tr.CloseIdleConnections()
+		if sib != nil {
+			sib.tr.CloseIdleConnections()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := m.pool.Live(key); n != 0 {
+		c, _ := m.pool.Candidates(key, nil)
+		t.Errorf("%d connections still live after CloseIdleConnections with nothing running: %+v", n, c)
+	}
+}
