@@ -40,9 +40,11 @@ type exchangeOpts struct {
 	done func(c *conn, o outcome)
 	// stopBody, if set, makes a pending read of the request body return: it
 	// is called when the exchange fails while the body is still being sent,
-	// before roundTrip waits for the writer. The owner sets it, because its
-	// request body is a window on a peer stream that may be slow to send the
-	// rest; a caller's own body is waited for, as net/http does.
+	// before roundTrip waits for the writer. The owner sets it to a read
+	// deadline on the peer stream its request body is a window on; a
+	// sibling, to closing its caller's body, as net/http's transports close
+	// a request's body when the exchange fails. The upstream leg waits for
+	// the caller's body, as net/http's HTTP/1 transport does.
 	stopBody func()
 	// log receives the stacks of panics recovered in the exchange.
 	log *zap.Logger

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -682,12 +683,40 @@ func (e *h2Exec) maxHeaderBytes() int64 { return e.hc.s.maxHeaderBytes }
 
 // roundTrip runs the sibling's request as a stream. The request read from
 // the unix leg names a path only; the connection supplies the scheme, and
-// the Host header the authority. A pending body read needs no stopping: the
-// stream's writer ends with the stream.
-func (e *h2Exec) roundTrip(req *http.Request, _ func()) (*http.Response, error) {
+// the Host header the authority.
+//
+// A stream the upstream resets before answering makes x/net close the
+// request body and wait for its writer, which may be waiting in the body
+// for more from the sibling; a sibling whose caller sends more only once it
+// has the response (a bidirectional stream) would then hold both forever.
+// So the body's Close stops a pending read (stopBody), unless the response
+// has begun: x/net also closes the body of a request answered above 2xx,
+// and that answer still goes to the sibling on this stream.
+func (e *h2Exec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
 	req.URL.Scheme = e.hc.scheme
 	req.URL.Host = req.Host
+	if stopBody != nil && req.Body != nil && req.Body != http.NoBody {
+		b := &h2OwnerBody{ReadCloser: req.Body, stop: stopBody}
+		trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { b.responded.Store(true) }}
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+		req.Body = b
+	}
 	return e.n.useH2(e.hc, e.exec, req, nil)
+}
+
+// h2OwnerBody is a sibling's request body on the owner, as an HTTP/2
+// stream sends it (see h2Exec.roundTrip).
+type h2OwnerBody struct {
+	io.ReadCloser
+	stop      func()
+	responded atomic.Bool
+}
+
+func (b *h2OwnerBody) Close() error {
+	if !b.responded.Load() {
+		b.stop()
+	}
+	return b.ReadCloser.Close()
 }
 
 func (e *h2Exec) abandon() { e.exec.Complete() }

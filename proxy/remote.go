@@ -170,6 +170,17 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		leg:                   lg,
 		log:                   p.log,
 		bodyWithHead:          withHead,
+		// A failed exchange closes the caller's body, as net/http's
+		// transports do, so that a writer waiting in it returns: a
+		// caller that sends the rest only once it has the response (a
+		// bidirectional stream) would hold the exchange past its own
+		// deadline. Closed on a goroutine of its own: Close waits for a
+		// pending Read on some bodies (net/http's HTTP/1 server's).
+		stopBody: func() {
+			if b := orig.Body; b != nil {
+				go b.Close()
+			}
+		},
 		done: func(c *conn, oc outcome) {
 			p.put(lane, c, oc)
 			if onDone != nil {
