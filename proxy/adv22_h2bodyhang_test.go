@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -56,10 +54,6 @@ func TestAdv22H2SiblingStreamFailsAfterAcceptDoesNotHang(t *testing.T) {
 		case err := <-errc:
 			t.Logf("h2Wrapped=%v %s: failed in %v: %v", h2Wrapped, tc.name, time.Since(start).Round(time.Millisecond), err)
 		case <-time.After(3 * time.Second):
-			if f := os.Getenv("ADV22_STACKS"); f != "" {
-				buf := make([]byte, 8<<20)
-				os.WriteFile(f, buf[:runtime.Stack(buf, true)], 0o644)
-			}
 			t.Errorf("h2Wrapped=%v %s: RoundTrip still running 3s after the upstream reset the stream (ReusedRemote %d)",
 				h2Wrapped, tc.name, client.node.Stats().ReusedRemote)
 		}
