@@ -106,7 +106,8 @@ type Transport struct {
 	// one for the request; nor does a stream an HTTP/2 connection of this
 	// process refused as it went away (a GOAWAY), once per connection; in
 	// all, no more of these than the fleet had connections to the
-	// upstream when the request was first refused so, and one.
+	// upstream when the request was first refused so, and one, or six
+	// (as x/net's HTTP/2 client), whichever is more.
 	MaxRetries int
 	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
 	// a connection on which the upstream chooses h2 is one pool resource
@@ -669,14 +670,21 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 // freeRetries is how many retries one request may have for free (see
 // Error.freeRetry), counted when it is first refused so: one for each
 // connection of key the fleet holds then, and one for the connection that
-// refused it, which may be out of the table already. Once per connection
+// refused it, which may be out of the table already, and minFreeRetries at
+// the least. Once per connection
 // or owner alone is no bound: an upstream that GOAWAYs every connection
 // after its first stream, while other requests keep dialing, offers the
 // request a connection it has not met on every attempt.
 func (t *Transport) freeRetries(key orbitpool.Key) int {
 	c, _ := t.Node.pool.Candidates(key, nil)
-	return len(c) + 1
+	return max(len(c)+1, minFreeRetries)
 }
+
+// minFreeRetries is the fewest free retries a request has: as many as
+// x/net's HTTP/2 client sends a request again that a connection refused as
+// it went away. An upstream restarting under load may refuse several
+// connections in a row while the fleet holds only one or two.
+const minFreeRetries = 6
 
 // ownerDown reports whether err says the owner could not be reached (see
 // Error.ownerDown).
