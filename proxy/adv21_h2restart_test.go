@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -40,14 +43,16 @@ func (l *adv21ChanListener) Close() error {
 
 func (l *adv21ChanListener) Addr() net.Addr { return l.addr }
 
-// adv21Restarting is an h2c upstream (net/http's server) that restarts
-// every period: the current generation's Shutdown sends GOAWAY on each of
-// its connections and closes them once their streams end (or after grace,
-// by force), while a new generation takes the connections accepted from
-// then on. The listening socket never closes, as with a server handing its
-// socket to its successor.
+// adv21Restarting is an HTTP/2 upstream (net/http's server; h2c, or h2 and
+// http/1.1 by ALPN over TLS) that restarts every period (never, for 0): the
+// current generation's Shutdown sends GOAWAY on each of its connections and
+// closes them once their streams end (or after grace, by force), while a
+// new generation takes the connections accepted from then on. The
+// listening socket never closes, as with a server handing its socket to its
+// successor.
 type adv21Restarting struct {
 	url      string
+	roots    *x509.CertPool // of the TLS upstream's certificate
 	ln       net.Listener
 	cur      atomic.Pointer[adv21ChanListener]
 	restarts atomic.Int64
@@ -57,22 +62,51 @@ type adv21Restarting struct {
 }
 
 func newAdv21Restarting(t testing.TB, handler http.HandlerFunc, period, grace time.Duration) *adv21Restarting {
+	return newRestartingUpstream(t, handler, period, grace, 100, false)
+}
+
+func newRestartingUpstream(t testing.TB, handler http.HandlerFunc, period, grace time.Duration, maxStreams int, useTLS bool) *adv21Restarting {
 	t.Helper()
+	var tlsCfg *tls.Config
+	u := &adv21Restarting{stop: make(chan struct{})}
+	if useTLS {
+		certSrc := httptest.NewUnstartedServer(http.NotFoundHandler())
+		certSrc.StartTLS()
+		tlsCfg = certSrc.TLS.Clone()
+		tlsCfg.NextProtos = nil
+		u.roots = x509.NewCertPool()
+		u.roots.AddCert(certSrc.Certificate())
+		certSrc.Close()
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &adv21Restarting{url: "http://" + ln.Addr().String(), ln: ln, stop: make(chan struct{})}
+	u.ln = ln
+	u.url = "http://" + ln.Addr().String()
+	if useTLS {
+		u.url = "https://" + ln.Addr().String()
+	}
 	start := func() *http.Server {
 		l := &adv21ChanListener{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
 		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		s := &http.Server{Handler: handler, Protocols: &p, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 100}}
+		s := &http.Server{Handler: handler, Protocols: &p, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams}}
+		if useTLS {
+			p.SetHTTP1(true)
+			p.SetHTTP2(true)
+			s.TLSConfig = tlsCfg.Clone()
+		} else {
+			p.SetUnencryptedHTTP2(true)
+		}
 		u.cur.Store(l)
 		u.wg.Add(1)
 		go func() {
 			defer u.wg.Done()
-			s.Serve(l)
+			if useTLS {
+				s.ServeTLS(l, "", "")
+			} else {
+				s.Serve(l)
+			}
 		}()
 		return s
 	}
@@ -103,14 +137,18 @@ func newAdv21Restarting(t testing.TB, handler http.HandlerFunc, period, grace ti
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
-		tk := time.NewTicker(period)
-		defer tk.Stop()
+		var tk <-chan time.Time
+		if period > 0 {
+			t := time.NewTicker(period)
+			defer t.Stop()
+			tk = t.C
+		}
 		for {
 			select {
 			case <-u.stop:
 				srv.Close()
 				return
-			case <-tk.C:
+			case <-tk:
 			}
 			old := srv
 			srv = start()

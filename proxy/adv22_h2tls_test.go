@@ -3,122 +3,22 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// adv22TLSRestarting is adv21Restarting over TLS: each generation is
-// net/http's server offering h2 and http/1.1 by ALPN, restarted every period
-// (GOAWAY, then close once its streams end or after grace).
-type adv22TLSRestarting struct {
-	url      string
-	roots    *x509.CertPool
-	ln       net.Listener
-	cur      atomic.Pointer[adv21ChanListener]
-	restarts atomic.Int64
-	conns    atomic.Int64
-	stop     chan struct{}
-	wg       sync.WaitGroup
-}
+// adv22TLSRestarting is adv21Restarting over TLS: each generation offers h2
+// and http/1.1 by ALPN.
+type adv22TLSRestarting = adv21Restarting
 
 func newAdv22TLSRestarting(t testing.TB, handler http.HandlerFunc, period, grace time.Duration, maxStreams int) *adv22TLSRestarting {
-	t.Helper()
-	certSrc := httptest.NewUnstartedServer(http.NotFoundHandler())
-	certSrc.StartTLS()
-	tlsCfg := certSrc.TLS.Clone()
-	roots := x509.NewCertPool()
-	roots.AddCert(certSrc.Certificate())
-	certSrc.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &adv22TLSRestarting{url: "https://" + ln.Addr().String(), roots: roots, ln: ln, stop: make(chan struct{})}
-	start := func() *http.Server {
-		l := &adv21ChanListener{ch: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
-		var p http.Protocols
-		p.SetHTTP1(true)
-		p.SetHTTP2(true)
-		cfg := tlsCfg.Clone()
-		cfg.NextProtos = nil
-		s := &http.Server{Handler: handler, Protocols: &p, TLSConfig: cfg, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams}}
-		u.cur.Store(l)
-		u.wg.Add(1)
-		go func() {
-			defer u.wg.Done()
-			s.ServeTLS(l, "", "")
-		}()
-		return s
-	}
-	srv := start()
-	u.wg.Add(1)
-	go func() {
-		defer u.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.conns.Add(1)
-			for {
-				l := u.cur.Load()
-				select {
-				case l.ch <- c:
-				case <-l.done:
-					continue
-				case <-u.stop:
-					c.Close()
-				}
-				break
-			}
-		}
-	}()
-	u.wg.Add(1)
-	go func() {
-		defer u.wg.Done()
-		var tk <-chan time.Time
-		if period > 0 {
-			t := time.NewTicker(period)
-			defer t.Stop()
-			tk = t.C
-		}
-		for {
-			select {
-			case <-u.stop:
-				srv.Close()
-				return
-			case <-tk:
-			}
-			old := srv
-			srv = start()
-			u.restarts.Add(1)
-			u.wg.Add(1)
-			go func() {
-				defer u.wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), grace)
-				defer cancel()
-				if old.Shutdown(ctx) != nil {
-					old.Close()
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		close(u.stop)
-		ln.Close()
-		u.wg.Wait()
-	})
-	return u
+	return newRestartingUpstream(t, handler, period, grace, maxStreams, true)
 }
 
 func (u *adv22TLSRestarting) conf(tr *Transport) {
