@@ -42,9 +42,9 @@ type exchangeOpts struct {
 	// is called when the exchange fails while the body is still being sent,
 	// before roundTrip waits for the writer. The owner sets it to a read
 	// deadline on the peer stream its request body is a window on; a
-	// sibling, to closing its caller's body, as net/http's transports close
-	// a request's body when the exchange fails. The upstream leg waits for
-	// the caller's body, as net/http's HTTP/1 transport does.
+	// sibling whose request runs over HTTP/2, to closing its caller's body,
+	// as x/net's client does when a stream fails. Otherwise the caller's
+	// body is waited for, as net/http's HTTP/1 transport does.
 	stopBody func()
 	// log receives the stacks of panics recovered in the exchange.
 	log *zap.Logger

@@ -128,8 +128,10 @@ type remoteOpts struct {
 // roundTrip sends req to the owner of lane under lease and returns its
 // response, whose Body streams from the owner. A refused lease or an owner
 // that reports failure before answering comes back as an *Error wrapping
-// ErrLeaseRefused or ErrOwnerFailed.
-func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, onDone func()) (*http.Response, error) {
+// ErrLeaseRefused or ErrOwnerFailed. h2 says the owner runs it on an HTTP/2
+// connection: a failed exchange then closes the caller's body, as x/net's
+// client does (see exchangeOpts.stopBody).
+func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, h2 bool, onDone func()) (*http.Response, error) {
 	hopMark(hopStart)
 	ctx := req.Context()
 	if o.expectContinueTimeout == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
@@ -170,23 +172,21 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		leg:                   lg,
 		log:                   p.log,
 		bodyWithHead:          withHead,
-		// A failed exchange closes the caller's body, as net/http's
-		// transports do, so that a writer waiting in it returns: a
-		// caller that sends the rest only once it has the response (a
-		// bidirectional stream) would hold the exchange past its own
-		// deadline. Closed on a goroutine of its own: Close waits for a
-		// pending Read on some bodies (net/http's HTTP/1 server's).
-		stopBody: func() {
-			if b := orig.Body; b != nil {
-				go b.Close()
-			}
-		},
 		done: func(c *conn, oc outcome) {
 			p.put(lane, c, oc)
 			if onDone != nil {
 				onDone()
 			}
 		},
+	}
+	if h2 && orig.Body != nil {
+		// Over HTTP/2, a failed exchange closes the caller's body, as
+		// x/net's client closes it when a stream fails, so that a
+		// writer waiting in it returns: a caller that sends the rest
+		// only once it has the response (a bidirectional stream) would
+		// hold the exchange past its own deadline. On a goroutine of its
+		// own, as x/net's: Close waits for a pending Read on some bodies.
+		rx.opts.stopBody = func() { go orig.Body.Close() }
 	}
 	fresh := c.requests == 0
 	hopMark(hopCallerPrep)

@@ -590,7 +590,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
-			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, release)
+			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, e.dialsOneAtATime(), release)
 			if err != nil {
 				// Not delivered, or refused: the unit is free again now
 				// rather than when the owner ages it out. An accepted
