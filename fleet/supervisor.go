@@ -650,11 +650,8 @@ func (s *supervisor) push(cfg []byte, gen int, targets []*worker) {
 			s.log.Error("reload failed: keeping the running configuration", zap.Error(err))
 			return
 		}
-		ts = append(ts, target{loadResult{id: w.id, gen: w.gen, cfgGen: gen}, w.sock, body})
-	}
-	for i, w := range targets {
-		w.loads++
-		ts[i].load.seq = w.loads
+		w.loads++ // a later target's error leaves this number unused: only the order counts
+		ts = append(ts, target{loadResult{id: w.id, gen: w.gen, seq: w.loads, cfgGen: gen}, w.sock, body})
 	}
 	s.reloading = true
 	timeout := s.loadTimeoutFor(cfg)

@@ -452,9 +452,9 @@ func (n *Node) syncH2Now(hc *h2conn) {
 		return
 	}
 	c := streamCapacity(st.MaxConcurrentStreams)
-	if cur := hc.loadCapacity(); h2Wrapped && c != cur {
+	if h2Wrapped {
 		var ok bool
-		if c, ok = wrappedLimit(hc, st.MaxConcurrentStreams, cur); !ok {
+		if c, ok = wrappedLimit(hc, st.MaxConcurrentStreams, hc.loadCapacity()); !ok {
 			return
 		}
 	}
@@ -474,7 +474,7 @@ func (n *Node) syncH2Now(hc *h2conn) {
 }
 
 // wrappedLimit confirms a stream limit m that x/net's wrapper (h2Wrapped)
-// reported for hc and that differs from its capacity, current. The wrapper
+// reported for hc, if it differs from hc's capacity, current. The wrapper
 // reports Available()+InFlight(), read under two locks: a stream that ends
 // between them puts a reading low, one that starts puts it high, and a pool
 // that followed such readings would flap below the peer's steady limit and
@@ -484,6 +484,9 @@ func (n *Node) syncH2Now(hc *h2conn) {
 // the peer changed reads the same every time. ok is false if the readings
 // leave the capacity as it is.
 func wrappedLimit(hc *h2conn, m uint32, current int) (c int, ok bool) {
+	if streamCapacity(m) == current {
+		return current, false
+	}
 	lower := streamCapacity(m) < current
 	for range 3 {
 		next := hc.cc.State().MaxConcurrentStreams

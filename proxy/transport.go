@@ -145,13 +145,9 @@ type upstreamEntry struct {
 	spokeH1 atomic.Bool
 }
 
-// dialsOneAtATime reports whether requests to e that find no capacity wait
-// for a connection being dialed anywhere in the fleet rather than dial their
-// own, unless MaxDialingPerKey says otherwise: an HTTP/2 connection carries
-// many streams, so a burst to a cold upstream needs one, as x/net/http2
-// dials one per authority. An HTTP/1.1 connection carries one exchange at a
-// time, so its dials are not held back.
-func (e *upstreamEntry) dialsOneAtATime() bool {
+// speaksH2 reports whether e's connections speak HTTP/2: h2c, or https
+// unless the upstream chose http/1.1 by ALPN on the last one dialed here.
+func (e *upstreamEntry) speaksH2() bool {
 	switch e.u.Proto {
 	case protoH2C:
 		return true
@@ -537,7 +533,14 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
 		}
 		lim.MaxCreating = t.MaxDialingPerKey
-		if lim.MaxCreating <= 0 && e.dialsOneAtATime() {
+		// Unless MaxDialingPerKey says otherwise, requests to an HTTP/2
+		// upstream that find no capacity wait for a connection being
+		// dialed anywhere in the fleet rather than dial their own: one
+		// connection carries many streams, so a burst to a cold upstream
+		// needs one, as x/net/http2 dials one per authority. An HTTP/1.1
+		// connection carries one exchange at a time, so its dials are not
+		// held back.
+		if lim.MaxCreating <= 0 && e.speaksH2() {
 			lim.MaxCreating = 1
 		}
 		wctx, cancel := waitContext(ctx, near)
@@ -590,7 +593,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
-			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, e.dialsOneAtATime(), release)
+			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, e.speaksH2(), release)
 			if err != nil {
 				// Not delivered, or refused: the unit is free again now
 				// rather than when the owner ages it out. An accepted
@@ -671,10 +674,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 // Error.freeRetry), counted when it is first refused so: one for each
 // connection of key the fleet holds then, and one for the connection that
 // refused it, which may be out of the table already, and minFreeRetries at
-// the least. Once per connection
-// or owner alone is no bound: an upstream that GOAWAYs every connection
-// after its first stream, while other requests keep dialing, offers the
-// request a connection it has not met on every attempt.
+// the least. Once per connection or owner alone is no bound: an upstream
+// that GOAWAYs every connection after its first stream, while other
+// requests keep dialing, offers the request a connection it has not met on
+// every attempt.
 func (t *Transport) freeRetries(key orbitpool.Key) int {
 	c, _ := t.Node.pool.Candidates(key, nil)
 	return max(len(c)+1, minFreeRetries)
