@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -192,49 +190,39 @@ func testAdv21RestartChurn(t *testing.T, sibling bool) {
 		time.Sleep(2 * time.Millisecond)
 		io.WriteString(w, "ok")
 	}, 40*time.Millisecond, 500*time.Millisecond)
-	opts := NodeOptions{SweepInterval: 50 * time.Millisecond}
-	var m, sib *member
-	rts := make([]http.RoundTripper, 2)
-	if sibling {
-		spec := testSpec
-		spec.Path = filepath.Join(t.TempDir(), "seg")
-		conf := func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 2 }
-		m = newMemberOpts(t, spec, opts, conf)
-		sib = newMemberOpts(t, spec, opts, conf)
-		rts[0], rts[1] = m.tr, sib.tr
-	} else {
-		m = newMemberOpts(t, testSpecLocal, opts, h2cConf)
-		rts[0], rts[1] = m.tr, m.tr
-	}
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
-	stock := &http.Transport{Protocols: &p}
-	defer stock.CloseIdleConnections()
+	testRestartChurn(t, up, func(tr *Transport) { tr.H2C = true }, &http.Transport{Protocols: &p}, sibling)
+}
 
-	type tally struct {
-		mu    sync.Mutex
-		reqs  int
-		fails map[string]int
+// testRestartChurn sends short GETs for 2s from 12 callers through orbit
+// (one member, or two sharing the connections, the fleet's cap two) and 12
+// through stock, an http.Transport for the same upstream, while up
+// restarts. Orbit must not fail more often than stock, every stream's unit
+// must come back, and every connection must leave the pool once the churn
+// stops and the transports close idle ones.
+func testRestartChurn(t *testing.T, up *adv21Restarting, conf func(*Transport), stock *http.Transport, sibling bool) {
+	defer stock.CloseIdleConnections()
+	opts := NodeOptions{SweepInterval: 50 * time.Millisecond}
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	capped := func(tr *Transport) { conf(tr); tr.MaxConnsPerKey = 2 }
+	m := newMemberOpts(t, spec, opts, capped)
+	rts := []http.RoundTripper{m.tr, m.tr}
+	var sib *member
+	if sibling {
+		sib = newMemberOpts(t, spec, opts, capped)
+		rts[1] = sib.tr
 	}
-	run := func(rt http.RoundTripper, tl *tally, deadline time.Time, wg *sync.WaitGroup) {
+	orbit, std := &adv22Tally{fails: map[string]int{}}, &adv22Tally{fails: map[string]int{}}
+	run := func(rt http.RoundTripper, tl *adv22Tally, deadline time.Time, wg *sync.WaitGroup) {
 		defer wg.Done()
 		for time.Now().Before(deadline) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err := adv21Get(rt, ctx, up.url+"/")
+			tl.add(adv22GetH2(rt, ctx, up.url+"/"))
 			cancel()
-			tl.mu.Lock()
-			tl.reqs++
-			if err != nil {
-				msg := err.Error()
-				if i := strings.Index(msg, "127.0.0.1:"); i >= 0 {
-					msg = msg[:i]
-				}
-				tl.fails[msg]++
-			}
-			tl.mu.Unlock()
 		}
 	}
-	orbit, std := &tally{fails: map[string]int{}}, &tally{fails: map[string]int{}}
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(2 * time.Second)
 	for i := range 12 {
@@ -243,36 +231,18 @@ func testAdv21RestartChurn(t *testing.T, sibling bool) {
 		go run(stock, std, deadline, &wg)
 	}
 	wg.Wait()
-	sum := func(f map[string]int) (n int) {
-		for _, v := range f {
-			n += v
-		}
-		return n
-	}
-	of, sf := sum(orbit.fails), sum(std.fails)
 	t.Logf("h2Wrapped=%v restarts=%d upstream conns=%d; orbit: %d requests, %d failed; stock: %d requests, %d failed",
-		h2Wrapped, up.restarts.Load(), up.conns.Load(), orbit.reqs, of, std.reqs, sf)
-	show := func(who string, f map[string]int) {
-		var ks []string
-		for k := range f {
-			ks = append(ks, k)
-		}
-		sort.Strings(ks)
-		for _, k := range ks {
-			t.Logf("  %s: %dx %s", who, f[k], k)
-		}
-	}
-	show("orbit", orbit.fails)
-	show("stock", std.fails)
-	if of > sf {
-		t.Errorf("orbit failed %d requests, stock net/http %d, against the same restarting upstream", of, sf)
+		h2Wrapped, up.restarts.Load(), up.conns.Load(), orbit.reqs, orbit.failed(), std.reqs, std.failed())
+	orbit.show(t, "orbit")
+	std.show(t, "stock")
+	if orbit.failed() > std.failed() {
+		t.Errorf("orbit failed %d requests, stock net/http %d, against the same restarting upstream", orbit.failed(), std.failed())
 	}
 	if sibling && m.node.Stats().ServedRemote+sib.node.Stats().ServedRemote == 0 {
 		t.Error("no request went through a sibling's connection: the test shows nothing of that path")
 	}
-	// Every connection leaves the pool once the churn stops.
 	key := mustKey(t, m.tr, up.url)
-	waitFor(t, 5*time.Second, "the pool's connections to go after the churn", func() bool {
+	waitFor(t, 5*time.Second, "every stream's unit to come back", func() bool {
 		c, _ := m.pool.Candidates(key, nil)
 		for _, r := range c {
 			if r.InUse != 0 || r.Pending != 0 {
@@ -281,6 +251,16 @@ func testAdv21RestartChurn(t *testing.T, sibling bool) {
 		}
 		return true
 	})
+	for end := time.Now().Add(5 * time.Second); m.pool.Live(key) != 0 && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		m.tr.CloseIdleConnections()
+		if sib != nil {
+			sib.tr.CloseIdleConnections()
+		}
+	}
+	if n := m.pool.Live(key); n != 0 {
+		c, _ := m.pool.Candidates(key, nil)
+		t.Errorf("%d connections still live after CloseIdleConnections with nothing running: %+v", n, c)
+	}
 }
 
 func adv21Get(rt http.RoundTripper, ctx context.Context, url string) error {

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -109,66 +108,5 @@ func testAdv22TLSChurn(t *testing.T, sibling bool) {
 		time.Sleep(2 * time.Millisecond)
 		io.WriteString(w, "ok")
 	}, 40*time.Millisecond, 500*time.Millisecond, 100)
-	opts := NodeOptions{SweepInterval: 50 * time.Millisecond}
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
-	conf := func(tr *Transport) { up.conf(tr); tr.MaxConnsPerKey = 2 }
-	m := newMemberOpts(t, spec, opts, conf)
-	rts := []http.RoundTripper{m.tr, m.tr}
-	var sib *member
-	if sibling {
-		sib = newMemberOpts(t, spec, opts, conf)
-		rts[1] = sib.tr
-	}
-	stock := up.stock()
-	defer stock.CloseIdleConnections()
-	orbit, std := &adv22Tally{fails: map[string]int{}}, &adv22Tally{fails: map[string]int{}}
-	run := func(rt http.RoundTripper, tl *adv22Tally, deadline time.Time, wg *sync.WaitGroup) {
-		defer wg.Done()
-		for time.Now().Before(deadline) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			tl.add(adv22GetH2(rt, ctx, up.url+"/"))
-			cancel()
-		}
-	}
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(2 * time.Second)
-	for i := range 12 {
-		wg.Add(2)
-		go run(rts[i%2], orbit, deadline, &wg)
-		go run(stock, std, deadline, &wg)
-	}
-	wg.Wait()
-	t.Logf("h2Wrapped=%v restarts=%d upstream conns=%d; orbit: %d requests, %d failed; stock: %d requests, %d failed",
-		h2Wrapped, up.restarts.Load(), up.conns.Load(), orbit.reqs, orbit.failed(), std.reqs, std.failed())
-	orbit.show(t, "orbit")
-	std.show(t, "stock")
-	if orbit.failed() > std.failed() {
-		t.Errorf("orbit failed %d requests, stock net/http %d, against the same restarting TLS upstream", orbit.failed(), std.failed())
-	}
-	if sibling && m.node.Stats().ServedRemote+sib.node.Stats().ServedRemote == 0 {
-		t.Error("no request went through a sibling: the test shows nothing of that path")
-	}
-	key := mustKey(t, m.tr, up.url)
-	waitFor(t, 5*time.Second, "every stream's unit to come back", func() bool {
-		c, _ := m.pool.Candidates(key, nil)
-		for _, r := range c {
-			if r.InUse != 0 || r.Pending != 0 {
-				return false
-			}
-		}
-		return true
-	})
-	deadline = time.Now().Add(5 * time.Second)
-	for m.pool.Live(key) != 0 && time.Now().Before(deadline) {
-		m.tr.CloseIdleConnections()
-		if sib != nil {
-			sib.tr.CloseIdleConnections()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := m.pool.Live(key); n != 0 {
-		c, _ := m.pool.Candidates(key, nil)
-		t.Errorf("%d connections still live after CloseIdleConnections with nothing running: %+v", n, c)
-	}
+	testRestartChurn(t, up, up.conf, up.stock(), sibling)
 }
