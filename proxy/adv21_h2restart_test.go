@@ -219,7 +219,7 @@ func testRestartChurn(t *testing.T, up *adv21Restarting, conf func(*Transport), 
 		defer wg.Done()
 		for time.Now().Before(deadline) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			tl.add(adv22GetH2(rt, ctx, up.url+"/"))
+			tl.add(adv21Get(rt, ctx, up.url+"/"))
 			cancel()
 		}
 	}

@@ -35,7 +35,7 @@ func TestAdv22H2SiblingStreamFailsAfterAcceptDoesNotHang(t *testing.T) {
 	stock := &http.Transport{Protocols: &p}
 	defer stock.CloseIdleConnections()
 	owner, client := remotePair(t, h2cConf)
-	if err := adv22GetH2(owner.tr, context.Background(), up.url+"/"); err != nil {
+	if err := adv21Get(owner.tr, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -74,7 +74,7 @@ func TestAdv22H2SiblingStreamFailsAfterAcceptHonoursContext(t *testing.T) {
 		s.data(true, []byte("ok"))
 	})
 	owner, client := remotePair(t, h2cConf)
-	if err := adv22GetH2(owner.tr, context.Background(), up.url+"/"); err != nil {
+	if err := adv21Get(owner.tr, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -54,7 +54,7 @@ func TestAdv22H2CloseIdleUnderLoad(t *testing.T) {
 				defer wg.Done()
 				for time.Now().Before(deadline) {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					tl.add(adv22GetH2(rt, ctx, url+"/"))
+					tl.add(adv21Get(rt, ctx, url+"/"))
 					cancel()
 				}
 			}

@@ -80,7 +80,7 @@ func TestAdv22H2IdleAndLifetimeUnderLoad(t *testing.T) {
 						path = "/slow"
 					}
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					tl.add(adv22GetH2(rt, ctx, url+path))
+					tl.add(adv21Get(rt, ctx, url+path))
 					cancel()
 					// Around the idle timeout: 0.8x to 1.2x.
 					time.Sleep(tc.idle*8/10 + time.Duration(rnd.Int64N(int64(tc.idle*4/10))))

@@ -35,7 +35,7 @@ func TestAdv22H2TLSLingeringEmptyResponse(t *testing.T) {
 			var lat [2]time.Duration
 			for i, rt := range []http.RoundTripper{stock, m.tr} {
 				// Warm: one connection, idle.
-				if err := adv22GetH2(rt, context.Background(), up.url+"/"); err != nil {
+				if err := adv21Get(rt, context.Background(), up.url+"/"); err != nil {
 					t.Fatal(err)
 				}
 				req, _ := http.NewRequest(method, up.url+"/linger", nil)
@@ -50,7 +50,7 @@ func TestAdv22H2TLSLingeringEmptyResponse(t *testing.T) {
 				resp.Body.Close()
 				start := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-				err = adv22GetH2(rt, ctx, up.url+"/")
+				err = adv21Get(rt, ctx, up.url+"/")
 				cancel()
 				lat[i] = time.Since(start)
 				if err != nil {
@@ -89,7 +89,7 @@ func TestAdv22H2LingeringEmptyResponseRaw(t *testing.T) {
 	m := newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: 50 * time.Millisecond}, h2cConf)
 	var lat [2]time.Duration
 	for i, rt := range []http.RoundTripper{stock, m.tr} {
-		if err := adv22GetH2(rt, context.Background(), up.url+"/"); err != nil {
+		if err := adv21Get(rt, context.Background(), up.url+"/"); err != nil {
 			t.Fatal(err)
 		}
 		up.setLimit(1)
@@ -103,7 +103,7 @@ func TestAdv22H2LingeringEmptyResponseRaw(t *testing.T) {
 		resp.Body.Close()
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		err = adv22GetH2(rt, ctx, up.url+"/")
+		err = adv21Get(rt, ctx, up.url+"/")
 		cancel()
 		lat[i] = time.Since(start)
 		if err != nil {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
 	"io"
 	"net/http"
@@ -66,31 +65,6 @@ func (tl *adv22Tally) show(t *testing.T, who string) {
 		t.Logf("  %s: %dx %s", who, tl.fails[k], k)
 	}
 }
-
-// adv22GetH2 is adv21Get that also wants HTTP/2.
-func adv22GetH2(rt http.RoundTripper, ctx context.Context, url string) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.ProtoMajor != 2 || string(b) != "ok" {
-		return &protoErr{resp.Proto + " " + string(b)}
-	}
-	return nil
-}
-
-type protoErr struct{ s string }
-
-func (e *protoErr) Error() string { return "unexpected response: " + e.s }
 
 // TestAdv22H2TLSRestartChurnNoWorseThanStock: TestAdv21H2RestartChurn over
 // TLS, h2 chosen by ALPN: the upstream restarts (GOAWAY, close once idle)

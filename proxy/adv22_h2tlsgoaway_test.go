@@ -72,7 +72,7 @@ func TestAdv22H2TLSGoAwayUnderLongStreams(t *testing.T) {
 		defer wg.Done()
 		for time.Now().Before(deadline) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			tl.add(adv22GetH2(rt, ctx, up.url+"/"))
+			tl.add(adv21Get(rt, ctx, up.url+"/"))
 			cancel()
 		}
 	}
