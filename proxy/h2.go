@@ -695,16 +695,27 @@ func (e *h2Exec) maxHeaderBytes() int64 { return e.hc.s.maxHeaderBytes }
 // So the body's Close stops a pending read (stopBody), unless the response
 // has begun: x/net also closes the body of a request answered above 2xx,
 // and that answer still goes to the sibling on this stream.
+//
+// A cancelled RoundTrip returns once the body is closed, and x/net's writer
+// may still be in the head's write, blocked by an upstream that stopped
+// reading. Once that write ends, the writer reads the body: the accept
+// would follow the error frame onto the stream, and the read would take
+// the next exchange's bytes. So a failed exchange seals the body first.
 func (e *h2Exec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
 	req.URL.Scheme = e.hc.scheme
 	req.URL.Host = req.Host
+	var b *h2OwnerBody
 	if stopBody != nil && req.Body != nil && req.Body != http.NoBody {
-		b := &h2OwnerBody{ReadCloser: req.Body, stop: stopBody}
+		b = &h2OwnerBody{ReadCloser: req.Body, stop: stopBody}
 		trace := &httptrace.ClientTrace{GotFirstResponseByte: func() { b.responded.Store(true) }}
 		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 		req.Body = b
 	}
-	return e.n.useH2(e.hc, e.exec, req, nil)
+	resp, err := e.n.useH2(e.hc, e.exec, req, nil)
+	if err != nil && b != nil {
+		b.seal()
+	}
+	return resp, err
 }
 
 // h2OwnerBody is a sibling's request body on the owner, as an HTTP/2
@@ -713,6 +724,32 @@ type h2OwnerBody struct {
 	io.ReadCloser
 	stop      func()
 	responded atomic.Bool
+
+	// mu is held by Read, so that seal waits for a Read in progress.
+	mu     sync.Mutex
+	sealed bool
+}
+
+// errBodySealed is what x/net's writer reads from a sibling's body once the
+// exchange has failed.
+var errBodySealed = errors.New("proxy: the exchange failed; its request body is no longer read")
+
+func (b *h2OwnerBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sealed {
+		return 0, errBodySealed
+	}
+	return b.ReadCloser.Read(p)
+}
+
+// seal hands the stream back to the serving goroutine: a Read in progress
+// is stopped and waited for, and none starts after.
+func (b *h2OwnerBody) seal() {
+	b.stop()
+	b.mu.Lock()
+	b.sealed = true
+	b.mu.Unlock()
 }
 
 func (b *h2OwnerBody) Close() error {
