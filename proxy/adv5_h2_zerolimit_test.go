@@ -30,9 +30,12 @@ func TestAdv5H2PeerLimitZero(t *testing.T) {
 		}
 	}
 	id := h2ID(t, owner, up.url)
-	acks := up.acks.Load()
+	// Each client's acknowledgment of the upstream's first SETTINGS may
+	// still be on its way: counted after this point, it would pass for an
+	// acknowledgment of limit 0.
+	waitFor(t, 5*time.Second, "both clients to acknowledge the first SETTINGS", func() bool { return up.acks.Load() == 2 })
 	up.setLimit(0)
-	waitFor(t, 5*time.Second, "both clients to acknowledge limit 0", func() bool { return up.acks.Load() == acks+2 })
+	waitFor(t, 5*time.Second, "both clients to acknowledge limit 0", func() bool { return up.acks.Load() == 4 })
 	// The follower reads the new limit once the client has applied it.
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if c, _ := owner.pool.Capacity(id); c == 0 {
