@@ -67,6 +67,11 @@ type h2conn struct {
 	capacity int  // last set in the pool; guarded by mu
 	draining bool // capacity 0 for good; guarded by mu
 
+	// limit is the peer's stream limit as last read with room to spare,
+	// under x/net's wrapper (see wrappedLimit); only the one read of the
+	// state in flight (syncH2Now) uses it.
+	limit int
+
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
 	// syncing is set while a read of cc's state is under way (see
@@ -182,7 +187,7 @@ func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.C
 	if slot < 0 || slot >= len(n.h2slots) {
 		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.h2slots))
 	}
-	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity}
+	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity, limit: capacity}
 	hc.idleAt.Store(sinceStart(hc.created))
 	n.h2slots[slot].Store(hc)
 	return hc, nil
@@ -453,10 +458,7 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	}
 	c := streamCapacity(st.MaxConcurrentStreams)
 	if h2Wrapped {
-		var ok bool
-		if c, ok = wrappedLimit(hc, st.MaxConcurrentStreams, hc.loadCapacity()); !ok {
-			return
-		}
+		c = wrappedLimit(hc, st, hc.loadCapacity())
 	}
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
@@ -473,31 +475,47 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	hc.capacity = c
 }
 
-// wrappedLimit confirms a stream limit m that x/net's wrapper (h2Wrapped)
-// reported for hc, if it differs from hc's capacity, current. The wrapper
-// reports Available()+InFlight(), read under two locks: a stream that ends
+// wrappedLimit is the capacity hc's state st allows under x/net's wrapper
+// (h2Wrapped), given hc's capacity, current. The wrapper reports the limit
+// as Available()+InFlight(), read under two locks: a stream that ends
 // between them puts a reading low, one that starts puts it high, and a pool
 // that followed such readings would flap below the peer's steady limit and
-// dial connections it does not need. So hc's state is read a few times
-// more, and a lower limit is taken as the highest reading, a higher one as
-// the lowest: a wrong change needs every reading wrong the same way. A limit
-// the peer changed reads the same every time. ok is false if the readings
-// leave the capacity as it is.
-func wrappedLimit(hc *h2conn, m uint32, current int) (c int, ok bool) {
-	if streamCapacity(m) == current {
-		return current, false
-	}
-	lower := streamCapacity(m) < current
-	for range 3 {
-		next := hc.cc.State().MaxConcurrentStreams
-		if lower {
-			m = max(m, next)
-		} else {
-			m = min(m, next)
+// dial connections it does not need. So a reading that differs from the
+// capacity is read three times more, and a lower limit is taken as the
+// highest reading, a higher one as the lowest.
+//
+// A reading with nothing available is only a bound: the limit is at most
+// the streams in flight, which count a stream that has ended here until the
+// ClientConn lets it go. Below the last limit read with room (hc.limit), the
+// peer has lowered its limit, perhaps below the streams running; the
+// capacity is then at most the streams running here, and the pool offers
+// the connection again once its state has room. Offered at once, a request
+// would wait in the ClientConn for enough streams to end to come under the
+// new limit, where net/http's client dials.
+func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
+	m, room := st.MaxConcurrentStreams, hasRoom(st)
+	if c := streamCapacity(m); c != current {
+		lower := c < current
+		for range 3 {
+			next := hc.cc.State()
+			if lower && next.MaxConcurrentStreams > m || !lower && next.MaxConcurrentStreams < m {
+				m, room = next.MaxConcurrentStreams, hasRoom(next)
+			}
 		}
 	}
-	c = streamCapacity(m)
-	return c, c != current
+	c := streamCapacity(m)
+	switch {
+	case room:
+		hc.limit = c
+	case c < hc.limit:
+		c = min(c, int(hc.active.Load()))
+	}
+	return c
+}
+
+// hasRoom reports whether st has a stream limit above the streams in flight.
+func hasRoom(st http2.ClientConnState) bool {
+	return int64(st.MaxConcurrentStreams) > int64(st.StreamsActive)+int64(st.StreamsReserved)
 }
 
 // loadCapacity is hc.capacity, read under hc.mu.
