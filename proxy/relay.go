@@ -44,10 +44,32 @@ type relay struct {
 	scratch [20]byte
 
 	// mu orders the accept frame, which the exchange's writer may send
-	// (acceptBody), with the responses the serving goroutine writes after
-	// it. Once sentAccept is set the writer never touches bw again.
+	// (acceptBody), and the 1xx responses, which an HTTP/2 client's read
+	// loop sends (relay1xx), with what the serving goroutine writes: the
+	// responses after them, or an error frame instead. Once sentAccept is
+	// set the writer never touches bw again; once failed is set (see
+	// failBeforeAccept) neither does the read loop.
 	mu         sync.Mutex
 	sentAccept bool
+	failed     bool
+}
+
+// errExchangeFailed is what relay1xx returns for a 1xx that arrives once
+// the exchange has failed: the stream carries its error frame, and perhaps
+// the next exchange, by then.
+var errExchangeFailed = errors.New("proxy: interim response after the exchange failed")
+
+// failBeforeAccept marks the exchange failed and reports whether the
+// accept (and perhaps a 1xx) had gone out. An HTTP/2 client's read loop may
+// deliver a 1xx for a stream whose RoundTrip has returned (cancelled while
+// its writer was still in the head's write, the stream stays in the
+// ClientConn's table): after this, relay1xx drops it, and the serving
+// goroutine alone writes the stream.
+func (r *relay) failBeforeAccept() (accepted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failed = true
+	return r.sentAccept
 }
 
 // acceptFrame is the accept frame, which has no payload.
@@ -87,10 +109,18 @@ func (r *relay) accepted() bool {
 
 // relay1xx forwards an interim response as it arrives.
 func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failed {
+		return errExchangeFailed
+	}
 	if r.err != nil {
 		return r.err
 	}
-	r.accept()
+	if !r.sentAccept {
+		r.sentAccept = true
+		r.bw.Write(acceptFrame)
+	}
 	r.bw.Write(appendHead(nil, 0))
 	fmt.Fprintf(r.bw, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
 	http.Header(h).Write(r.bw)

@@ -725,7 +725,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	hopMark(hopUpstream)
 	if err != nil {
 		s.watcher.remove(w)
-		if rl.accepted() {
+		if rl.failBeforeAccept() {
 			// A 1xx or the accept went out, and perhaps some of the
 			// body came in: the stream cannot carry an error frame now.
 			s.log.Info("a sibling's exchange failed after its body began; closing the stream", zap.Error(err))
