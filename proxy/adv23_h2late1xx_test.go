@@ -91,7 +91,7 @@ func TestAdv23H2Late1xxAfterErrorFrame(t *testing.T) {
 		t.Fatalf("plan %+v %v, want a lease on the owner's connection", plan, err)
 	}
 	lb, _ := plan.Lease.AppendBinary(nil)
-	frame, err := appendRequestFrame(nil, lb, time.Now().Add(time.Second), flagBodyOnAccept)
+	frame, err := appendRequestFrame(nil, lb, time.Now().Add(3*time.Second), flagBodyOnAccept)
 	if err != nil {
 		t.Fatal(err)
 	}
