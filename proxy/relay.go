@@ -100,13 +100,6 @@ func (r *relay) acceptBody() {
 	}
 }
 
-// accepted reports whether the accept frame has gone out.
-func (r *relay) accepted() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.sentAccept
-}
-
 // relay1xx forwards an interim response as it arrives. A 101 is not
 // forwarded: only an HTTP/2 client hands one over as interim (HTTP/2 has no
 // upgrade, and x/net goes on to the final response), and on the unix leg,
