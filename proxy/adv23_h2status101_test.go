@@ -1,67 +1,14 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
-	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 )
-
-// adv23Serve101Then200 serves HTTP/2 (h2c, prior knowledge) answering every
-// request with HEADERS :status 101 (no END_STREAM, which HTTP/2 does not
-// have: RFC 9113 8.6), then a 200 with body "ok".
-func adv23Serve101Then200(c net.Conn) {
-	preface := make([]byte, len(http2.ClientPreface))
-	if _, err := io.ReadFull(c, preface); err != nil {
-		return
-	}
-	fr := http2.NewFramer(c, c)
-	fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 100})
-	fr.WriteWindowUpdate(0, 1<<30)
-	var mu sync.Mutex
-	enc := func(fields ...string) []byte {
-		var b bytes.Buffer
-		e := hpack.NewEncoder(&b)
-		for i := 0; i+1 < len(fields); i += 2 {
-			e.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
-		}
-		return b.Bytes()
-	}
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			return
-		}
-		mu.Lock()
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				fr.WriteSettingsAck()
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				fr.WritePing(true, f.Data)
-			}
-		case *http2.HeadersFrame:
-			id := f.StreamID
-			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true,
-				BlockFragment: enc(":status", "101", "upgrade", "websocket", "connection", "upgrade")})
-			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true,
-				BlockFragment: enc(":status", "200", "content-length", "2")})
-			fr.WriteData(id, true, []byte("ok"))
-		}
-		mu.Unlock()
-	}
-}
 
 // TestAdv23H2Status101IsNotAnUpgradeForSibling: an HTTP/2 upstream sends a
 // 101 (which HTTP/2 does not have) before its 200. x/net hands it to the
@@ -71,12 +18,11 @@ func adv23Serve101Then200(c net.Conn) {
 // for the final answer: an upgrade, with the owner's framing of the real
 // 200 as the tunnel's bytes.
 func TestAdv23H2Status101IsNotAnUpgradeForSibling(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveConns(t, ln, func(c net.Conn, _ int) { adv23Serve101Then200(c) })
-	url := "http://" + ln.Addr().String()
+	up := newRawH2(t, func(s *rawStream) {
+		s.headers(false, ":status", "101", "upgrade", "websocket", "connection", "upgrade")
+		s.headers(false, ":status", "200", "content-length", "2")
+		s.data(true, []byte("ok"))
+	})
 	owner, client := remotePair(t, h2cConf)
 
 	get := func(m *member) (int, string, error) {
@@ -85,7 +31,7 @@ func TestAdv23H2Status101IsNotAnUpgradeForSibling(t *testing.T) {
 		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 			Got1xxResponse: func(int, textproto.MIMEHeader) error { return nil },
 		})
-		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/", nil)
+		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
 		resp, err := m.tr.RoundTrip(req)
 		if err != nil {
 			return 0, "", err
