@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -10,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv10MalformedPeerBodyBreaksUpstreamConn: a sibling (here a raw
@@ -53,22 +50,7 @@ func TestAdv10MalformedPeerBodyBreaksUpstreamConn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			plan, err := client.pool.Acquire(ctx, key, orbitpool.LocalFirst{}, orbitpool.Limits{MaxResources: 1})
-			if err != nil || plan.Kind != orbitpool.PlanReuseRemote {
-				t.Fatalf("plan %+v %v, want a lease on the owner's connection", plan, err)
-			}
-			lb, _ := plan.Lease.AppendBinary(nil)
-			frame, err := appendRequestFrame(nil, lb, time.Now().Add(3*time.Second), flagBodyOnAccept)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sc, err := net.Dial("unix", SocketPath(SocketDir(owner.pool.Spec().Path), owner.pool.Lane()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sc.Close()
+			sc, frame := leasedStream(t, owner, client, key, 1, time.Now().Add(3*time.Second))
 			sc.SetDeadline(time.Now().Add(5 * time.Second))
 			host := strings.TrimPrefix(u.base, "http://")
 			io.WriteString(sc, string(frame)+"POST /post HTTP/1.1\r\nHost: "+host+"\r\nTransfer-Encoding: chunked\r\n\r\n")

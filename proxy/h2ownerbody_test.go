@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/orbitproxy/orbit/orbitpool"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -86,24 +85,9 @@ func stuckSiblingExchange(t *testing.T, onFrame func(http2.Frame)) *stuckExchang
 	})
 	s.up = <-framer
 
-	actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer acancel()
-	plan, err := client.pool.Acquire(actx, key, orbitpool.LocalFirst{}, orbitpool.Limits{MaxResources: 2})
-	if err != nil || plan.Kind != orbitpool.PlanReuseRemote {
-		t.Fatalf("plan %+v %v, want a lease on the owner's connection", plan, err)
-	}
-	lb, _ := plan.Lease.AppendBinary(nil)
 	// The deadline leaves the owner time to read the head under -race on
 	// a loaded machine.
-	frame, err := appendRequestFrame(nil, lb, time.Now().Add(3*time.Second), flagBodyOnAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := net.Dial("unix", SocketPath(SocketDir(owner.pool.Spec().Path), owner.pool.Lane()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	sc, frame := leasedStream(t, owner, client, key, 2, time.Now().Add(3*time.Second))
 	sc.SetDeadline(time.Now().Add(20 * time.Second))
 	// Far more head than the socket buffers between owner and upstream
 	// hold, and within the owner's limit on a sibling's head (10 MiB).

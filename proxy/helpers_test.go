@@ -14,6 +14,31 @@ import (
 	"golang.org/x/net/http2"
 )
 
+// leasedStream takes a lease on the owner's connection for key through
+// client's pool, as a sibling's request would, and dials the owner's
+// socket: a test then speaks the unix leg itself, starting with the
+// returned request frame (flagBodyOnAccept, deadline).
+func leasedStream(t testing.TB, owner, client *member, key orbitpool.Key, maxConns int, deadline time.Time) (net.Conn, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	plan, err := client.pool.Acquire(ctx, key, orbitpool.LocalFirst{}, orbitpool.Limits{MaxResources: maxConns})
+	if err != nil || plan.Kind != orbitpool.PlanReuseRemote {
+		t.Fatalf("plan %+v %v, want a lease on the owner's connection", plan, err)
+	}
+	lb, _ := plan.Lease.AppendBinary(nil)
+	frame, err := appendRequestFrame(nil, lb, deadline, flagBodyOnAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := net.Dial("unix", SocketPath(SocketDir(owner.pool.Spec().Path), owner.pool.Lane()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	return sc, frame
+}
+
 // zeros is an endless request body.
 type zeros struct{}
 
