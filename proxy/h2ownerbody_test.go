@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -162,4 +164,59 @@ func TestH2Late1xxAfterErrorFrame(t *testing.T) {
 		t.Fatalf("the upstream could not send its 103: %v", err)
 	}
 	s.assertQuiet(t, "a late 1xx was relayed onto a stream kept for the next exchange")
+}
+
+// TestH2FailedExchangeAfterBodyKeepsStream: a sibling's POST whose short
+// body went with its head is reset by the HTTP/2 upstream before any
+// answer. The owner's stream to the sibling is in step (the body was read
+// whole), and must stay so past the next exchange: the failed exchange
+// must not end the owner's watch for the sibling going away as if it had.
+func TestH2FailedExchangeAfterBodyKeepsStream(t *testing.T) {
+	up := newRawH2(t, func(s *rawStream) {
+		if s.path == "/reset" {
+			// Past the owner's watch delay: its watch is reading.
+			time.Sleep(20 * time.Millisecond)
+			s.rst(http2.ErrCodeInternal)
+			return
+		}
+		s.headers(false, ":status", "200", "content-length", "2")
+		s.data(true, []byte("ok"))
+	})
+	owner, client := h2Pair(t, up.url)
+	key := mustKey(t, owner.tr, up.url)
+	sc := dialOwner(t, owner)
+	sc.SetDeadline(time.Now().Add(20 * time.Second))
+	host := strings.TrimPrefix(up.url, "http://")
+	br := bufio.NewReader(sc)
+	send := func(head string) {
+		t.Helper()
+		frame, err := appendRequestFrame(nil, siblingLease(t, client, key, 1), time.Now().Add(5*time.Second), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(sc, string(frame)+head)
+	}
+
+	// The owner's watch is not always still reading when the exchange
+	// fails: ten rounds.
+	for round := range 10 {
+		send("POST /reset HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello")
+		if f, err := readFrame(br, respHeaderLen, decodeResponseFrame); err != nil || f.typ != frameError {
+			t.Fatalf("round %d: frame %+v, %v: want the error frame of the reset exchange, on a stream the owner keeps", round, f, err)
+		}
+		send("GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
+		// The answer ends with its chunked body's last chunk.
+		var got []byte
+		for !bytes.HasSuffix(got, []byte("ok\r\n0\r\n\r\n")) {
+			b, err := br.ReadByte()
+			if err != nil {
+				t.Fatalf("round %d: the next exchange on the stream: %q, %v: the owner ended the stream, taking the failed exchange's stop for the sibling gone", round, got, err)
+			}
+			got = append(got, b)
+		}
+	}
+	sc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := br.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("after the last round: %d bytes, %v: the owner ended the stream", n, err)
+	}
 }

@@ -14,11 +14,10 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// leasedStream takes a lease on the owner's connection for key through
-// client's pool, as a sibling's request would, and dials the owner's
-// socket: a test then speaks the unix leg itself, starting with the
-// returned request frame (flagBodyOnAccept, deadline).
-func leasedStream(t testing.TB, owner, client *member, key orbitpool.Key, maxConns int, deadline time.Time) (net.Conn, []byte) {
+// siblingLease takes a lease on the owner's connection for key through
+// client's pool, as a sibling's request would, for a test that speaks the
+// unix leg itself.
+func siblingLease(t testing.TB, client *member, key orbitpool.Key, maxConns int) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -27,16 +26,29 @@ func leasedStream(t testing.TB, owner, client *member, key orbitpool.Key, maxCon
 		t.Fatalf("plan %+v %v, want a lease on the owner's connection", plan, err)
 	}
 	lb, _ := plan.Lease.AppendBinary(nil)
-	frame, err := appendRequestFrame(nil, lb, deadline, flagBodyOnAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return lb
+}
+
+// dialOwner opens a unix stream to the owner, closed when t ends.
+func dialOwner(t testing.TB, owner *member) net.Conn {
+	t.Helper()
 	sc, err := net.Dial("unix", SocketPath(SocketDir(owner.pool.Spec().Path), owner.pool.Lane()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sc.Close() })
-	return sc, frame
+	return sc
+}
+
+// leasedStream is a stream to the owner and the request frame (with
+// flagBodyOnAccept and deadline) of a lease on its connection for key.
+func leasedStream(t testing.TB, owner, client *member, key orbitpool.Key, maxConns int, deadline time.Time) (net.Conn, []byte) {
+	t.Helper()
+	frame, err := appendRequestFrame(nil, siblingLease(t, client, key, maxConns), deadline, flagBodyOnAccept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dialOwner(t, owner), frame
 }
 
 // zeros is an endless request body.

@@ -712,8 +712,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 
 	// A failed exchange may leave its writer waiting for more of the body
 	// from the peer; a read deadline in the past ends that wait, and the
-	// stream, which is out of step then, is closed below.
-	stopBody := func() { nc.SetReadDeadline(aLongTimeAgo) }
+	// stream, which is out of step then, is closed below. A body read whole
+	// has no such wait, and the deadline would end the watch's read
+	// instead, which then takes the peer for gone.
+	stopBody := func() {
+		if !reqDone.isDone() {
+			nc.SetReadDeadline(aLongTimeAgo)
+		}
+	}
 	if !s.exchanging(nc, true) {
 		// Closing: close refused the request for us, and nothing of it
 		// has gone anywhere.
