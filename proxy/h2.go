@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,9 +69,8 @@ type h2conn struct {
 	draining bool // capacity 0 for good; guarded by mu
 
 	// limit is the peer's stream limit as last read with room to spare,
-	// under x/net's wrapper (see wrappedLimit); only the one read of the
-	// state in flight (syncH2Now) uses it.
-	limit int
+	// under x/net's wrapper (see wrappedTakes).
+	limit atomic.Int64
 
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
@@ -187,7 +187,8 @@ func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.C
 	if slot < 0 || slot >= len(n.h2slots) {
 		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.h2slots))
 	}
-	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity, limit: capacity}
+	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity}
+	hc.limit.Store(int64(capacity))
 	hc.idleAt.Store(sinceStart(hc.created))
 	n.h2slots[slot].Store(hc)
 	return hc, nil
@@ -482,16 +483,8 @@ func (n *Node) syncH2Now(hc *h2conn) {
 // that followed such readings would flap below the peer's steady limit and
 // dial connections it does not need. So a reading that differs from the
 // capacity is read three times more, and a lower limit is taken as the
-// highest reading, a higher one as the lowest.
-//
-// A reading with nothing available is only a bound: the limit is at most
-// the streams in flight, which count a stream that has ended here until the
-// ClientConn lets it go. Below the last limit read with room (hc.limit), the
-// peer has lowered its limit, perhaps below the streams running; the
-// capacity is then at most the streams running here, and the pool offers
-// the connection again once its state has room. Offered at once, a request
-// would wait in the ClientConn for enough streams to end to come under the
-// new limit, where net/http's client dials.
+// highest reading, a higher one as the lowest. A reading with room to
+// spare is the peer's limit (hc.limit).
 func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 	m, room := st.MaxConcurrentStreams, hasRoom(st)
 	if c := streamCapacity(m); c != current {
@@ -503,14 +496,38 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 			}
 		}
 	}
-	c := streamCapacity(m)
-	switch {
-	case room:
-		hc.limit = c
-	case c < hc.limit:
-		c = min(c, int(hc.active.Load()))
+	if room {
+		hc.limit.Store(int64(m))
 	}
-	return c
+	return streamCapacity(m)
+}
+
+// settleWait bounds settledState's wait for the ClientConn to let go of
+// the streams that ended here.
+const settleWait = 5 * time.Millisecond
+
+// settledState is hc's state once the ClientConn counts no more streams
+// than run here, or false if that takes longer than settleWait (a stream
+// reset here counts until the peer answers a PING).
+func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
+	deadline := time.Now().Add(settleWait)
+	for i := 0; ; i++ {
+		st := hc.cc.State()
+		if st.Closed || st.Closing {
+			return st, false
+		}
+		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
+			return st, true
+		}
+		if time.Now().After(deadline) {
+			return st, false
+		}
+		if i < 10 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
 }
 
 // hasRoom reports whether st has a stream limit above the streams in flight.
@@ -569,7 +586,9 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // instead would hand its capacity back at once, to be offered and paused
 // again until the stream went. A connection whose limit fell below its
 // capacity is not full in that sense: it is paused, and the request goes
-// elsewhere rather than wait for one of its streams to end.
+// elsewhere rather than wait for one of its streams to end. Nor is one
+// full below the limit last read with room, until a reading without the
+// streams that ended here says so (settledState).
 //
 // The wrapper tells a GOAWAY only once the connection has closed: a
 // connection that got one while full looks full, and a stream sent there
@@ -581,8 +600,28 @@ func (hc *h2conn) wrappedTakes() bool {
 		return false
 	}
 	running := st.StreamsActive + st.StreamsReserved
+	if running < streamCapacity(st.MaxConcurrentStreams) {
+		return true
+	}
 	c := hc.loadCapacity()
-	return running < streamCapacity(st.MaxConcurrentStreams) || c > 0 && running >= c
+	if c <= 0 || running < c {
+		return false
+	}
+	if int64(st.MaxConcurrentStreams) >= hc.limit.Load() {
+		return true
+	}
+	// Full below the limit last read with room: the peer has lowered its
+	// limit, perhaps below the streams running, and the reading may count
+	// a stream that ended here. Sent now, a request could wait in the
+	// ClientConn for enough streams to end to come under the new limit,
+	// where net/http's client dials. Once the ClientConn has let go of the
+	// streams that ended here, the state says whether there is room.
+	next, _ := hc.settledState()
+	if next.Closed || next.Closing || !hasRoom(next) {
+		return false
+	}
+	hc.limit.Store(int64(next.MaxConcurrentStreams))
+	return true
 }
 
 // drainExpiredH2 drains this process's other connections for key that are
