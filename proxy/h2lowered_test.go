@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -15,6 +18,23 @@ import (
 // which has no room until two more streams end: net/http's client dials a
 // new connection, and so must the pool.
 func TestH2LimitLoweredBelowRunningStreams(t *testing.T) {
+	testH2LimitLoweredRounds(t, testH2LimitLowered)
+}
+
+// TestH2LimitLoweredToCallersUnderChurn: four callers run requests one
+// after another on one connection whose upstream then lowers its stream
+// limit from 100 to 4. Never more than 4 streams are wanted at once, so the
+// connection suffices, as it does for net/http's client: the pool must not
+// take the lowered limit, read with the connection full, for a limit below
+// its streams (3 run here when a stream that just ended still counts in the
+// ClientConn) and send the next request to dial.
+func TestH2LimitLoweredToCallersUnderChurn(t *testing.T) {
+	testH2LimitLoweredRounds(t, testH2LimitLoweredChurn)
+}
+
+// testH2LimitLoweredRounds runs five rounds of test through net/http's
+// client and through orbit's.
+func testH2LimitLoweredRounds(t *testing.T, test func(t *testing.T, rt http.RoundTripper, round int)) {
 	for _, tc := range []struct {
 		name string
 		rt   func(t *testing.T) http.RoundTripper
@@ -27,12 +47,13 @@ func TestH2LimitLoweredBelowRunningStreams(t *testing.T) {
 			return tr
 		}},
 		{"orbit", func(t *testing.T) http.RoundTripper {
-			return newMember(t, testSpecLocal, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 }).tr
+			return newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour},
+				func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 }).tr
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for round := range 5 {
-				testH2LimitLowered(t, tc.rt(t), round)
+				test(t, tc.rt(t), round)
 			}
 		})
 	}
@@ -94,5 +115,50 @@ func testH2LimitLowered(t *testing.T, rt http.RoundTripper, round int) {
 		if o.duration > time.Second {
 			t.Errorf("round %d: request %d took %v", round, i, o.duration)
 		}
+	}
+}
+
+func testH2LimitLoweredChurn(t *testing.T, rt http.RoundTripper, round int) {
+	const callers = 4
+	up := newRawH2(t, func(s *rawStream) {
+		s.headers(false, ":status", "200", "content-type", "text/plain")
+		s.data(true, []byte("ok"))
+	})
+	get := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
+		if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
+			return fmt.Sprintf("%s, body %q", o.err, o.body)
+		}
+		return ""
+	}
+	if err := get(); err != "" {
+		t.Fatalf("round %d: first request: %s", round, err)
+	}
+	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	var fails atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(600 * time.Millisecond)
+	for range callers {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				if err := get(); err != "" {
+					fails.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(150 * time.Millisecond)
+	up.setLimit(callers)
+	wg.Wait()
+	if n := fails.Load(); n > 0 {
+		t.Errorf("round %d: %d requests failed", round, n)
+	}
+	up.mu.Lock()
+	conns := len(up.conns)
+	up.mu.Unlock()
+	if conns != 1 {
+		t.Errorf("round %d: %d connections dialed for %d callers, the upstream's limit lowered to %d; want 1", round, conns, callers, callers)
 	}
 }
