@@ -507,20 +507,15 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 const settleWait = 5 * time.Millisecond
 
 // settledState is hc's state once the ClientConn counts no more streams
-// than run here, or false if that takes longer than settleWait (a stream
-// reset here counts until the peer answers a PING).
-func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
+// than run here, or as it is after settleWait (a stream reset here counts
+// until the peer answers a PING).
+func (hc *h2conn) settledState() http2.ClientConnState {
 	deadline := time.Now().Add(settleWait)
 	for i := 0; ; i++ {
 		st := hc.cc.State()
-		if st.Closed || st.Closing {
-			return st, false
-		}
-		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
-			return st, true
-		}
-		if time.Now().After(deadline) {
-			return st, false
+		if st.Closed || st.Closing || int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() ||
+			time.Now().After(deadline) {
+			return st
 		}
 		if i < 10 {
 			runtime.Gosched()
@@ -616,7 +611,7 @@ func (hc *h2conn) wrappedTakes() bool {
 	// ClientConn for enough streams to end to come under the new limit,
 	// where net/http's client dials. Once the ClientConn has let go of the
 	// streams that ended here, the state says whether there is room.
-	next, _ := hc.settledState()
+	next := hc.settledState()
 	if next.Closed || next.Closing || !hasRoom(next) {
 		return false
 	}
