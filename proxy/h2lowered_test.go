@@ -162,3 +162,71 @@ func testH2LimitLoweredChurn(t *testing.T, rt http.RoundTripper, round int) {
 		t.Errorf("round %d: %d connections dialed for %d callers, the upstream's limit lowered to %d; want 1", round, conns, callers, callers)
 	}
 }
+
+// alternate sends each request through the next of its transports.
+type alternate struct {
+	rts []http.RoundTripper
+	n   atomic.Int64
+}
+
+func (a *alternate) RoundTrip(req *http.Request) (*http.Response, error) {
+	return a.rts[int(a.n.Add(1))%len(a.rts)].RoundTrip(req)
+}
+
+// TestH2LimitLoweredToCallersSiblings is
+// TestH2LimitLoweredToCallersUnderChurn with the callers' requests sent by
+// the owner and its sibling in turn: the four streams wanted fit the
+// lowered limit of 4 on the owner's connection, and no request may fail or
+// dial a second connection.
+func TestH2LimitLoweredToCallersSiblings(t *testing.T) {
+	for round := range 5 {
+		owner, client := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 })
+		testH2LimitLoweredChurn(t, &alternate{rts: []http.RoundTripper{owner.tr, client.tr}}, round)
+	}
+}
+
+// TestH2LimitZeroThenRaised: with two long streams running, the
+// upstream lowers its limit to 0, then raises it to 3: the pool's capacity
+// of the connection follows to 3 without waiting for the sweep, the limit
+// last read with room is 3, and a request from the owner and one from a
+// sibling run on the connection at once.
+func TestH2LimitZeroThenRaised(t *testing.T) {
+	stop := make(chan struct{})
+	up := newRawH2(t, func(s *rawStream) {
+		if strings.HasPrefix(s.path, "/long") {
+			s.headers(false, ":status", "200")
+			<-stop
+			s.data(true, []byte("long"))
+			return
+		}
+		s.headers(false, ":status", "200", "content-type", "text/plain")
+		s.data(true, []byte("ok"))
+	})
+	defer close(stop)
+	owner, client := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 1 })
+	for range 2 {
+		req, _ := http.NewRequest("GET", up.url+"/long", nil)
+		resp, err := owner.tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+	}
+	id := h2ID(t, owner, up.url)
+	hc := owner.node.lookupH2(id)
+	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	up.setLimit(0)
+	waitFor(t, 5*time.Second, "limit 0 acknowledged", func() bool { return up.acks.Load() == 2 })
+	up.setLimit(3)
+	waitFor(t, 5*time.Second, "limit 3 acknowledged", func() bool { return up.acks.Load() == 3 })
+	waitFor(t, time.Second, "capacity 3", func() bool { c, _ := owner.pool.Capacity(id); return c == 3 })
+	if l := hc.limit.Load(); h2Wrapped && l != 3 { // kept only under the wrapper
+		t.Errorf("limit last read with room: %d, want 3", l)
+	}
+	for _, rt := range []http.RoundTripper{owner.tr, client.tr} {
+		req, _ := http.NewRequest("GET", up.url+"/", nil)
+		if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" || o.duration > 500*time.Millisecond {
+			t.Errorf("request after the limit came back: %+v", o)
+		}
+	}
+}
