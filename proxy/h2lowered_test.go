@@ -60,13 +60,16 @@ func testH2LimitLoweredRounds(t *testing.T, test func(t *testing.T, rt http.Roun
 }
 
 func testH2LimitLowered(t *testing.T, rt http.RoundTripper, round int) {
-	stop := make(chan struct{})
-	finish := make(chan struct{}, 3)
+	stop, first := make(chan struct{}), make(chan struct{})
 	up := newRawH2(t, func(s *rawStream) {
 		if strings.HasPrefix(s.path, "/long") {
 			s.headers(false, ":status", "200")
+			release := stop
+			if s.path == "/long0" {
+				release = first
+			}
 			select {
-			case <-finish:
+			case <-release:
 			case <-stop:
 			}
 			s.data(true, []byte("long"))
@@ -82,8 +85,8 @@ func testH2LimitLowered(t *testing.T, rt http.RoundTripper, round int) {
 			resp.Body.Close()
 		}
 	}()
-	for range 3 {
-		req, _ := http.NewRequest("GET", up.url+"/long", nil)
+	for i := range 3 {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/long%d", up.url, i), nil)
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
 			t.Fatalf("round %d: long stream: %v", round, err)
@@ -100,7 +103,7 @@ func testH2LimitLowered(t *testing.T, rt http.RoundTripper, round int) {
 	// pool's follower read it, as it would between requests.
 	time.Sleep(20 * time.Millisecond)
 
-	finish <- struct{}{}
+	close(first)
 	if b, err := io.ReadAll(long[0].Body); err != nil || string(b) != "long" {
 		t.Fatalf("round %d: the stream that ended: %q, %v", round, b, err)
 	}
