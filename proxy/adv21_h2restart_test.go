@@ -251,16 +251,11 @@ func testRestartChurn(t *testing.T, up *adv21Restarting, conf func(*Transport), 
 		}
 		return true
 	})
-	for end := time.Now().Add(5 * time.Second); m.pool.Live(key) != 0 && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		m.tr.CloseIdleConnections()
-		if sib != nil {
-			sib.tr.CloseIdleConnections()
-		}
+	ms := []*member{m}
+	if sib != nil {
+		ms = append(ms, sib)
 	}
-	if n := m.pool.Live(key); n != 0 {
-		c, _ := m.pool.Candidates(key, nil)
-		t.Errorf("%d connections still live after CloseIdleConnections with nothing running: %+v", n, c)
-	}
+	closeIdleUntilGone(t, key, 5*time.Second, ms...)
 }
 
 func adv21Get(rt http.RoundTripper, ctx context.Context, url string) error {

@@ -84,16 +84,7 @@ func TestAdv22H2CloseIdleUnderLoad(t *testing.T) {
 				t.Errorf("orbit failed %d requests, stock %d", orbit.failed(), std.failed())
 			}
 			key := mustKey(t, m.tr, url)
-			dl := time.Now().Add(3 * time.Second)
-			for m.pool.Live(key) != 0 && time.Now().Before(dl) {
-				m.tr.CloseIdleConnections()
-				sib.tr.CloseIdleConnections()
-				time.Sleep(10 * time.Millisecond)
-			}
-			if n := m.pool.Live(key); n != 0 {
-				cs, _ := m.pool.Candidates(key, nil)
-				t.Errorf("pool.Live %d after the load stopped and CloseIdleConnections: %+v", n, cs)
-			}
+			closeIdleUntilGone(t, key, 3*time.Second, m, sib)
 		})
 	}
 }

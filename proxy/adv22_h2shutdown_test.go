@@ -87,21 +87,6 @@ func (s *adv22Stream) exchange(msg string, last bool) error {
 	}
 }
 
-func adv22Goroutines(t *testing.T, g0 int) {
-	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	g := runtime.NumGoroutine()
-	for g > g0+2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		g = runtime.NumGoroutine()
-	}
-	if g > g0+2 {
-		buf := make([]byte, 1<<20)
-		st := string(buf[:runtime.Stack(buf, true)])
-		t.Errorf("goroutines: %d before, %d after\n%s", g0, g, st[:min(len(st), 8000)])
-	}
-}
-
 type adv22Up struct {
 	url  string
 	conf func(*Transport)
@@ -206,7 +191,7 @@ func TestAdv22H2ShutdownWithStreams(t *testing.T) {
 			if n := owner.pool.Live(key); n != 0 {
 				t.Errorf("pool.Live %d after Shutdown and the sibling's CloseIdleConnections", n)
 			}
-			adv22Goroutines(t, g0)
+			goroutinesBackTo(t, g0)
 		})
 	}
 }
@@ -269,7 +254,7 @@ func TestAdv22H2CloseWithStreams(t *testing.T) {
 					})
 					owner.node.Close()
 				}
-				adv22Goroutines(t, g0)
+				goroutinesBackTo(t, g0)
 			})
 		}
 	}

@@ -98,14 +98,5 @@ func TestAdv22H2TLSGoAwayUnderLongStreams(t *testing.T) {
 		t.Errorf("orbit failed %d requests, stock %d", orbit.failed(), std.failed())
 	}
 	key := mustKey(t, m.tr, up.url)
-	dl := time.Now().Add(4 * time.Second)
-	for m.pool.Live(key) != 0 && time.Now().Before(dl) {
-		m.tr.CloseIdleConnections()
-		sib.tr.CloseIdleConnections()
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := m.pool.Live(key); n != 0 {
-		cs, _ := m.pool.Candidates(key, nil)
-		t.Errorf("pool.Live %d after the load stopped: %+v", n, cs)
-	}
+	closeIdleUntilGone(t, key, 4*time.Second, m, sib)
 }

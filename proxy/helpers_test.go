@@ -51,6 +51,21 @@ func leasedStream(t testing.TB, owner, client *member, key orbitpool.Key, maxCon
 	return dialOwner(t, owner), frame
 }
 
+// closeIdleUntilGone closes the members' idle connections until none of
+// key's is live in the pool, and fails t if one still is after within.
+func closeIdleUntilGone(t *testing.T, key orbitpool.Key, within time.Duration, ms ...*member) {
+	t.Helper()
+	for end := time.Now().Add(within); ms[0].pool.Live(key) != 0 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		for _, m := range ms {
+			m.tr.CloseIdleConnections()
+		}
+	}
+	if n := ms[0].pool.Live(key); n != 0 {
+		cs, _ := ms[0].pool.Candidates(key, nil)
+		t.Errorf("%d connections still live after CloseIdleConnections with nothing running: %+v", n, cs)
+	}
+}
+
 // zeros is an endless request body.
 type zeros struct{}
 
