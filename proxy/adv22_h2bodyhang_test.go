@@ -21,15 +21,7 @@ import (
 // stock net/http's and the owner's own do, and not wait on the caller's
 // body, which brings nothing more until a response comes.
 func TestAdv22H2SiblingStreamFailsAfterAcceptDoesNotHang(t *testing.T) {
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/early-rst" {
-			time.Sleep(100 * time.Millisecond)
-			s.rst(http2.ErrCodeInternal)
-			return
-		}
-		s.headers(false, ":status", "200")
-		s.data(true, []byte("ok"))
-	})
+	up := newEarlyResetH2(t)
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	stock := &http.Transport{Protocols: &p}
@@ -64,15 +56,7 @@ func TestAdv22H2SiblingStreamFailsAfterAcceptDoesNotHang(t *testing.T) {
 // TestAdv22H2SiblingStreamFailsAfterAcceptHonoursContext: as above, with a
 // 1s deadline on the sibling's request: RoundTrip returns by then.
 func TestAdv22H2SiblingStreamFailsAfterAcceptHonoursContext(t *testing.T) {
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/early-rst" {
-			time.Sleep(100 * time.Millisecond)
-			s.rst(http2.ErrCodeInternal)
-			return
-		}
-		s.headers(false, ":status", "200")
-		s.data(true, []byte("ok"))
-	})
+	up := newEarlyResetH2(t)
 	owner, client := remotePair(t, h2cConf)
 	if err := adv21Get(owner.tr, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
@@ -94,4 +78,19 @@ func TestAdv22H2SiblingStreamFailsAfterAcceptHonoursContext(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Errorf("h2Wrapped=%v sibling: RoundTrip still running 3s after the upstream reset the stream, 2s past its 1s deadline", h2Wrapped)
 	}
+}
+
+// newEarlyResetH2 is an HTTP/2 upstream that resets /early-rst 100ms after
+// its head arrives, its body unread and unanswered, and answers "ok"
+// otherwise.
+func newEarlyResetH2(t *testing.T) *rawH2 {
+	return newRawH2(t, func(s *rawStream) {
+		if s.path == "/early-rst" {
+			time.Sleep(100 * time.Millisecond)
+			s.rst(http2.ErrCodeInternal)
+			return
+		}
+		s.headers(false, ":status", "200")
+		s.data(true, []byte("ok"))
+	})
 }
