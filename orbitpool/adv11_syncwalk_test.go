@@ -24,6 +24,7 @@ func TestAdv11SyncMatchesWalk(t *testing.T) {
 
 func adv11SyncMatchesWalk(t *testing.T, seed uint64) {
 	p := openMem(t, small)
+	stopDispatcher(p)
 	rng := rand.New(rand.NewPCG(seed, 0xad11))
 	s := p.seg
 	var refs [2]keyRef
@@ -116,6 +117,19 @@ func adv11SyncMatchesWalk(t *testing.T, seed uint64) {
 		}
 	}
 	adv11CheckWalk(t, -2, p, refs[:])
+}
+
+// stopDispatcher ends p's dispatcher and leaves p open, for a test that
+// drives the waiter table step by step and checks it between steps: the
+// dispatcher's deliverAll passes surplus grants on after it lets go of the
+// table's lock, and a check made meanwhile would see a grant it has added
+// to the lane's word and not yet delivered. Close still works after it.
+func stopDispatcher(p *Pool) {
+	close(p.stop)
+	p.ring(p.lane)
+	futexWake(p.seg.u32(p.seg.laneOff(p.lane) + lnDoorbell))
+	<-p.finished
+	p.stop = make(chan struct{}) // for Close to close; finished stays closed
 }
 
 // adv11CheckWalk compares what sync published for each of refs with a walk

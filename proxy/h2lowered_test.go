@@ -185,6 +185,9 @@ func TestH2LimitLoweredToCallersSiblings(t *testing.T) {
 	for round := range 5 {
 		owner, client := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 })
 		testH2LimitLoweredChurn(t, &alternate{rts: []http.RoundTripper{owner.tr, client.tr}}, round)
+		if t.Failed() {
+			t.Fatalf("round %d: owner %+v; sibling %+v", round, owner.node.Stats(), client.node.Stats())
+		}
 	}
 }
 
