@@ -72,6 +72,12 @@ type h2conn struct {
 	// under x/net's wrapper (see wrappedTakes).
 	limit atomic.Int64
 
+	// unsettled is set when the ClientConn went on counting a stream that
+	// ended here past settleWait (see wrappedTakes): until a reading shows
+	// no more streams than run here, the capacity leaves room for those
+	// streams too (see wrappedLimit).
+	unsettled atomic.Bool
+
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
 	// syncing is set while a read of cc's state is under way (see
@@ -485,6 +491,12 @@ func (n *Node) syncH2Now(hc *h2conn) {
 // capacity is read three times more, and a lower limit is taken as the
 // highest reading, a higher one as the lowest. A reading with room to
 // spare is the peer's limit (hc.limit).
+//
+// While hc is unsettled (see wrappedTakes), the capacity is at most the
+// streams running here plus the room the ClientConn has: streams that ended
+// here and that it still counts take their room, as in net/http's client,
+// which dials rather than wait for them. A reading that counts no more
+// streams than run here ends that.
 func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 	m, room := st.MaxConcurrentStreams, hasRoom(st)
 	if c := streamCapacity(m); c != current {
@@ -492,14 +504,23 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		for range 3 {
 			next := hc.cc.State()
 			if lower && next.MaxConcurrentStreams > m || !lower && next.MaxConcurrentStreams < m {
-				m, room = next.MaxConcurrentStreams, hasRoom(next)
+				m, room, st = next.MaxConcurrentStreams, hasRoom(next), next
 			}
 		}
 	}
 	if room {
 		hc.limit.Store(int64(m))
 	}
-	return streamCapacity(m)
+	c := streamCapacity(m)
+	if hc.unsettled.Load() {
+		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
+		if active := hc.active.Load(); running <= active {
+			hc.unsettled.Store(false)
+		} else {
+			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
+		}
+	}
+	return c
 }
 
 // settleWait bounds settledState's wait for the ClientConn to let go of
@@ -616,8 +637,20 @@ func (hc *h2conn) wrappedTakes() bool {
 	// ClientConn for enough streams to end to come under the new limit,
 	// where net/http's client dials. Once the ClientConn has let go of the
 	// streams that ended here, the state says whether there is room.
-	next, _ := hc.settledState()
-	if next.Closed || next.Closing || !hasRoom(next) {
+	next, settled := hc.settledState()
+	if next.Closed || next.Closing {
+		return false
+	}
+	if !settled {
+		// A stream reset here before the peer answered it counts in the
+		// ClientConn until the peer answers a PING, which it may never
+		// do. Paused and read again, the connection would be offered
+		// again at once, and each offer refused 5 ms later (a sibling's
+		// lease at a retry's cost): the capacity leaves those streams'
+		// room out until they go (see wrappedLimit).
+		hc.unsettled.Store(true)
+	}
+	if !hasRoom(next) {
 		return false
 	}
 	hc.limit.Store(int64(next.MaxConcurrentStreams))
