@@ -605,7 +605,10 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // RoundTrip waits for that stream to go, as x/net's own client does under
 // StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
 // instead would hand its capacity back at once, to be offered and paused
-// again until the stream went. A connection whose limit fell below its
+// again until the stream went. It is taken once the ClientConn has let go
+// of the streams that ended here (settledState): a stream reset here counts
+// there until the peer answers a PING, and a request sent meanwhile would
+// wait for a stream that runs to end, where net/http's client dials. A connection whose limit fell below its
 // capacity is not full in that sense: it is paused, and the request goes
 // elsewhere rather than wait for one of its streams to end. Nor is one
 // full below the limit last read with room, until a reading without the
@@ -628,18 +631,22 @@ func (hc *h2conn) wrappedTakes() bool {
 	if c <= 0 || running < c {
 		return false
 	}
-	if int64(st.MaxConcurrentStreams) >= hc.limit.Load() {
-		return true
-	}
-	// Full below the limit last read with room: the peer has lowered its
-	// limit, perhaps below the streams running, and the reading may count
-	// a stream that ended here. Sent now, a request could wait in the
-	// ClientConn for enough streams to end to come under the new limit,
-	// where net/http's client dials. Once the ClientConn has let go of the
-	// streams that ended here, the state says whether there is room.
+	// Full, at the limit last read with room or below it (the peer has
+	// lowered its limit, perhaps below the streams running), and the
+	// reading may count a stream that ended here. Sent now, a request
+	// could wait in the ClientConn for enough streams to end to come
+	// under the limit, where net/http's client dials: for a long stream
+	// to end, if the stream counted is one reset here whose PING the peer
+	// leaves unanswered. Once the ClientConn has let go of the streams
+	// that ended here, the state says whether there is room.
+	atLimit := int64(st.MaxConcurrentStreams) >= hc.limit.Load()
 	next, settled := hc.settledState()
 	if next.Closed || next.Closing {
 		return false
+	}
+	if atLimit && settled {
+		// Merely full at the peer's limit: see above.
+		return true
 	}
 	if !settled {
 		// A stream reset here before the peer answered it counts in the
