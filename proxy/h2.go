@@ -77,6 +77,12 @@ type h2conn struct {
 	// no more streams than run here, the capacity leaves room for those
 	// streams too (see wrappedLimit).
 	unsettled atomic.Bool
+	// cancelled is set when a stream here failed on its request's
+	// context: one cancelled before the peer answered it counts in
+	// net/http's ClientConn until the peer answers a PING (see
+	// wrappedTakes). Cleared by a reading that counts no more streams
+	// than run here.
+	cancelled atomic.Bool
 
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
@@ -516,6 +522,7 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
 		if active := hc.active.Load(); running <= active {
 			hc.unsettled.Store(false)
+			hc.cancelled.Store(false)
 		} else {
 			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
 		}
@@ -538,6 +545,8 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 			return st, false
 		}
 		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
+			hc.unsettled.Store(false)
+			hc.cancelled.Store(false)
 			return st, true
 		}
 		if time.Now().After(deadline) {
@@ -639,6 +648,14 @@ func (hc *h2conn) wrappedTakes() bool {
 	// to end, if the stream counted is one reset here whose PING the peer
 	// leaves unanswered. Once the ClientConn has let go of the streams
 	// that ended here, the state says whether there is room.
+	if int64(st.MaxConcurrentStreams) >= hc.limit.Load() && !hc.cancelled.Load() {
+		// Merely full at the peer's limit, with no stream cancelled
+		// here since the ClientConn last counted none that ended: see
+		// above. A stream that ends lingers in the ClientConn until
+		// its writer goes, which a busy machine can hold up past
+		// settleWait.
+		return true
+	}
 	atLimit := int64(st.MaxConcurrentStreams) >= hc.limit.Load()
 	next, settled := hc.settledState()
 	if next.Closed || next.Closing {
@@ -648,16 +665,17 @@ func (hc *h2conn) wrappedTakes() bool {
 		// Merely full at the peer's limit: see above.
 		return true
 	}
-	if !settled {
-		// A stream reset here before the peer answered it counts in the
-		// ClientConn until the peer answers a PING, which it may never
-		// do. Paused and read again, the connection would be offered
-		// again at once, and each offer refused 5 ms later (a sibling's
-		// lease at a retry's cost): the capacity leaves those streams'
-		// room out until they go (see wrappedLimit).
-		hc.unsettled.Store(true)
-	}
 	if !hasRoom(next) {
+		if !settled {
+			// A stream reset here before the peer answered it counts
+			// in the ClientConn until the peer answers a PING, which
+			// it may never do. Paused and read again, the connection
+			// would be offered again at once, and each offer refused
+			// 5 ms later (a sibling's lease at a retry's cost): the
+			// capacity leaves those streams' room out until they go
+			// (see wrappedLimit).
+			hc.unsettled.Store(true)
+		}
 		return false
 	}
 	hc.limit.Store(int64(next.MaxConcurrentStreams))
@@ -699,6 +717,9 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	}
 	resp, err := hc.cc.RoundTrip(req)
 	if err != nil {
+		if req.Context().Err() != nil {
+			hc.cancelled.Store(true)
+		}
 		herr := h2Error(req, err)
 		if pe, ok := herr.(*Error); ok && pe.connGone {
 			// The connection takes no stream again (a GOAWAY, or not
