@@ -55,6 +55,9 @@ type rawConn struct {
 	fr   *http2.Framer
 	henc *hpack.Encoder
 	hbuf bytes.Buffer
+	// pingsUnanswered, once set, leaves every PING from now on without
+	// its ACK (a peer slow to answer, or one that never does).
+	pingsUnanswered atomic.Bool
 }
 
 func newRawH2(t testing.TB, handle func(s *rawStream)) *rawH2 {
@@ -111,6 +114,16 @@ func (u *rawH2) setLimit(limit uint32) {
 	}
 }
 
+// stopAnsweringPings leaves the PINGs of every connection open now
+// without their ACK; connections accepted later answer theirs.
+func (u *rawH2) stopAnsweringPings() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range u.raws {
+		c.pingsUnanswered.Store(true)
+	}
+}
+
 // cut closes every connection the upstream accepted.
 func (u *rawH2) cut() {
 	u.mu.Lock()
@@ -150,7 +163,7 @@ func (u *rawH2) serve(nc net.Conn) {
 				u.acks.Add(1)
 			}
 		case *http2.PingFrame:
-			if !f.IsAck() {
+			if !f.IsAck() && !c.pingsUnanswered.Load() {
 				c.wmu.Lock()
 				c.fr.WritePing(true, f.Data)
 				c.wmu.Unlock()

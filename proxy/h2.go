@@ -72,6 +72,18 @@ type h2conn struct {
 	// under x/net's wrapper (see wrappedTakes).
 	limit atomic.Int64
 
+	// unsettled is set when the ClientConn went on counting a stream that
+	// ended here past settleWait (see wrappedTakes): until a reading shows
+	// no more streams than run here, the capacity leaves room for those
+	// streams too (see wrappedLimit).
+	unsettled atomic.Bool
+	// cancelled is set when a stream here failed on its request's
+	// context: one cancelled before the peer answered it counts in
+	// net/http's ClientConn until the peer answers a PING (see
+	// wrappedTakes). Cleared by a reading that counts no more streams
+	// than run here.
+	cancelled atomic.Bool
+
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
 	// syncing is set while a read of cc's state is under way (see
@@ -485,6 +497,12 @@ func (n *Node) syncH2Now(hc *h2conn) {
 // capacity is read three times more, and a lower limit is taken as the
 // highest reading, a higher one as the lowest. A reading with room to
 // spare is the peer's limit (hc.limit).
+//
+// While hc is unsettled (see wrappedTakes), the capacity is at most the
+// streams running here plus the room the ClientConn has: streams that ended
+// here and that it still counts take their room, as in net/http's client,
+// which dials rather than wait for them. A reading that counts no more
+// streams than run here ends that.
 func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 	m, room := st.MaxConcurrentStreams, hasRoom(st)
 	if c := streamCapacity(m); c != current {
@@ -492,14 +510,24 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		for range 3 {
 			next := hc.cc.State()
 			if lower && next.MaxConcurrentStreams > m || !lower && next.MaxConcurrentStreams < m {
-				m, room = next.MaxConcurrentStreams, hasRoom(next)
+				m, room, st = next.MaxConcurrentStreams, hasRoom(next), next
 			}
 		}
 	}
 	if room {
 		hc.limit.Store(int64(m))
 	}
-	return streamCapacity(m)
+	c := streamCapacity(m)
+	if hc.unsettled.Load() {
+		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
+		if active := hc.active.Load(); running <= active {
+			hc.unsettled.Store(false)
+			hc.cancelled.Store(false)
+		} else {
+			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
+		}
+	}
+	return c
 }
 
 // settleWait bounds settledState's wait for the ClientConn to let go of
@@ -507,15 +535,22 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 const settleWait = 5 * time.Millisecond
 
 // settledState is hc's state once the ClientConn counts no more streams
-// than run here, or as it is after settleWait (a stream reset here counts
-// until the peer answers a PING).
-func (hc *h2conn) settledState() http2.ClientConnState {
+// than run here, or false if that takes longer than settleWait (a stream
+// reset here counts until the peer answers a PING).
+func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 	deadline := time.Now().Add(settleWait)
 	for i := 0; ; i++ {
 		st := hc.cc.State()
-		if st.Closed || st.Closing || int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() ||
-			time.Now().After(deadline) {
-			return st
+		if st.Closed || st.Closing {
+			return st, false
+		}
+		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
+			hc.unsettled.Store(false)
+			hc.cancelled.Store(false)
+			return st, true
+		}
+		if time.Now().After(deadline) {
+			return st, false
 		}
 		if i < 10 {
 			runtime.Gosched()
@@ -579,7 +614,10 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // RoundTrip waits for that stream to go, as x/net's own client does under
 // StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
 // instead would hand its capacity back at once, to be offered and paused
-// again until the stream went. A connection whose limit fell below its
+// again until the stream went. It is taken once the ClientConn has let go
+// of the streams that ended here (settledState): a stream reset here counts
+// there until the peer answers a PING, and a request sent meanwhile would
+// wait for a stream that runs to end, where net/http's client dials. A connection whose limit fell below its
 // capacity is not full in that sense: it is paused, and the request goes
 // elsewhere rather than wait for one of its streams to end. Nor is one
 // full below the limit last read with room, until a reading without the
@@ -602,17 +640,42 @@ func (hc *h2conn) wrappedTakes() bool {
 	if c <= 0 || running < c {
 		return false
 	}
-	if int64(st.MaxConcurrentStreams) >= hc.limit.Load() {
+	// Full, at the limit last read with room or below it (the peer has
+	// lowered its limit, perhaps below the streams running), and the
+	// reading may count a stream that ended here. Sent now, a request
+	// could wait in the ClientConn for enough streams to end to come
+	// under the limit, where net/http's client dials: for a long stream
+	// to end, if the stream counted is one reset here whose PING the peer
+	// leaves unanswered. Once the ClientConn has let go of the streams
+	// that ended here, the state says whether there is room.
+	if int64(st.MaxConcurrentStreams) >= hc.limit.Load() && !hc.cancelled.Load() {
+		// Merely full at the peer's limit, with no stream cancelled
+		// here since the ClientConn last counted none that ended: see
+		// above. A stream that ends lingers in the ClientConn until
+		// its writer goes, which a busy machine can hold up past
+		// settleWait.
 		return true
 	}
-	// Full below the limit last read with room: the peer has lowered its
-	// limit, perhaps below the streams running, and the reading may count
-	// a stream that ended here. Sent now, a request could wait in the
-	// ClientConn for enough streams to end to come under the new limit,
-	// where net/http's client dials. Once the ClientConn has let go of the
-	// streams that ended here, the state says whether there is room.
-	next := hc.settledState()
-	if next.Closed || next.Closing || !hasRoom(next) {
+	atLimit := int64(st.MaxConcurrentStreams) >= hc.limit.Load()
+	next, settled := hc.settledState()
+	if next.Closed || next.Closing {
+		return false
+	}
+	if atLimit && settled {
+		// Merely full at the peer's limit: see above.
+		return true
+	}
+	if !hasRoom(next) {
+		if !settled {
+			// A stream reset here before the peer answered it counts
+			// in the ClientConn until the peer answers a PING, which
+			// it may never do. Paused and read again, the connection
+			// would be offered again at once, and each offer refused
+			// 5 ms later (a sibling's lease at a retry's cost): the
+			// capacity leaves those streams' room out until they go
+			// (see wrappedLimit).
+			hc.unsettled.Store(true)
+		}
 		return false
 	}
 	hc.limit.Store(int64(next.MaxConcurrentStreams))
@@ -654,6 +717,9 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	}
 	resp, err := hc.cc.RoundTrip(req)
 	if err != nil {
+		if req.Context().Err() != nil {
+			hc.cancelled.Store(true)
+		}
 		herr := h2Error(req, err)
 		if pe, ok := herr.(*Error); ok && pe.connGone {
 			// The connection takes no stream again (a GOAWAY, or not

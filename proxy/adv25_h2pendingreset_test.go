@@ -1,0 +1,154 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAdv25H2LoweredLimitResetUnanswered: a stream cancelled here before
+// the upstream answered it counts against the connection's limit in the
+// ClientConn until the upstream answers a PING (net/http's client sends one
+// with the RST_STREAM); this upstream never does. It then lowers its limit
+// to 2, with one stream still running: the connection has no room, for
+// net/http's client counts the reset stream too, and dials. A request from
+// the owner or a sibling must not wait on that connection, nor be refused
+// on it until its retries run out: it gets its answer at once, as net/http's
+// client does.
+func TestAdv25H2LoweredLimitResetUnanswered(t *testing.T) {
+	if !h2Wrapped {
+		// x/net's own client (Go 1.26, http2legacy) has the same wait,
+		// unfixed: its CanTakeNewRequest says yes under
+		// StrictMaxConcurrentStreams, and the request waits in the
+		// ClientConn for the reset stream's PING. See adv25's report.
+		t.Skip("open under x/net's own HTTP/2 client")
+	}
+	for _, caller := range []string{"net/http", "owner", "sibling"} {
+		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
+			for round := range 3 {
+				testAdv25LoweredReset(t, caller, round, false)
+			}
+		})
+	}
+}
+
+// TestAdv25H2KnownLimitResetUnanswered is
+// TestAdv25H2LoweredLimitResetUnanswered with the limit 2 known before the
+// streams start: read with room to spare, it is the peer's limit
+// (h2conn.limit), and a connection full at it is taken at once
+// (wrappedTakes), for a stream that ended here goes in a moment. A stream
+// reset here whose PING goes unanswered does not: the request must not wait
+// for the long stream to end, where net/http's client dials.
+func TestAdv25H2KnownLimitResetUnanswered(t *testing.T) {
+	if !h2Wrapped {
+		// x/net's own client (Go 1.26, http2legacy) has the same wait,
+		// unfixed: its CanTakeNewRequest says yes under
+		// StrictMaxConcurrentStreams, and the request waits in the
+		// ClientConn for the reset stream's PING. See adv25's report.
+		t.Skip("open under x/net's own HTTP/2 client")
+	}
+	for _, caller := range []string{"net/http", "owner", "sibling"} {
+		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
+			for round := range 3 {
+				testAdv25LoweredReset(t, caller, round, true)
+			}
+		})
+	}
+}
+
+func testAdv25LoweredReset(t *testing.T, caller string, round int, known bool) {
+	stop := make(chan struct{})
+	up := newRawH2(t, func(s *rawStream) {
+		switch {
+		case strings.HasPrefix(s.path, "/hang"):
+			<-stop
+		case strings.HasPrefix(s.path, "/long"):
+			s.headers(false, ":status", "200")
+			<-stop
+			s.data(true, []byte("long"))
+		default:
+			s.headers(false, ":status", "200", "content-type", "text/plain")
+			s.data(true, []byte("ok"))
+		}
+	})
+	defer close(stop)
+	var rt, last http.RoundTripper
+	var owner *member
+	switch caller {
+	case "net/http":
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr := &http.Transport{Protocols: &p}
+		defer tr.CloseIdleConnections()
+		rt, last = tr, tr
+	default:
+		var client *member
+		owner, client = remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 })
+		rt, last = owner.tr, owner.tr
+		if caller == "sibling" {
+			last = client.tr
+		}
+	}
+	acks := int64(1)
+	if known {
+		req, _ := http.NewRequest("GET", up.url+"/", nil)
+		if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
+			t.Fatalf("round %d: first request: %+v", round, o)
+		}
+		waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+		up.setLimit(2)
+		acks++
+		waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == acks })
+		time.Sleep(20 * time.Millisecond) // the follower reads the limit, with room
+	}
+	req, _ := http.NewRequest("GET", up.url+"/long", nil)
+	long, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("round %d: long stream: %v", round, err)
+	}
+	defer long.Body.Close()
+	waitFor(t, 5*time.Second, "the SETTINGS acknowledged", func() bool { return up.acks.Load() == acks })
+
+	up.stopAnsweringPings()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
+	if o := roundTripOutcome(rt, req); o.err == "" {
+		t.Fatalf("round %d: the request the upstream never answers: %+v", round, o)
+	}
+	cancel()
+	waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+
+	if !known {
+		up.setLimit(2)
+		acks++
+		waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == acks })
+		time.Sleep(20 * time.Millisecond) // the follower reads the limit
+	}
+
+	var refused0 int64
+	if owner != nil {
+		refused0 = int64(owner.node.Stats().Refused)
+	}
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
+		o := roundTripOutcome(last, req)
+		cancel()
+		if o.err != "" || o.body != "ok" {
+			t.Errorf("round %d: %s's request %d, the connection full with a stream reset here: %+v", round, caller, i, o)
+		} else if o.duration > 500*time.Millisecond {
+			t.Errorf("round %d: %s's request %d took %v", round, caller, i, o.duration)
+		}
+	}
+	if owner != nil {
+		t.Logf("round %d: %d streams opened upstream, %d connections, owner refused %d leases", round, up.opens.Load(), len(up.conns), int64(owner.node.Stats().Refused)-refused0)
+	}
+}
+
+func (u *rawH2) nconns() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.conns)
+}
