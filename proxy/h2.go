@@ -77,12 +77,14 @@ type h2conn struct {
 	// no more streams than run here, the capacity leaves room for those
 	// streams too (see wrappedLimit).
 	unsettled atomic.Bool
-	// cancelled is set when a stream here failed on its request's
-	// context: one cancelled before the peer answered it counts in
-	// net/http's ClientConn until the peer answers a PING (see
-	// wrappedTakes). Cleared by a reading that counts no more streams
-	// than run here.
-	cancelled atomic.Bool
+	// reset is set when a stream here failed on its request's context.
+	// The ClientConn resets it and, if it read nothing from the
+	// connection since it sent the request, counts it until the peer
+	// answers the PING sent with the RST_STREAM (see wrappedTakes). A
+	// response body closed early resets its stream too, but after its
+	// headers were read, so it is not counted. Cleared by a reading that
+	// counts no more streams than run here.
+	reset atomic.Bool
 
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
@@ -522,7 +524,7 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
 		if active := hc.active.Load(); running <= active {
 			hc.unsettled.Store(false)
-			hc.cancelled.Store(false)
+			hc.reset.Store(false)
 		} else {
 			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
 		}
@@ -531,8 +533,15 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 }
 
 // settleWait bounds settledState's wait for the ClientConn to let go of
-// the streams that ended here.
-const settleWait = 5 * time.Millisecond
+// the streams that ended here. A stream that ended goes once its writer
+// goroutine runs, within microseconds on an idle machine; on a loaded one
+// (two cores, every test package at once) the wait was seen to pass 5 ms,
+// and the request then went elsewhere and dialed. A wait this long is paid
+// only where the ClientConn goes on counting a stream: one reset here whose
+// PING the peer leaves unanswered, after which the connection's capacity
+// leaves that stream's room out (see wrappedLimit) and no request waits
+// for it again.
+const settleWait = 25 * time.Millisecond
 
 // settledState is hc's state once the ClientConn counts no more streams
 // than run here, or false if that takes longer than settleWait (a stream
@@ -546,7 +555,7 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 		}
 		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
 			hc.unsettled.Store(false)
-			hc.cancelled.Store(false)
+			hc.reset.Store(false)
 			return st, true
 		}
 		if time.Now().After(deadline) {
@@ -614,14 +623,19 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // RoundTrip waits for that stream to go, as x/net's own client does under
 // StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
 // instead would hand its capacity back at once, to be offered and paused
-// again until the stream went. It is taken once the ClientConn has let go
-// of the streams that ended here (settledState): a stream reset here counts
-// there until the peer answers a PING, and a request sent meanwhile would
-// wait for a stream that runs to end, where net/http's client dials. A connection whose limit fell below its
-// capacity is not full in that sense: it is paused, and the request goes
-// elsewhere rather than wait for one of its streams to end. Nor is one
-// full below the limit last read with room, until a reading without the
-// streams that ended here says so (settledState).
+// again until the stream went. After a stream was reset here, it is taken
+// only once the ClientConn has let go of the streams that ended here
+// (settledState): a reset stream counts there until the peer answers a
+// PING, and a request sent meanwhile would wait for a stream that runs to
+// end, where net/http's client dials. A connection read full below its
+// capacity (the peer lowered its limit, and the pool has not followed yet)
+// or below the limit last read with room is not merely full: it is taken
+// only if a reading without the streams that ended here shows room
+// (settledState). Otherwise it is paused, and the request goes elsewhere
+// rather than wait for one of its streams to end. Paused at once, as it
+// was, a connection whose limit was lowered to exactly the streams its
+// callers want had no capacity until its state was read again, and a
+// request that came meanwhile dialed.
 //
 // The wrapper tells a GOAWAY only once the connection has closed: a
 // connection that got one while full looks full, and a stream sent there
@@ -637,32 +651,30 @@ func (hc *h2conn) wrappedTakes() bool {
 		return true
 	}
 	c := hc.loadCapacity()
-	if c <= 0 || running < c {
+	if c <= 0 {
 		return false
 	}
 	// Full, at the limit last read with room or below it (the peer has
-	// lowered its limit, perhaps below the streams running), and the
-	// reading may count a stream that ended here. Sent now, a request
+	// lowered its limit, perhaps below the streams running), or below the
+	// capacity, and the reading may count a stream that ended here. Sent now, a request
 	// could wait in the ClientConn for enough streams to end to come
 	// under the limit, where net/http's client dials: for a long stream
 	// to end, if the stream counted is one reset here whose PING the peer
 	// leaves unanswered. Once the ClientConn has let go of the streams
 	// that ended here, the state says whether there is room.
-	if int64(st.MaxConcurrentStreams) >= hc.limit.Load() && !hc.cancelled.Load() {
-		// Merely full at the peer's limit, with no stream cancelled
-		// here since the ClientConn last counted none that ended: see
-		// above. A stream that ends lingers in the ClientConn until
-		// its writer goes, which a busy machine can hold up past
-		// settleWait.
+	atLimit := running >= c && int64(st.MaxConcurrentStreams) >= hc.limit.Load()
+	if atLimit && !hc.reset.Load() {
+		// Merely full at the peer's limit, and no stream was reset here
+		// since the ClientConn last counted none that ended: a stream
+		// that ended lingers there until its writer goes, which a busy
+		// machine can hold up past settleWait.
 		return true
 	}
-	atLimit := int64(st.MaxConcurrentStreams) >= hc.limit.Load()
 	next, settled := hc.settledState()
 	if next.Closed || next.Closing {
 		return false
 	}
 	if atLimit && settled {
-		// Merely full at the peer's limit: see above.
 		return true
 	}
 	if !hasRoom(next) {
@@ -671,7 +683,7 @@ func (hc *h2conn) wrappedTakes() bool {
 			// in the ClientConn until the peer answers a PING, which
 			// it may never do. Paused and read again, the connection
 			// would be offered again at once, and each offer refused
-			// 5 ms later (a sibling's lease at a retry's cost): the
+			// settleWait later (a sibling's lease at a retry's cost): the
 			// capacity leaves those streams' room out until they go
 			// (see wrappedLimit).
 			hc.unsettled.Store(true)
@@ -718,7 +730,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	resp, err := hc.cc.RoundTrip(req)
 	if err != nil {
 		if req.Context().Err() != nil {
-			hc.cancelled.Store(true)
+			hc.reset.Store(true)
 		}
 		herr := h2Error(req, err)
 		if pe, ok := herr.(*Error); ok && pe.connGone {
