@@ -534,12 +534,12 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 
 // settleWait bounds settledState's wait for the ClientConn to let go of
 // the streams that ended here. A stream that ended goes once its writer
-// goroutine runs, within microseconds on an idle machine; on a loaded one
-// (two cores, every test package at once) the wait was seen to pass 5 ms,
-// and the request then went elsewhere and dialed. A wait this long is paid
-// only where the ClientConn goes on counting a stream: one reset here whose
+// goroutine runs: within microseconds on an idle machine, and after
+// several milliseconds at times on a loaded two-core one, where a request
+// that gave up waiting went elsewhere and dialed. The whole wait is paid
+// where the ClientConn goes on counting a stream: one reset here whose
 // PING the peer leaves unanswered, after which the connection's capacity
-// leaves that stream's room out (see wrappedLimit) and no request waits
+// leaves that stream's room out (see wrappedLimit), and no request waits
 // for it again.
 const settleWait = 25 * time.Millisecond
 
@@ -655,13 +655,13 @@ func (hc *h2conn) wrappedTakes() bool {
 		return false
 	}
 	// Full, at the limit last read with room or below it (the peer has
-	// lowered its limit, perhaps below the streams running), or below the
-	// capacity, and the reading may count a stream that ended here. Sent now, a request
-	// could wait in the ClientConn for enough streams to end to come
-	// under the limit, where net/http's client dials: for a long stream
-	// to end, if the stream counted is one reset here whose PING the peer
-	// leaves unanswered. Once the ClientConn has let go of the streams
-	// that ended here, the state says whether there is room.
+	// lowered its limit, perhaps below the streams running), or below
+	// the capacity, and the reading may count a stream that ended here.
+	// Sent now, a request could wait in the ClientConn for enough streams
+	// to end to come under the limit, where net/http's client dials: for
+	// a long stream to end, if the stream counted is one reset here whose
+	// PING the peer leaves unanswered. Once the ClientConn has let go of
+	// the streams that ended here, the state says whether there is room.
 	atLimit := running >= c && int64(st.MaxConcurrentStreams) >= hc.limit.Load()
 	if atLimit && !hc.reset.Load() {
 		// Merely full at the peer's limit, and no stream was reset here
