@@ -535,8 +535,8 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 // settleWait bounds settledState's wait for the ClientConn to let go of
 // the streams that ended here. A stream that ended goes once its writer
 // goroutine runs: within microseconds on an idle machine, and after
-// several milliseconds at times on a loaded two-core one, where a request
-// that gave up waiting went elsewhere and dialed. The whole wait is paid
+// several milliseconds at times on a loaded two-core one. A request that
+// gives up waiting goes elsewhere, and may dial. The whole wait is paid
 // where the ClientConn goes on counting a stream: one reset here whose
 // PING the peer leaves unanswered, after which the connection's capacity
 // leaves that stream's room out (see wrappedLimit), and no request waits
