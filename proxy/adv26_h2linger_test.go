@@ -32,7 +32,7 @@ func (errBodyBroken) Close() error             { return nil }
 // not set. A GET then must be answered at once, as net/http's client (which
 // dials) answers it.
 func TestAdv26BodyErrorResetUnanswered(t *testing.T) {
-	testAdv26Linger(t, []string{"net/http", "owner"}, func(t *testing.T, rt http.RoundTripper, up *rawH2) func() {
+	testAdv26Linger(t, []string{"net/http", "owner", "sibling"}, func(t *testing.T, rt http.RoundTripper, up *rawH2) func() {
 		req, _ := http.NewRequest("POST", up.url+"/post", errBodyBroken{})
 		req.ContentLength = -1
 		resp, err := rt.RoundTrip(req)
@@ -53,7 +53,7 @@ func TestAdv26BodyErrorResetUnanswered(t *testing.T) {
 // ClientConn counts the stream until END_STREAM. A GET then must be
 // answered at once, as net/http's client (which dials) answers it.
 func TestAdv26ZeroLengthLingering(t *testing.T) {
-	testAdv26Linger(t, []string{"net/http", "owner"}, func(t *testing.T, rt http.RoundTripper, up *rawH2) func() {
+	testAdv26Linger(t, []string{"net/http", "owner", "sibling"}, func(t *testing.T, rt http.RoundTripper, up *rawH2) func() {
 		req, _ := http.NewRequest("GET", up.url+"/zero", nil)
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
