@@ -558,6 +558,12 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 			hc.reset.Store(false)
 			return st, true
 		}
+		if hasRoom(st) {
+			// Room now, whatever the ClientConn still counts (a stream
+			// reset here whose PING goes unanswered counts for good):
+			// a request sent now does not wait.
+			return st, false
+		}
 		if time.Now().After(deadline) {
 			return st, false
 		}
