@@ -558,6 +558,12 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 			hc.reset.Store(false)
 			return st, true
 		}
+		if hasRoom(st) {
+			// Room now, whatever the ClientConn still counts (a stream
+			// reset here whose PING goes unanswered counts for good):
+			// a request sent now does not wait.
+			return st, false
+		}
 		if time.Now().After(deadline) {
 			return st, false
 		}
@@ -729,9 +735,11 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 	}
 	resp, err := hc.cc.RoundTrip(req)
 	if err != nil {
-		if req.Context().Err() != nil {
-			hc.reset.Store(true)
-		}
+		// Failed before its response: the ClientConn may have reset the
+		// stream with nothing read since it was sent (its context
+		// ended, or its request body failed), and then counts it until
+		// the peer answers a PING.
+		hc.reset.Store(true)
 		herr := h2Error(req, err)
 		if pe, ok := herr.(*Error); ok && pe.connGone {
 			// The connection takes no stream again (a GOAWAY, or not
@@ -750,7 +758,13 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 		// empty body to any answer to HEAD. The unit comes back now, not
 		// when the caller closes a body it need not read, as on the
 		// HTTP/1.1 path; the ClientConn still counts the stream against
-		// the peer's limit until its END_STREAM, if that is yet to come.
+		// the peer's limit until its END_STREAM, if that is yet to come:
+		// a body that is not NoBody may wait for it, for as long as the
+		// peer likes, so a connection full with it is not merely full
+		// (see wrappedTakes).
+		if resp.Body != nil && resp.Body != http.NoBody {
+			hc.reset.Store(true)
+		}
 		end()
 		return resp, nil
 	}

@@ -1,0 +1,131 @@
+//go:build go1.27 && !http2legacy
+
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAdv26SettleWithResetPending: limit 3, known; one long stream runs
+// (streaming DATA, so the follower reads the state all the time); a stream
+// reset on its context counts in the ClientConn for good (PINGs
+// unanswered), leaving one stream of room. Requests go two at a time. A
+// request offered the connection while the previous one's ended stream
+// still lingers in the ClientConn reads it full and settles
+// (settledState), which waits for the ClientConn to count no more streams
+// than run here: with the reset stream counted for good that never comes,
+// and the request waits all of settleWait (25 ms) though the lingering
+// stream went within microseconds and left room. net/http's client neither
+// waits nor fails: at most a few requests may take 20 ms.
+func TestAdv26SettleWithResetPending(t *testing.T) {
+	for _, caller := range []string{"net/http", "owner"} {
+		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
+			stop, flow := make(chan struct{}), make(chan struct{})
+			up := newRawH2(t, func(s *rawStream) {
+				switch {
+				case strings.HasPrefix(s.path, "/hang"):
+					<-stop
+				case strings.HasPrefix(s.path, "/long"):
+					s.headers(false, ":status", "200")
+					select {
+					case <-flow:
+					case <-stop:
+					}
+					for {
+						select {
+						case <-stop:
+							s.data(true, nil)
+							return
+						default:
+						}
+						if s.data(false, []byte("x")) != nil {
+							return
+						}
+						time.Sleep(50 * time.Microsecond)
+					}
+				default:
+					s.headers(false, ":status", "200", "content-type", "text/plain")
+					s.data(true, []byte("ok"))
+				}
+			})
+			defer close(stop)
+			var rt http.RoundTripper
+			switch caller {
+			case "net/http":
+				var p http.Protocols
+				p.SetUnencryptedHTTP2(true)
+				tr := &http.Transport{Protocols: &p}
+				defer tr.CloseIdleConnections()
+				rt = tr
+			default:
+				owner, _ := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 8 })
+				rt = owner.tr
+			}
+			req, _ := http.NewRequest("GET", up.url+"/", nil)
+			if o := roundTripOutcome(rt, req); o.err != "" {
+				t.Fatalf("first request: %+v", o)
+			}
+			waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+			up.setLimit(3)
+			waitFor(t, 5*time.Second, "limit 3 acknowledged", func() bool { return up.acks.Load() == 2 })
+			time.Sleep(20 * time.Millisecond)
+			req, _ = http.NewRequest("GET", up.url+"/long", nil)
+			long, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			readDone := make(chan struct{})
+			go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
+			defer func() { long.Body.Close(); <-readDone }()
+			up.stopAnsweringPings()
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
+			if o := roundTripOutcome(rt, req); o.err == "" {
+				t.Fatalf("the request the upstream never answers: %+v", o)
+			}
+			cancel()
+			waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+			close(flow) // the long stream's DATA from now on: the follower reads the state all the time
+			deadline := time.Now().Add(1500 * time.Millisecond)
+			slow, waited, total := 0, 0, 0
+			for n := 0; time.Now().Before(deadline); n++ {
+				done := make(chan time.Duration, 2)
+				for range 2 {
+					go func() {
+						ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+						defer cancel()
+						req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
+						o := roundTripOutcome(rt, req)
+						if o.err != "" {
+							done <- time.Hour
+							return
+						}
+						done <- o.duration
+					}()
+				}
+				for range 2 {
+					d := <-done
+					total++
+					if d > 500*time.Millisecond {
+						slow++
+					}
+					if d >= 20*time.Millisecond {
+						waited++
+					}
+				}
+			}
+			t.Logf("%d connections, %d streams opened, %d requests, %d took 20ms or more", up.nconns(), up.opens.Load(), total, waited)
+			if slow > 0 {
+				t.Errorf("%d requests failed or took over 500ms; %d connections", slow, up.nconns())
+			}
+			if waited*5 > total {
+				t.Errorf("%d of %d requests took 20ms or more (settleWait is 25ms), %d connections; net/http's client dials a second one", waited, total, up.nconns())
+			}
+		})
+	}
+}
