@@ -1,10 +1,11 @@
 //go:build go1.27 && !http2legacy
 
 // Streams the ClientConn counts against the peer's limit after the pool has
-// given their unit back, other than one reset on its request's context
-// (h2conn.reset): wrappedTakes takes a connection "merely full at its known
-// limit" at once, and the request waits in the ClientConn for a running
-// stream to end, where net/http's client dials.
+// given their unit back, other than one reset on its request's context:
+// unless they mark the connection (h2conn.lingering), wrappedTakes takes a
+// connection "merely full at its known limit" at once, and the request
+// waits in the ClientConn for a running stream to end, where net/http's
+// client dials.
 
 package proxy
 
@@ -28,7 +29,7 @@ func (errBodyBroken) Close() error             { return nil }
 // room to spare; one long stream runs. The upstream stops answering PINGs,
 // and a POST whose request body fails at once is reset (RST_STREAM with a
 // PING, nothing read since it was sent): the ClientConn counts it until the
-// PING is answered, but its request's context did not end, so hc.reset is
+// PING is answered, but its request's context did not end, so hc.lingering was
 // not set. A GET then must be answered at once, as net/http's client (which
 // dials) answers it.
 func TestAdv26BodyErrorResetUnanswered(t *testing.T) {

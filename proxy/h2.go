@@ -77,14 +77,17 @@ type h2conn struct {
 	// no more streams than run here, the capacity leaves room for those
 	// streams too (see wrappedLimit).
 	unsettled atomic.Bool
-	// reset is set when a stream here failed on its request's context.
-	// The ClientConn resets it and, if it read nothing from the
+	// lingering is set when a stream whose unit came back may go on
+	// counting in the ClientConn for longer than a moment: one whose
+	// RoundTrip failed (the ClientConn resets a stream whose context
+	// ended or whose request body failed and, if it read nothing from the
 	// connection since it sent the request, counts it until the peer
-	// answers the PING sent with the RST_STREAM (see wrappedTakes). A
-	// response body closed early resets its stream too, but after its
-	// headers were read, so it is not counted. Cleared by a reading that
-	// counts no more streams than run here.
-	reset atomic.Bool
+	// answers the PING sent with the RST_STREAM), or an empty response
+	// whose END_STREAM is yet to come. A response body closed early
+	// resets its stream after its headers were read, so it is not
+	// counted. Cleared by a reading that counts no more streams than run
+	// here (see wrappedTakes).
+	lingering atomic.Bool
 
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
 
@@ -524,7 +527,7 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
 		if active := hc.active.Load(); running <= active {
 			hc.unsettled.Store(false)
-			hc.reset.Store(false)
+			hc.lingering.Store(false)
 		} else {
 			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
 		}
@@ -544,8 +547,8 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 const settleWait = 25 * time.Millisecond
 
 // settledState is hc's state once the ClientConn counts no more streams
-// than run here, or false if that takes longer than settleWait (a stream
-// reset here counts until the peer answers a PING).
+// than run here (true), or once it has room, or as it is after settleWait
+// (a stream reset here counts until the peer answers a PING).
 func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 	deadline := time.Now().Add(settleWait)
 	for i := 0; ; i++ {
@@ -555,7 +558,7 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 		}
 		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
 			hc.unsettled.Store(false)
-			hc.reset.Store(false)
+			hc.lingering.Store(false)
 			return st, true
 		}
 		if hasRoom(st) {
@@ -629,11 +632,12 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // RoundTrip waits for that stream to go, as x/net's own client does under
 // StrictMaxConcurrentStreams (whose CanTakeNewRequest says yes); pausing it
 // instead would hand its capacity back at once, to be offered and paused
-// again until the stream went. After a stream was reset here, it is taken
-// only once the ClientConn has let go of the streams that ended here
-// (settledState): a reset stream counts there until the peer answers a
-// PING, and a request sent meanwhile would wait for a stream that runs to
-// end, where net/http's client dials. A connection read full below its
+// again until the stream went. After a stream that may linger (see
+// h2conn.lingering), it is taken only once the ClientConn has let go of
+// the streams that ended here, or shows room (settledState): a stream
+// reset here counts there until the peer answers a PING, and a request
+// sent meanwhile would wait for a stream that runs to end, where
+// net/http's client dials. A connection read full below its
 // capacity (the peer lowered its limit, and the pool has not followed yet)
 // or below the limit last read with room is not merely full: it is taken
 // only if a reading without the streams that ended here shows room
@@ -669,11 +673,11 @@ func (hc *h2conn) wrappedTakes() bool {
 	// PING the peer leaves unanswered. Once the ClientConn has let go of
 	// the streams that ended here, the state says whether there is room.
 	atLimit := running >= c && int64(st.MaxConcurrentStreams) >= hc.limit.Load()
-	if atLimit && !hc.reset.Load() {
-		// Merely full at the peer's limit, and no stream was reset here
-		// since the ClientConn last counted none that ended: a stream
-		// that ended lingers there until its writer goes, which a busy
-		// machine can hold up past settleWait.
+	if atLimit && !hc.lingering.Load() {
+		// Merely full at the peer's limit, and no stream that may linger
+		// ended here since the ClientConn last counted none that ended:
+		// a stream that ended goes from there once its writer runs,
+		// which a busy machine can hold up past settleWait.
 		return true
 	}
 	next, settled := hc.settledState()
@@ -739,7 +743,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 		// stream with nothing read since it was sent (its context
 		// ended, or its request body failed), and then counts it until
 		// the peer answers a PING.
-		hc.reset.Store(true)
+		hc.lingering.Store(true)
 		herr := h2Error(req, err)
 		if pe, ok := herr.(*Error); ok && pe.connGone {
 			// The connection takes no stream again (a GOAWAY, or not
@@ -763,7 +767,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 		// peer likes, so a connection full with it is not merely full
 		// (see wrappedTakes).
 		if resp.Body != nil && resp.Body != http.NoBody {
-			hc.reset.Store(true)
+			hc.lingering.Store(true)
 		}
 		end()
 		return resp, nil
