@@ -10,8 +10,8 @@
 package proxy
 
 import (
-	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -107,23 +107,7 @@ func testAdv26LingerRound(t *testing.T, caller string, round int, linger func(t 
 		}
 	})
 	defer close(stop)
-	var rt, last http.RoundTripper
-	var owner *member
-	switch caller {
-	case "net/http":
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		tr := &http.Transport{Protocols: &p}
-		defer tr.CloseIdleConnections()
-		rt, last = tr, tr
-	default:
-		var client *member
-		owner, client = remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 })
-		rt, last = owner.tr, owner.tr
-		if caller == "sibling" {
-			last = client.tr
-		}
-	}
+	rt, last, owner := h2Callers(t, caller, 4)
 	req, _ := http.NewRequest("GET", up.url+"/", nil)
 	if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
 		t.Fatalf("round %d: first request: %+v", round, o)
@@ -143,18 +127,5 @@ func testAdv26LingerRound(t *testing.T, caller string, round int, linger func(t 
 	defer linger(t, rt, up)()
 	time.Sleep(20 * time.Millisecond) // the follower reads the state
 
-	for i := range 3 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
-		o := roundTripOutcome(last, req)
-		cancel()
-		if o.err != "" || o.body != "ok" {
-			t.Errorf("round %d: %s's request %d, the connection full with a stream the pool no longer counts: %+v", round, caller, i, o)
-		} else if o.duration > 500*time.Millisecond {
-			t.Errorf("round %d: %s's request %d took %v", round, caller, i, o.duration)
-		}
-	}
-	if owner != nil && t.Failed() {
-		t.Logf("round %d: %d streams opened upstream, %d connections, owner %+v", round, up.opens.Load(), up.nconns(), owner.node.Stats())
-	}
+	answeredAtOnce(t, last, up, owner, fmt.Sprintf("round %d: %s's", round, caller), "a stream the pool no longer counts")
 }

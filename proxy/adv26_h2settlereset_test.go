@@ -54,18 +54,7 @@ func TestAdv26SettleWithResetPending(t *testing.T) {
 				}
 			})
 			defer close(stop)
-			var rt http.RoundTripper
-			switch caller {
-			case "net/http":
-				var p http.Protocols
-				p.SetUnencryptedHTTP2(true)
-				tr := &http.Transport{Protocols: &p}
-				defer tr.CloseIdleConnections()
-				rt = tr
-			default:
-				owner, _ := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 8 })
-				rt = owner.tr
-			}
+			rt, _, _ := h2Callers(t, caller, 8)
 			req, _ := http.NewRequest("GET", up.url+"/", nil)
 			if o := roundTripOutcome(rt, req); o.err != "" {
 				t.Fatalf("first request: %+v", o)

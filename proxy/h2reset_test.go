@@ -12,6 +12,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -65,23 +66,7 @@ func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
 		}
 	})
 	defer close(stop)
-	var rt, last http.RoundTripper
-	var owner *member
-	switch caller {
-	case "net/http":
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		tr := &http.Transport{Protocols: &p}
-		defer tr.CloseIdleConnections()
-		rt, last = tr, tr
-	default:
-		var client *member
-		owner, client = remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 })
-		rt, last = owner.tr, owner.tr
-		if caller == "sibling" {
-			last = client.tr
-		}
-	}
+	rt, last, owner := h2Callers(t, caller, 4)
 	acks := int64(1)
 	if known {
 		req, _ := http.NewRequest("GET", up.url+"/", nil)
@@ -120,19 +105,47 @@ func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
 		time.Sleep(20 * time.Millisecond) // the follower reads the limit
 	}
 
+	answeredAtOnce(t, last, up, owner, fmt.Sprintf("round %d: %s's", round, caller), "a stream reset here")
+}
+
+// h2Callers returns, for caller "net/http", "owner" or "sibling", the
+// transport that sets a test's streams up (net/http's client, or the
+// owner's) and the one whose requests the test checks, and the owner (nil
+// for net/http). The owner may dial maxConns connections per key.
+func h2Callers(t *testing.T, caller string, maxConns int) (rt, last http.RoundTripper, owner *member) {
+	if caller == "net/http" {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr := &http.Transport{Protocols: &p}
+		t.Cleanup(tr.CloseIdleConnections)
+		return tr, tr, nil
+	}
+	owner, client := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = maxConns })
+	if caller == "sibling" {
+		return owner.tr, client.tr, owner
+	}
+	return owner.tr, owner.tr, owner
+}
+
+// answeredAtOnce sends three GETs to up through rt, each of which must be
+// answered "ok" within 500 ms, with the connection full with what (a
+// stream the ClientConn counts and the pool does not). who names the
+// caller in failures; owner, if any, has its counters logged with them.
+func answeredAtOnce(t *testing.T, rt http.RoundTripper, up *rawH2, owner *member, who, what string) {
+	t.Helper()
 	for i := range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
-		o := roundTripOutcome(last, req)
+		o := roundTripOutcome(rt, req)
 		cancel()
 		if o.err != "" || o.body != "ok" {
-			t.Errorf("round %d: %s's request %d, the connection full with a stream reset here: %+v", round, caller, i, o)
+			t.Errorf("%s request %d, the connection full with %s: %+v", who, i, what, o)
 		} else if o.duration > 500*time.Millisecond {
-			t.Errorf("round %d: %s's request %d took %v", round, caller, i, o.duration)
+			t.Errorf("%s request %d took %v", who, i, o.duration)
 		}
 	}
 	if owner != nil && t.Failed() {
-		t.Logf("round %d: %d streams opened upstream, %d connections, owner %+v", round, up.opens.Load(), up.nconns(), owner.node.Stats())
+		t.Logf("%s: %d streams opened upstream, %d connections, owner %+v", who, up.opens.Load(), up.nconns(), owner.node.Stats())
 	}
 }
 
