@@ -23,7 +23,7 @@ import (
 // waits in the ClientConn for the long stream to end. net/http's client
 // dials a second connection.
 func TestAdv27WrongClearWithResetPending(t *testing.T) {
-	for _, caller := range []string{"net/http", "owner"} {
+	for _, caller := range []string{"net/http", "owner", "sibling"} {
 		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
 			stop := make(chan struct{})
 			up := newRawH2(t, func(s *rawStream) {
@@ -50,8 +50,18 @@ func TestAdv27WrongClearWithResetPending(t *testing.T) {
 				defer tr.CloseIdleConnections()
 				rt = tr
 			default:
-				owner, _ = remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 8 })
+				var client *member
+				owner, client = remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 8 })
 				rt = owner.tr
+				if caller == "sibling" {
+					// The owner dials; the sibling's requests ride its
+					// connection.
+					req, _ := http.NewRequest("GET", up.url+"/", nil)
+					if o := roundTripOutcome(rt, req); o.err != "" {
+						t.Fatalf("owner's first request: %+v", o)
+					}
+					rt = client.tr
+				}
 			}
 			req, _ := http.NewRequest("GET", up.url+"/", nil)
 			if o := roundTripOutcome(rt, req); o.err != "" {
