@@ -529,12 +529,17 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 	// ended here lingers: one that counts no more streams than run here
 	// may miss one of them (registered late, or let go before its end
 	// ran here) and count a reset stream in its place.
+	// unsettled ends with a reading that counts no more streams than run
+	// here: one that misses a stream of ours and counts a reset one in
+	// its place ends it early, and costs at most a settle more.
 	running := int64(st.StreamsActive) + int64(st.StreamsReserved)
 	if running == 0 {
-		hc.unsettled.Store(false)
 		hc.lingering.Store(false)
-	} else if hc.unsettled.Load() {
-		if active := hc.active.Load(); running > active {
+	}
+	if hc.unsettled.Load() {
+		if active := hc.active.Load(); running <= active {
+			hc.unsettled.Store(false)
+		} else {
 			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
 		}
 	}
@@ -569,8 +574,11 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 			hc.lingering.Store(false)
 			return st, true
 		}
-		if running <= hc.active.Load() && !hc.lingering.Load() {
-			return st, true
+		if running <= hc.active.Load() {
+			hc.unsettled.Store(false)
+			if !hc.lingering.Load() {
+				return st, true
+			}
 		}
 		if hasRoom(st) {
 			// Room now, whatever the ClientConn still counts (a stream
