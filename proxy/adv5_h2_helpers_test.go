@@ -58,6 +58,7 @@ type rawConn struct {
 	// pingsUnanswered, once set, leaves every PING from now on without
 	// its ACK (a peer slow to answer, or one that never does).
 	pingsUnanswered atomic.Bool
+	held            [][8]byte // PINGs left unanswered; guarded by wmu
 }
 
 func newRawH2(t testing.TB, handle func(s *rawStream)) *rawH2 {
@@ -124,6 +125,22 @@ func (u *rawH2) stopAnsweringPings() {
 	}
 }
 
+// answerHeldPings answers, late, the PINGs left unanswered, and every
+// PING from now on.
+func (u *rawH2) answerHeldPings() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range u.raws {
+		c.wmu.Lock()
+		c.pingsUnanswered.Store(false)
+		for _, d := range c.held {
+			c.fr.WritePing(true, d)
+		}
+		c.held = nil
+		c.wmu.Unlock()
+	}
+}
+
 // cut closes every connection the upstream accepted.
 func (u *rawH2) cut() {
 	u.mu.Lock()
@@ -163,9 +180,13 @@ func (u *rawH2) serve(nc net.Conn) {
 				u.acks.Add(1)
 			}
 		case *http2.PingFrame:
-			if !f.IsAck() && !c.pingsUnanswered.Load() {
+			if !f.IsAck() {
 				c.wmu.Lock()
-				c.fr.WritePing(true, f.Data)
+				if c.pingsUnanswered.Load() {
+					c.held = append(c.held, f.Data)
+				} else {
+					c.fr.WritePing(true, f.Data)
+				}
 				c.wmu.Unlock()
 			}
 		case *http2.MetaHeadersFrame:

@@ -85,8 +85,10 @@ type h2conn struct {
 	// answers the PING sent with the RST_STREAM), or an empty response
 	// whose END_STREAM is yet to come. A response body closed early
 	// resets its stream after its headers were read, so it is not
-	// counted. Cleared by a reading that counts no more streams than run
-	// here (see wrappedTakes).
+	// counted. Cleared by a reading that counts no stream at all: one
+	// that counts no more streams than run here may miss one of them
+	// (not registered yet, or let go before its end ran here) and count a
+	// reset stream in its place (see wrappedLimit).
 	lingering atomic.Bool
 
 	noted atomic.Bool // queued for the node's follower (h2follow.go)
@@ -523,11 +525,20 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		hc.limit.Store(int64(m))
 	}
 	c := streamCapacity(m)
+	// Only a reading that counts no stream at all shows that none that
+	// ended here lingers: one that counts no more streams than run here
+	// may miss one of them (registered late, or let go before its end
+	// ran here) and count a reset stream in its place.
+	// unsettled ends with a reading that counts no more streams than run
+	// here: one that misses a stream of ours and counts a reset one in
+	// its place ends it early, and costs at most a settle more.
+	running := int64(st.StreamsActive) + int64(st.StreamsReserved)
+	if running == 0 {
+		hc.lingering.Store(false)
+	}
 	if hc.unsettled.Load() {
-		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
 		if active := hc.active.Load(); running <= active {
 			hc.unsettled.Store(false)
-			hc.lingering.Store(false)
 		} else {
 			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
 		}
@@ -547,8 +558,9 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 const settleWait = 25 * time.Millisecond
 
 // settledState is hc's state once the ClientConn counts no more streams
-// than run here (true), or once it has room, or as it is after settleWait
-// (a stream reset here counts until the peer answers a PING).
+// than run here (true: while hc is lingering, only a reading that counts
+// none), or once it has room, or as it is after settleWait (a stream reset
+// here counts until the peer answers a PING).
 func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 	deadline := time.Now().Add(settleWait)
 	for i := 0; ; i++ {
@@ -556,10 +568,17 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 		if st.Closed || st.Closing {
 			return st, false
 		}
-		if int64(st.StreamsActive)+int64(st.StreamsReserved) <= hc.active.Load() {
+		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
+		if running == 0 {
 			hc.unsettled.Store(false)
 			hc.lingering.Store(false)
 			return st, true
+		}
+		if running <= hc.active.Load() {
+			hc.unsettled.Store(false)
+			if !hc.lingering.Load() {
+				return st, true
+			}
 		}
 		if hasRoom(st) {
 			// Room now, whatever the ClientConn still counts (a stream

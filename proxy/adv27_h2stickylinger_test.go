@@ -1,0 +1,133 @@
+//go:build go1.27 && !http2legacy
+
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAdv27StickyLingerPingAnswered: TestAdv26SettleWithResetPending with
+// the PINGs answered, for a sibling's requests too: the reset stream goes at
+// once, but a long stream runs throughout, so the ClientConn never counts
+// no stream, and hc.lingering (cleared only by a reading that counts none)
+// stays set. Requests going two at a time beside the long stream must not
+// pay settleWait for it: at most a few take 20 ms.
+func TestAdv27StickyLingerPingAnswered(t *testing.T) {
+	for _, caller := range []string{"net/http", "owner", "sibling"} {
+		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
+			stop, flow := make(chan struct{}), make(chan struct{})
+			up := newRawH2(t, func(s *rawStream) {
+				switch {
+				case strings.HasPrefix(s.path, "/hang"):
+					<-stop
+				case strings.HasPrefix(s.path, "/long"):
+					s.headers(false, ":status", "200")
+					select {
+					case <-flow:
+					case <-stop:
+					}
+					for {
+						select {
+						case <-stop:
+							s.data(true, nil)
+							return
+						default:
+						}
+						if s.data(false, []byte("x")) != nil {
+							return
+						}
+						time.Sleep(50 * time.Microsecond)
+					}
+				default:
+					s.headers(false, ":status", "200", "content-type", "text/plain")
+					s.data(true, []byte("ok"))
+				}
+			})
+			defer close(stop)
+			var rt http.RoundTripper
+			switch caller {
+			case "net/http":
+				var p http.Protocols
+				p.SetUnencryptedHTTP2(true)
+				tr := &http.Transport{Protocols: &p}
+				defer tr.CloseIdleConnections()
+				rt = tr
+			default:
+				owner, client := remotePair(t, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 8 })
+				rt = owner.tr
+				if caller == "sibling" {
+					req, _ := http.NewRequest("GET", up.url+"/", nil)
+					if o := roundTripOutcome(rt, req); o.err != "" {
+						t.Fatalf("owner's first request: %+v", o)
+					}
+					rt = client.tr
+				}
+			}
+			req, _ := http.NewRequest("GET", up.url+"/", nil)
+			if o := roundTripOutcome(rt, req); o.err != "" {
+				t.Fatalf("first request: %+v", o)
+			}
+			waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+			up.setLimit(3)
+			waitFor(t, 5*time.Second, "limit 3 acknowledged", func() bool { return up.acks.Load() == 2 })
+			time.Sleep(20 * time.Millisecond)
+			req, _ = http.NewRequest("GET", up.url+"/long", nil)
+			long, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			readDone := make(chan struct{})
+			go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
+			defer func() { long.Body.Close(); <-readDone }()
+			// PINGs answered: the reset stream goes at once
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
+			if o := roundTripOutcome(rt, req); o.err == "" {
+				t.Fatalf("the request the upstream never answers: %+v", o)
+			}
+			cancel()
+			waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+			close(flow) // the long stream's DATA from now on: the follower reads the state all the time
+			deadline := time.Now().Add(1500 * time.Millisecond)
+			slow, waited, total := 0, 0, 0
+			for n := 0; time.Now().Before(deadline); n++ {
+				done := make(chan time.Duration, 2)
+				for range 2 {
+					go func() {
+						ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+						defer cancel()
+						req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
+						o := roundTripOutcome(rt, req)
+						if o.err != "" {
+							done <- time.Hour
+							return
+						}
+						done <- o.duration
+					}()
+				}
+				for range 2 {
+					d := <-done
+					total++
+					if d > 500*time.Millisecond {
+						slow++
+					}
+					if d >= 20*time.Millisecond {
+						waited++
+					}
+				}
+			}
+			t.Logf("%d connections, %d streams opened, %d requests, %d took 20ms or more", up.nconns(), up.opens.Load(), total, waited)
+			if slow > 0 {
+				t.Errorf("%d requests failed or took over 500ms; %d connections", slow, up.nconns())
+			}
+			if waited*5 > total {
+				t.Errorf("%d of %d requests took 20ms or more (settleWait is 25ms), %d connections; net/http's client dials a second one", waited, total, up.nconns())
+			}
+		})
+	}
+}
