@@ -108,16 +108,9 @@ func testAdv26LingerRound(t *testing.T, caller string, round int, linger func(t 
 	})
 	defer close(stop)
 	rt, last, owner := h2Callers(t, caller, 4)
-	req, _ := http.NewRequest("GET", up.url+"/", nil)
-	if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
-		t.Fatalf("round %d: first request: %+v", round, o)
-	}
-	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
-	up.setLimit(2)
-	waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == 2 })
-	time.Sleep(20 * time.Millisecond) // the follower reads the limit, with room
+	knowLimit(t, rt, up, 2)
 
-	req, _ = http.NewRequest("GET", up.url+"/long", nil)
+	req, _ := http.NewRequest("GET", up.url+"/long", nil)
 	long, err := rt.RoundTrip(req)
 	if err != nil {
 		t.Fatalf("round %d: long stream: %v", round, err)

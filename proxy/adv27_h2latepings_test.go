@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -24,34 +23,14 @@ import (
 // then leaves its room out, and nothing reads the state again (no frame
 // comes, no stream ends) until the sweep: the next request waits for it.
 func TestAdv27LatePingUnsettledBesideLongStream(t *testing.T) {
-	stop := make(chan struct{})
-	up := newRawH2(t, func(s *rawStream) {
-		switch {
-		case strings.HasPrefix(s.path, "/hang"):
-			<-stop
-		case strings.HasPrefix(s.path, "/long"):
-			s.headers(false, ":status", "200")
-			<-stop
-			s.data(true, nil)
-		default:
-			s.headers(false, ":status", "200", "content-type", "text/plain")
-			s.data(true, []byte("ok"))
-		}
-	})
-	defer close(stop)
+	up, release := newResetUpstream(t)
+	defer release()
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Second}, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 1 })
 	rt := m.tr
-	req, _ := http.NewRequest("GET", up.url+"/", nil)
-	if o := roundTripOutcome(rt, req); o.err != "" {
-		t.Fatalf("first request: %+v", o)
-	}
-	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
-	up.setLimit(2)
-	waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == 2 })
-	time.Sleep(20 * time.Millisecond)
-	req, _ = http.NewRequest("GET", up.url+"/long", nil)
+	knowLimit(t, rt, up, 2)
+	req, _ := http.NewRequest("GET", up.url+"/long", nil)
 	long, err := rt.RoundTrip(req)
 	if err != nil {
 		t.Fatal(err)
@@ -60,13 +39,7 @@ func TestAdv27LatePingUnsettledBesideLongStream(t *testing.T) {
 	go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
 	defer func() { long.Body.Close(); <-readDone }()
 	up.stopAnsweringPings()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
-	if o := roundTripOutcome(rt, req); o.err == "" {
-		t.Fatalf("the request the upstream never answers: %+v", o)
-	}
-	cancel()
-	waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+	resetHanging(t, rt, up, 50*time.Millisecond)
 	hc := installedH2(t, m)
 	cdone := make(chan h2Outcome, 1)
 	go func() {

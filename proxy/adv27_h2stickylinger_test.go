@@ -68,15 +68,8 @@ func TestAdv27StickyLingerPingAnswered(t *testing.T) {
 					rt = client.tr
 				}
 			}
-			req, _ := http.NewRequest("GET", up.url+"/", nil)
-			if o := roundTripOutcome(rt, req); o.err != "" {
-				t.Fatalf("first request: %+v", o)
-			}
-			waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
-			up.setLimit(3)
-			waitFor(t, 5*time.Second, "limit 3 acknowledged", func() bool { return up.acks.Load() == 2 })
-			time.Sleep(20 * time.Millisecond)
-			req, _ = http.NewRequest("GET", up.url+"/long", nil)
+			knowLimit(t, rt, up, 3)
+			req, _ := http.NewRequest("GET", up.url+"/long", nil)
 			long, err := rt.RoundTrip(req)
 			if err != nil {
 				t.Fatal(err)
@@ -85,13 +78,7 @@ func TestAdv27StickyLingerPingAnswered(t *testing.T) {
 			go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
 			defer func() { long.Body.Close(); <-readDone }()
 			// PINGs answered: the reset stream goes at once
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
-			if o := roundTripOutcome(rt, req); o.err == "" {
-				t.Fatalf("the request the upstream never answers: %+v", o)
-			}
-			cancel()
-			waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+			resetHanging(t, rt, up, 100*time.Millisecond)
 			close(flow) // the long stream's DATA from now on: the follower reads the state all the time
 			deadline := time.Now().Add(1500 * time.Millisecond)
 			slow, waited, total := 0, 0, 0

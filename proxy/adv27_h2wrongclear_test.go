@@ -25,21 +25,8 @@ import (
 func TestAdv27WrongClearWithResetPending(t *testing.T) {
 	for _, caller := range []string{"net/http", "owner", "sibling"} {
 		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
-			stop := make(chan struct{})
-			up := newRawH2(t, func(s *rawStream) {
-				switch {
-				case strings.HasPrefix(s.path, "/hang"):
-					<-stop
-				case strings.HasPrefix(s.path, "/long"):
-					s.headers(false, ":status", "200")
-					<-stop
-					s.data(true, nil)
-				default:
-					s.headers(false, ":status", "200", "content-type", "text/plain")
-					s.data(true, []byte("ok"))
-				}
-			})
-			defer close(stop)
+			up, release := newResetUpstream(t)
+			defer release()
 			var rt http.RoundTripper
 			var owner *member
 			switch caller {
@@ -63,22 +50,9 @@ func TestAdv27WrongClearWithResetPending(t *testing.T) {
 					rt = client.tr
 				}
 			}
-			req, _ := http.NewRequest("GET", up.url+"/", nil)
-			if o := roundTripOutcome(rt, req); o.err != "" {
-				t.Fatalf("first request: %+v", o)
-			}
-			waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
-			up.setLimit(2)
-			waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == 2 })
-			time.Sleep(20 * time.Millisecond)
+			knowLimit(t, rt, up, 2)
 			up.stopAnsweringPings()
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-			req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
-			if o := roundTripOutcome(rt, req); o.err == "" {
-				t.Fatalf("the request the upstream never answers: %+v", o)
-			}
-			cancel()
-			waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+			resetHanging(t, rt, up, 100*time.Millisecond)
 			var hc *h2conn
 			if owner != nil {
 				hc = installedH2(t, owner)
@@ -115,13 +89,13 @@ func TestAdv27WrongClearWithResetPending(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 				t.Logf("state %+v active %d capacity %d", hc.cc.State(), hc.active.Load(), hc.loadCapacity())
 			}
-			req, _ = http.NewRequest("GET", up.url+"/long", nil)
+			req, _ := http.NewRequest("GET", up.url+"/long", nil)
 			long, err := rt.RoundTrip(req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer long.Body.Close()
-			ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/", nil)
 			o := roundTripOutcome(rt, req)

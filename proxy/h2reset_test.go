@@ -51,33 +51,13 @@ func testH2ResetUnanswered(t *testing.T, known bool) {
 }
 
 func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
-	stop := make(chan struct{})
-	up := newRawH2(t, func(s *rawStream) {
-		switch {
-		case strings.HasPrefix(s.path, "/hang"):
-			<-stop
-		case strings.HasPrefix(s.path, "/long"):
-			s.headers(false, ":status", "200")
-			<-stop
-			s.data(true, []byte("long"))
-		default:
-			s.headers(false, ":status", "200", "content-type", "text/plain")
-			s.data(true, []byte("ok"))
-		}
-	})
-	defer close(stop)
+	up, release := newResetUpstream(t)
+	defer release()
 	rt, last, owner := h2Callers(t, caller, 4)
 	acks := int64(1)
 	if known {
-		req, _ := http.NewRequest("GET", up.url+"/", nil)
-		if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
-			t.Fatalf("round %d: first request: %+v", round, o)
-		}
-		waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
-		up.setLimit(2)
+		knowLimit(t, rt, up, 2)
 		acks++
-		waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == acks })
-		time.Sleep(20 * time.Millisecond) // the follower reads the limit, with room
 	}
 	req, _ := http.NewRequest("GET", up.url+"/long", nil)
 	long, err := rt.RoundTrip(req)
@@ -90,13 +70,7 @@ func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
 	up.stopAnsweringPings()
 	// Reset by its deadline with nothing read from the connection since
 	// it was sent: the ClientConn counts it until the PING is answered.
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	req, _ = http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
-	if o := roundTripOutcome(rt, req); o.err == "" {
-		t.Fatalf("round %d: the request the upstream never answers: %+v", round, o)
-	}
-	cancel()
-	waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+	resetHanging(t, rt, up, 100*time.Millisecond)
 
 	if !known {
 		up.setLimit(2)
@@ -106,6 +80,59 @@ func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
 	}
 
 	answeredAtOnce(t, last, up, owner, fmt.Sprintf("round %d: %s's", round, caller), "a stream reset here")
+}
+
+// newResetUpstream is a raw HTTP/2 upstream for the tests of streams the
+// ClientConn goes on counting: /hang is never answered, /long sends its
+// headers and ends once release is called, and any other path is answered
+// "ok". The caller defers release, so that it runs before the cleanups of
+// the members it starts after the upstream.
+func newResetUpstream(t *testing.T) (up *rawH2, release func()) {
+	stop := make(chan struct{})
+	up = newRawH2(t, func(s *rawStream) {
+		switch {
+		case strings.HasPrefix(s.path, "/hang"):
+			<-stop
+		case strings.HasPrefix(s.path, "/long"):
+			s.headers(false, ":status", "200")
+			<-stop
+			s.data(true, []byte("long"))
+		default:
+			s.headers(false, ":status", "200", "content-type", "text/plain")
+			s.data(true, []byte("ok"))
+		}
+	})
+	return up, func() { close(stop) }
+}
+
+// knowLimit sends a first request to up through rt, then has up lower its
+// stream limit to limit, and waits for the connection to read it with room
+// to spare: it is the peer's limit then (h2conn.limit).
+func knowLimit(t *testing.T, rt http.RoundTripper, up *rawH2, limit uint32) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", up.url+"/", nil)
+	if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
+		t.Fatalf("first request: %+v", o)
+	}
+	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	up.setLimit(limit)
+	waitFor(t, 5*time.Second, "the lowered limit acknowledged", func() bool { return up.acks.Load() == 2 })
+	time.Sleep(20 * time.Millisecond) // the follower reads the limit, with room
+}
+
+// resetHanging sends a request to up's /hang through rt, which its deadline
+// d ends, and waits for the RST_STREAM: the ClientConn read nothing since
+// it sent the request, so it counts the stream until up answers the PING
+// sent with it.
+func resetHanging(t *testing.T, rt http.RoundTripper, up *rawH2, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/hang", nil)
+	if o := roundTripOutcome(rt, req); o.err == "" {
+		t.Fatalf("the request the upstream never answers: %+v", o)
+	}
+	waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
 }
 
 // h2Callers returns, for caller "net/http", "owner" or "sibling", the
