@@ -23,7 +23,24 @@ import (
 // stream went within microseconds and left room. net/http's client neither
 // waits nor fails: at most a few requests may take 20 ms.
 func TestAdv26SettleWithResetPending(t *testing.T) {
-	for _, caller := range []string{"net/http", "owner"} {
+	testSettleCost(t, []string{"net/http", "owner"}, false)
+}
+
+// TestAdv27StickyLingerPingAnswered: TestAdv26SettleWithResetPending with
+// the PINGs answered, for a sibling's requests too: the reset stream goes at
+// once, but a long stream runs throughout, so the ClientConn never counts
+// no stream, and hc.lingering (cleared only by a reading that counts none)
+// stays set. Requests going two at a time beside the long stream must not
+// pay settleWait for it: at most a few take 20 ms.
+func TestAdv27StickyLingerPingAnswered(t *testing.T) {
+	testSettleCost(t, []string{"net/http", "owner", "sibling"}, true)
+}
+
+// testSettleCost runs requests two at a time for 1.5 s through each of
+// callers, beside a long stream, after a stream was reset (its PING
+// answered or not), and fails if any fails or more than a fifth wait 20 ms.
+func testSettleCost(t *testing.T, callers []string, pingsAnswered bool) {
+	for _, caller := range callers {
 		t.Run(strings.ReplaceAll(caller, "/", "-"), func(t *testing.T) {
 			stop, flow := make(chan struct{}), make(chan struct{})
 			up := newRawH2(t, func(s *rawStream) {
@@ -54,8 +71,8 @@ func TestAdv26SettleWithResetPending(t *testing.T) {
 				}
 			})
 			defer close(stop)
-			rt, _, _ := h2Callers(t, caller, 8)
-			knowLimit(t, rt, up, 3)
+			first, rt, _ := h2Callers(t, caller, 8)
+			knowLimit(t, first, up, 3) // the owner dials; a sibling's requests ride its connection
 			req, _ := http.NewRequest("GET", up.url+"/long", nil)
 			long, err := rt.RoundTrip(req)
 			if err != nil {
@@ -64,7 +81,9 @@ func TestAdv26SettleWithResetPending(t *testing.T) {
 			readDone := make(chan struct{})
 			go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
 			defer func() { long.Body.Close(); <-readDone }()
-			up.stopAnsweringPings()
+			if !pingsAnswered {
+				up.stopAnsweringPings()
+			}
 			resetHanging(t, rt, up, 100*time.Millisecond)
 			close(flow) // the long stream's DATA from now on: the follower reads the state all the time
 			deadline := time.Now().Add(1500 * time.Millisecond)
