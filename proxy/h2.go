@@ -525,25 +525,30 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 		hc.limit.Store(int64(m))
 	}
 	c := streamCapacity(m)
-	// Only a reading that counts no stream at all shows that none that
-	// ended here lingers: one that counts no more streams than run here
-	// may miss one of them (registered late, or let go before its end
-	// ran here) and count a reset stream in its place.
-	// unsettled ends with a reading that counts no more streams than run
-	// here: one that misses a stream of ours and counts a reset one in
-	// its place ends it early, and costs at most a settle more.
-	running := int64(st.StreamsActive) + int64(st.StreamsReserved)
-	if running == 0 {
-		hc.lingering.Store(false)
-	}
-	if hc.unsettled.Load() {
-		if active := hc.active.Load(); running <= active {
-			hc.unsettled.Store(false)
-		} else {
-			c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
-		}
+	if running, active := hc.noteReading(st); hc.unsettled.Load() {
+		c = min(c, streamCapacity(uint32(min(active+max(int64(m)-running, 0), int64(orbitpool.MaxCapacity)))))
 	}
 	return c
+}
+
+// noteReading ends hc's lingering and unsettled as far as the reading st
+// shows they are over, and returns the streams st counts and those running
+// here. Only a reading that counts no stream at all shows that none that
+// ended here lingers: one that counts no more streams than run here may
+// miss one of them (registered late, or let go before its end ran here) and
+// count a reset stream in its place. Such a reading ends unsettled all the
+// same: ended early, it costs at most a settle more, where kept, the
+// capacity would stay low until the next reading without the stream that
+// ends now.
+func (hc *h2conn) noteReading(st http2.ClientConnState) (running, active int64) {
+	running, active = int64(st.StreamsActive)+int64(st.StreamsReserved), hc.active.Load()
+	if running == 0 && hc.lingering.Load() {
+		hc.lingering.Store(false)
+	}
+	if running <= active && hc.unsettled.Load() {
+		hc.unsettled.Store(false)
+	}
+	return running, active
 }
 
 // settleWait bounds settledState's wait for the ClientConn to let go of
@@ -568,17 +573,8 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 		if st.Closed || st.Closing {
 			return st, false
 		}
-		running := int64(st.StreamsActive) + int64(st.StreamsReserved)
-		if running == 0 {
-			hc.unsettled.Store(false)
-			hc.lingering.Store(false)
+		if running, active := hc.noteReading(st); running <= active && !hc.lingering.Load() {
 			return st, true
-		}
-		if running <= hc.active.Load() {
-			hc.unsettled.Store(false)
-			if !hc.lingering.Load() {
-				return st, true
-			}
 		}
 		if hasRoom(st) {
 			// Room now, whatever the ClientConn still counts (a stream
