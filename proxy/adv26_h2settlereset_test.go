@@ -4,7 +4,6 @@ package proxy
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -73,14 +72,7 @@ func testSettleCost(t *testing.T, callers []string, pingsAnswered bool) {
 			defer close(stop)
 			first, rt, _ := h2Callers(t, caller, 8)
 			knowLimit(t, first, up, 3) // the owner dials; a sibling's requests ride its connection
-			req, _ := http.NewRequest("GET", up.url+"/long", nil)
-			long, err := rt.RoundTrip(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			readDone := make(chan struct{})
-			go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
-			defer func() { long.Body.Close(); <-readDone }()
+			defer readLong(t, rt, up.url+"/long")()
 			if !pingsAnswered {
 				up.stopAnsweringPings()
 			}

@@ -4,7 +4,6 @@ package proxy
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -30,14 +29,7 @@ func TestAdv27LatePingUnsettledBesideLongStream(t *testing.T) {
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Second}, func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 1 })
 	rt := m.tr
 	knowLimit(t, rt, up, 2)
-	req, _ := http.NewRequest("GET", up.url+"/long", nil)
-	long, err := rt.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	readDone := make(chan struct{})
-	go func() { defer close(readDone); io.Copy(io.Discard, long.Body) }()
-	defer func() { long.Body.Close(); <-readDone }()
+	defer readLong(t, rt, up.url+"/long")()
 	up.stopAnsweringPings()
 	resetHanging(t, rt, up, 50*time.Millisecond)
 	hc := installedH2(t, m)

@@ -13,6 +13,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -133,6 +134,20 @@ func resetHanging(t *testing.T, rt http.RoundTripper, up *rawH2, d time.Duration
 		t.Fatalf("the request the upstream never answers: %+v", o)
 	}
 	waitFor(t, 5*time.Second, "the reset stream", func() bool { return up.rsts.Load() == 1 })
+}
+
+// readLong starts a stream to url through rt and reads its body in the
+// background until the returned func closes it.
+func readLong(t *testing.T, rt http.RoundTripper, url string) (closeLong func()) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	long, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("long stream: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); io.Copy(io.Discard, long.Body) }()
+	return func() { long.Body.Close(); <-done }
 }
 
 // h2Callers returns, for caller "net/http", "owner" or "sibling", the
