@@ -259,3 +259,72 @@ func TestAdv30RefusedReloadUnderLoad(t *testing.T) {
 		t.Errorf("the symlink's target was written: %q", b)
 	}
 }
+
+// TestAdv30RestartAfterSupervisorKilled: the supervisor is killed while its
+// workers serve 1.5 s streams, and a new fleet is started at once in the
+// same run directory, on the same port and segment (as systemd's
+// Restart=always does). Once the old workers have drained and exited, the
+// new fleet's workers are all reachable on their admin sockets and a
+// reload reaches every one of them.
+//
+// It fails: every incarnation of worker N listens on run/worker-N.sock, and
+// an old worker, exiting after its drain, closes its admin listener, which
+// unlinks the path: the new worker's socket. The new fleet serves on, but
+// the supervisor can no longer reach its workers: every reload (and
+// catch-up) is "refused" with "connect: no such file or directory", and the
+// admin API and metrics of each worker are gone, until each is restarted.
+func TestAdv30RestartAfterSupervisorKilled(t *testing.T) {
+	up := adv30Upstream(t)
+	f := newTestFleet(t, 2)
+	f.reconcile = "50ms"
+	f.adv30Write(up.hostport(), 2, "v1")
+	f.launch()
+	f.adv7WaitReady()
+	old := []int{f.workerPID(0), f.workerPID(1)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := http.Get(f.url("/stream"))
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	time.Sleep(700 * time.Millisecond)
+	if err := f.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.cmd.Wait()
+	close(stop)
+	g := f.adv7Relaunch("fleet2.log")
+	wg.Wait()
+	waitExited(t, "the old workers to exit", old)
+	g.adv7WaitReady()
+	for i := range 2 {
+		if _, err := g.table(i); err != nil {
+			t.Errorf("new worker %d's admin endpoint, once the old workers exited: %v", i, err)
+		}
+	}
+	g.adv30Write(up.hostport(), 2, "v2")
+	if err := g.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for g.adv7CountLog("orbit-fleet", "worker reloaded")+g.adv7CountLog("orbit-fleet", "reloading worker") < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := g.adv7CountLog("orbit-fleet", "worker reloaded"); n != 2 {
+		t.Errorf("%d of 2 new workers reloaded; log: %s", n, mpTail(g.adv7Log()))
+	}
+}
