@@ -222,13 +222,43 @@ func TestAdv30RefusedReloadUnderLoad(t *testing.T) {
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
+	adv30RefusedReload(t, f, up, func() {
+		f.segment = link
+		f.adv30Write(up.hostport(), 2, "v2")
+	})
+	if b, _ := os.ReadFile(target); string(b) != "not a segment" {
+		t.Errorf("the symlink's target was written: %q", b)
+	}
+}
+
+// TestAdv30RefusedLayoutReloadUnderLoad: as TestAdv30RefusedReloadUnderLoad,
+// for a reload that sizes the table anew (keys 512) on the segment the fleet
+// uses, which every worker refuses at orbit_pool's Start: the segment is laid
+// out otherwise. It fails alike.
+func TestAdv30RefusedLayoutReloadUnderLoad(t *testing.T) {
+	up := adv30Upstream(t)
+	f := newTestFleet(t, 2)
+	f.reconcile = "50ms"
+	f.adv30Write(up.hostport(), 2, "v1")
+	f.launch()
+	f.adv7WaitReady()
+	adv30RefusedReload(t, f, up, func() {
+		f.reconcile = "50ms\n\t\tkeys 512"
+		f.adv30Write(up.hostport(), 2, "v2")
+	})
+}
+
+// adv30RefusedReload reloads f with what write writes, which every worker
+// refuses, under the mixed load, up to 5 times until a request fails; it
+// fails t if one did.
+func adv30RefusedReload(t *testing.T, f *testFleet, up *upstream, write func()) {
+	t.Helper()
 	// Caddy starts a config's apps in map order: the new config's HTTP
 	// server accepts first in about half the reloads of each worker.
 	var o *adv30Tally
 	for range 5 {
 		o = adv30Run(t, f.url(""), func() error {
-			f.segment = link
-			f.adv30Write(up.hostport(), 2, "v2")
+			write()
 			return f.cmd.Process.Signal(syscall.SIGHUP)
 		}, 2*time.Second)
 		t.Logf("refused reload: %v", o)
@@ -254,9 +284,6 @@ func TestAdv30RefusedReloadUnderLoad(t *testing.T) {
 		if o.failed[kind] > 0 {
 			t.Errorf("%d %s requests failed across a refused reload; first: %s", o.failed[kind], kind, o.first[kind])
 		}
-	}
-	if b, _ := os.ReadFile(target); string(b) != "not a segment" {
-		t.Errorf("the symlink's target was written: %q", b)
 	}
 }
 
