@@ -60,10 +60,10 @@ const (
 // siblings'), the admission backstop, and the back-pressure permits every
 // request through an `orbit_pool` transport takes.
 //
-// All of it is opened in Start, not Provision, and kept in a process-wide
-// usage pool: a config reload (whose new config starts before the old one
-// stops) reuses it and drops nothing in flight, and it is closed once the last
-// config using it has stopped and its last in-flight request has finished.
+// All of it is opened in Provision and kept in a process-wide usage pool: a
+// config reload (whose new config is provisioned before the old one stops)
+// reuses it and drops nothing in flight, and it is closed once the last config
+// using it has stopped and its last in-flight request has finished.
 //
 // Every process of a fleet must name the same segment with the same table
 // sizes. The per-request settings (policy, caps, wait timeout) may differ
@@ -232,8 +232,14 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets up the app's defaults and registers its metrics. It opens
-// nothing: the segment and socket are opened in Start.
+// Provision sets up the app's defaults, registers its metrics and joins the
+// fleet (or takes the membership an earlier config of this process holds
+// with the same settings). Joining here, not in Start, lets a membership the
+// fleet refuses (a segment of another layout, a socket directory of the wrong
+// owner) fail the config before any of its servers starts: Caddy starts a
+// config's apps in no set order, and an HTTP server started before this app
+// would answer its clients 502 until Caddy gave the config up. So `caddy
+// validate` joins the fleet too, for as long as it runs.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	a.st = new(appState)
@@ -297,6 +303,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.key = cfg.usageKey()
 
 	registerMetrics(ctx, a)
+	if _, err := a.fleet(); err != nil {
+		return fmt.Errorf("joining the fleet: %w", err)
+	}
 	return nil
 }
 
@@ -359,8 +368,7 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start joins the fleet, or reuses the membership an earlier config of this
-// process holds with the same settings.
+// Start reports the membership Provision took.
 func (a *App) Start() error {
 	f, err := a.fleet()
 	if err != nil {
@@ -403,8 +411,8 @@ func (a *App) Cleanup() error {
 }
 
 // fleet returns the app's membership of the fleet, taking it from the usage
-// pool (opening the segment if this process has not yet) on first use. Start
-// does this; a transport whose server started before this app did may too.
+// pool (opening the segment if this process has not yet) on first use, which
+// is Provision's.
 func (a *App) fleet() (*fleet, error) {
 	st := a.st
 	st.mu.Lock()
