@@ -669,7 +669,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	ox := new(ownerExchange)
 	w, rl := &ox.w, &ox.rl
-	w.cr, w.cancel, w.start, w.deadline = cr, cancel, time.Now(), deadline
+	w.cr, w.nc, w.cancel, w.start, w.deadline = cr, nc, cancel, time.Now(), deadline
 	rl.bw, rl.log, rl.bufs, rl.stopWatch = bw, s.log, bufs, func() { s.watcher.remove(w) }
 	// What the peer wrote is exactly what it wants sent: Request.Write adds
 	// a default User-Agent only when the header is absent, and an absent
@@ -753,8 +753,14 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		// Nothing was accepted, so the writer read none of the body
 		// (its first read sends the accept), and a caller that holds
 		// the body back until then sent none; a body sent with its
-		// head was read whole: either way the stream is in step.
-		return bw.Flush() == nil && (f.flags&flagBodyOnAccept != 0 || ahead != nil)
+		// head was read whole: either way the stream is in step. The
+		// watch has stopped, so the write deadline is this write's
+		// (expire may have left one in the past): bounded as a
+		// refusal's is.
+		nc.SetWriteDeadline(time.Now().Add(peerHeadTimeout))
+		flushed := bw.Flush() == nil
+		nc.SetWriteDeadline(time.Time{})
+		return flushed && (f.flags&flagBodyOnAccept != 0 || ahead != nil)
 	}
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
@@ -763,7 +769,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	if rl.spliced {
 		s.spliced.Add(1)
 	}
-	return ok && rl.keepStream && reqDone.isDone() && !cr.peerGone()
+	return ok && rl.keepStream && reqDone.isDone() && !cr.peerGone() && !w.hasExpired()
 }
 
 // ownerExchange holds what the parts of one sibling's exchange share, so

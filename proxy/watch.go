@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"net"
 	"sync"
 	"time"
 )
@@ -22,15 +23,42 @@ const watchIdleExit = 100 * time.Millisecond
 // a read that returns means the peer has gone: the exchange is cancelled and
 // the upstream connection torn down rather than held. It also cancels the
 // exchange at its deadline (plus grace): the owner's backstop for a caller
-// that can no longer say it has given up.
+// that can no longer say it has given up. That also ends a write to the
+// stream blocked on a peer that stopped reading (nc's write deadline), which
+// cancelling the upstream side alone leaves blocked, with the exchange's
+// worker and goroutine, for as long as the peer keeps the stream open.
 type watch struct {
 	cr       *bgReader
+	nc       net.Conn // the peer stream, nil in tests of the watch alone
 	cancel   func()
 	start    time.Time
 	deadline time.Time // zero: none
 
-	mu                       sync.Mutex
-	body, fired, stopped, on bool
+	mu                                sync.Mutex
+	body, fired, stopped, on, expired bool
+}
+
+// expire ends the exchange at its deadline, unless the watch has stopped:
+// after stop, the stream's write deadline belongs to the next exchange.
+func (w *watch) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	w.expired = true
+	w.cancel()
+	if w.nc != nil {
+		w.nc.SetWriteDeadline(aLongTimeAgo)
+	}
+}
+
+// hasExpired reports whether expire ended the exchange: its stream's write
+// deadline is then in the past, and the stream carries no other.
+func (w *watch) hasExpired() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.expired
 }
 
 func (w *watch) fire()     { w.set(&w.fired) }
@@ -116,7 +144,7 @@ func (l *watcher) loop() {
 		for _, w := range due {
 			w.fire()
 			if !w.deadline.IsZero() && now.After(w.deadline) {
-				w.cancel()
+				w.expire()
 			}
 		}
 	}
