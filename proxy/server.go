@@ -382,9 +382,13 @@ func (s *server) exchanging(c net.Conn, on bool) bool {
 func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
 	s.refused[refuseReason(code, err)].Add(1)
 	bw.Write(appendResponseFrame(nil, responseFrame{typ: frameReject, code: code, msg: err.Error()}))
+	// A peer that reads none of its refusals (and pipelines more frames)
+	// costs this stream's goroutine no longer than a silent one does.
+	nc.SetWriteDeadline(time.Now().Add(peerHeadTimeout))
 	if bw.Flush() != nil {
 		return false
 	}
+	nc.SetWriteDeadline(time.Time{})
 	req, err := readPeerHead(nc, lr, br, time.Time{}, defaultMaxHeaderBytes)
 	if err != nil {
 		return false
@@ -623,6 +627,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	hopMark(hopOwnerAdmit)
 	exec, err := s.acc.accept(f.leaseBytes())
 	if err != nil {
+		// A refusal serves nothing: its worker goes back before the
+		// refusal's write, which a peer that reads none of them blocks.
+		ls.Release()
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
 	hopMark(hopOwnerLease)
