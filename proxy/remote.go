@@ -83,6 +83,14 @@ func (p *peers) put(lane int, c *conn, o outcome) {
 		}
 		return
 	}
+	if c.br.Buffered() != 0 {
+		// The owner sent more than the answer to this exchange: never
+		// read as the next one's (net/http closes a connection with an
+		// unsolicited response on it). A refusal the owner leaves as it
+		// closes the stream ends up here too, and it is closing anyway.
+		c.close()
+		return
+	}
 	c.idleAt = time.Now()
 	p.mu.Lock()
 	if p.closed || len(p.idle[lane]) >= p.maxIdle {
