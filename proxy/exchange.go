@@ -467,6 +467,9 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	if maxHeader <= 0 {
 		maxHeader = defaultMaxHeaderBytes
 	}
+	if x.o.leg != nil {
+		maxHeader = relayedHeadLimit(maxHeader)
+	}
 	c.lr.n = maxHeader
 	if x.o.leg != nil {
 		if err := x.o.leg.readPreamble(c.br); err != nil {
@@ -567,6 +570,22 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// relayedHeadLimit bounds what a sibling reads of the heads an owner
+// relays, given the header limit. The owner has bounded the upstream's own
+// bytes by that limit already, each head as it came, and relays every head
+// anew and canonical, with its frame and a marker before each: a header
+// line "a:\n" becomes "A: \r\n", an interim response "HTTP/1.1 103\n\n"
+// gets its reason phrase, so that a head net/http takes grows on the unix
+// leg, to at most 2.2 times its size. Bounding the relayed bytes by the
+// limit itself would refuse through a sibling what the local path takes.
+// The bound left is three times the limit, against a runaway owner.
+func relayedHeadLimit(limit int64) int64 {
+	if limit > (math.MaxInt64-readBufSize)/3 {
+		return math.MaxInt64
+	}
+	return 3*limit + readBufSize
 }
 
 // unread settles RetrySafe for a unix stream that broke before the owner's
