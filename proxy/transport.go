@@ -200,12 +200,22 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 	if host == "" {
 		return nil, &Error{Op: "request", RetrySafe: true, Err: errors.New("no Host in request URL")}
 	}
-	if e := t.last.Load(); e != nil && e.host == host && e.u.Scheme == scheme {
+	// A WebSocket upgrade cannot go over HTTP/2 (x/net refuses its
+	// Upgrade header): as net/http's Transport does (requiresHTTP1), it
+	// goes on an HTTP/1.1 connection, under the upstream's HTTP/1.1 Key.
+	// Such entries never become last.
+	h1only := (scheme == "https" && t.HTTP2 || scheme == "http" && t.H2C) && requiresHTTP1(req)
+	if e := t.last.Load(); e != nil && !h1only && e.host == host && e.u.Scheme == scheme {
 		return e, nil
 	}
 	id := scheme + "://" + host
+	if h1only {
+		id = "h1 " + id
+	}
 	if e, ok := t.upstreams.Load(id); ok {
-		t.last.Store(e.(*upstreamEntry))
+		if !h1only {
+			t.last.Store(e.(*upstreamEntry))
+		}
 		return e.(*upstreamEntry), nil
 	}
 	addr := host
@@ -218,6 +228,7 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 	}
 	u := upstream{Scheme: scheme, Addr: addr, TLS: t.TLSClientConfig}
 	switch {
+	case h1only:
 	case scheme == "http" && t.H2C:
 		u.Proto = protoH2C
 	case scheme == "https" && t.HTTP2:
@@ -228,8 +239,17 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 		t.Node.setCap(e.key, t.MaxConnsPerKey)
 	}
 	v, _ := t.upstreams.LoadOrStore(id, e)
-	t.last.Store(v.(*upstreamEntry))
+	if !h1only {
+		t.last.Store(v.(*upstreamEntry))
+	}
 	return v.(*upstreamEntry), nil
+}
+
+// requiresHTTP1 reports whether req is a WebSocket upgrade, which net/http's
+// Transport sends only over HTTP/1.1.
+func requiresHTTP1(req *http.Request) bool {
+	return httpguts.HeaderValuesContainsToken(req.Header["Connection"], "upgrade") &&
+		strings.EqualFold(req.Header.Get("Upgrade"), "websocket")
 }
 
 // Upstream names the upstream req goes to (scheme://host:port, with the
