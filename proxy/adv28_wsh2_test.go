@@ -23,6 +23,16 @@ import (
 // through a sibling whose owner holds one, the upgrade works as well: a
 // 101 and a tunnel that echoes, on a connection that never joins a pool.
 func TestAdv28WebSocketToHTTP2UpstreamLikeNetHTTP(t *testing.T) {
+	for _, h2c := range []bool{false, true} {
+		t.Run(map[bool]string{false: "https", true: "h2c"}[h2c], func(t *testing.T) { testAdv28WebSocketToHTTP2(t, h2c) })
+	}
+}
+
+// testAdv28WebSocketToHTTP2 runs the upgrades against an https upstream
+// offering h2 by ALPN, or with h2c an http upstream that speaks HTTP/1.1
+// and h2c with prior knowledge (Transport.H2C), where net/http's own
+// Transport speaks HTTP/1.1: the upgrade works only there.
+func testAdv28WebSocketToHTTP2(t *testing.T, h2c bool) {
 	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "websocket" {
 			io.WriteString(w, "plain "+r.Proto)
@@ -43,14 +53,21 @@ func TestAdv28WebSocketToHTTP2UpstreamLikeNetHTTP(t *testing.T) {
 		line, _ := brw.ReadString('\n')
 		io.WriteString(c, "echo:"+line)
 	}))
-	ts.EnableHTTP2 = true
-	if err := http2.ConfigureServer(ts.Config, &http2.Server{}); err != nil {
-		t.Fatal(err)
-	}
-	ts.StartTLS()
-	t.Cleanup(ts.Close)
 	roots := x509.NewCertPool()
-	roots.AddCert(ts.Certificate())
+	if h2c {
+		ts.Config.Protocols = new(http.Protocols)
+		ts.Config.Protocols.SetHTTP1(true)
+		ts.Config.Protocols.SetUnencryptedHTTP2(true)
+		ts.Start()
+	} else {
+		ts.EnableHTTP2 = true
+		if err := http2.ConfigureServer(ts.Config, &http2.Server{}); err != nil {
+			t.Fatal(err)
+		}
+		ts.StartTLS()
+		roots.AddCert(ts.Certificate())
+	}
+	t.Cleanup(ts.Close)
 
 	upgrade := func(t *testing.T, name string, rt http.RoundTripper) {
 		t.Helper()
@@ -84,13 +101,16 @@ func TestAdv28WebSocketToHTTP2UpstreamLikeNetHTTP(t *testing.T) {
 		}
 	}
 
-	ref := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
-	t.Cleanup(ref.CloseIdleConnections)
-	plain(t, "net/http", ref)
-	upgrade(t, "net/http", ref)
+	if !h2c {
+		ref := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
+		t.Cleanup(ref.CloseIdleConnections)
+		plain(t, "net/http", ref)
+		upgrade(t, "net/http", ref)
+	}
 
 	conf := func(tr *Transport) {
-		tr.HTTP2 = true
+		tr.HTTP2 = !h2c
+		tr.H2C = h2c
 		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
 	}
 	fresh := newMember(t, testSpecLocal, conf)
