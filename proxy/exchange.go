@@ -540,7 +540,9 @@ func (x *exchange) readResponse() (*http.Response, error) {
 
 	keep := true
 	if x.o.leg == nil {
-		keep = !resp.Close && !req.Close
+		// As net/http: no connection is kept after a final status under
+		// 200 (a 101 is hijacked below; one under 100 is no HTTP).
+		keep = !resp.Close && !req.Close && resp.StatusCode >= 200
 	} else if hf&headStreamEnds != 0 {
 		keep = false
 	}
