@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/orbitproxy/orbit/orbitpool"
 	"github.com/orbitproxy/orbit/proxy"
 )
@@ -19,12 +17,8 @@ import (
 // fleet does not open, with an error that says why.
 func TestFleetOfAnotherProtocolRefused(t *testing.T) {
 	dir := t.TempDir()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
-	defer cancel()
 	a := &App{Segment: filepath.Join(dir, "seg"), SocketDir: filepath.Join(dir, "sock"), Processes: 4, Keys: 16, ConnsPerProcess: 16}
-	if err := a.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a.setDefaults()
 	cfg := a.fleetConfig()
 	other := cfg.spec()
 	other.Protocol = proxy.Protocol + 1

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -17,13 +18,6 @@ import (
 
 // adv30 tests: the fleet's lifecycle (reloads, stops, kills) under a mixed
 // load.
-
-func init() {
-	// A prebuilt binary of ./cmd/caddy, to spare each run the build.
-	if p := os.Getenv("ORBIT_TEST_CADDY"); p != "" {
-		buildOnce.Do(func() { caddyBin = p })
-	}
-}
 
 // adv30Upstream answers GET /stream with a body streamed over 1.5 s, POST
 // /post with the length of the body it read, and anything else with "ok"
@@ -353,5 +347,30 @@ func TestAdv30RestartAfterSupervisorKilled(t *testing.T) {
 	}
 	if n := g.adv7CountLog("orbit-fleet", "worker reloaded"); n != 2 {
 		t.Errorf("%d of 2 new workers reloaded; log: %s", n, mpTail(g.adv7Log()))
+	}
+}
+
+// TestValidateJoinsNoFleet: `caddy validate` runs no config, so the app
+// does not join the fleet for it (see App.Provision): a deploy step that
+// validates where it could not join (here, a socket directory that is not
+// private, which a join refuses; or as another user than the fleet's)
+// passes, and no segment is made.
+func TestValidateJoinsNoFleet(t *testing.T) {
+	dir := t.TempDir()
+	seg, sock := filepath.Join(dir, "seg"), filepath.Join(dir, "sock")
+	if err := os.Mkdir(sock, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("{\n\torbit_pool {\n\t\tsegment %s\n\t\tsocket_dir %s\n\t}\n}\n:0 {\n\treverse_proxy 127.0.0.1:9 {\n\t\ttransport orbit_pool\n\t}\n}\n", seg, sock)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(caddyBinary(t), "validate", "--config", cfg, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("caddy validate: %v\n%s", err, out)
+	}
+	if _, err := os.Lstat(seg); err == nil {
+		t.Errorf("caddy validate made %s", seg)
 	}
 }

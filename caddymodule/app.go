@@ -60,9 +60,9 @@ const (
 // siblings'), the admission backstop, and the back-pressure permits every
 // request through an `orbit_pool` transport takes.
 //
-// All of it is opened in Provision and kept in a process-wide usage pool: a
-// config reload (whose new config is provisioned before the old one stops)
-// reuses it and drops nothing in flight, and it is closed once the last config
+// All of it is opened as the config loads (see Provision) and kept in a
+// process-wide usage pool: a config reload (whose new config loads before the
+// old one stops) reuses it and drops nothing in flight, and it is closed once the last config
 // using it has stopped and its last in-flight request has finished.
 //
 // Every process of a fleet must name the same segment with the same table
@@ -232,18 +232,35 @@ func (App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets up the app's defaults, registers its metrics and joins the
-// fleet (or takes the membership an earlier config of this process holds
-// with the same settings). Joining here, not in Start, lets a membership the
-// fleet refuses (a segment of another layout, a socket directory of the wrong
-// owner) fail the config before any of its servers starts: Caddy starts a
-// config's apps in no set order, and an HTTP server started before this app
-// would answer its clients 502 until Caddy gave the config up. So `caddy
-// validate` joins the fleet too, for as long as it runs.
+// Provision sets up the app's defaults and registers its metrics. In a
+// process that already runs a config (a reload) it also joins the fleet, or
+// takes the membership the running config holds with the same settings: a
+// membership the fleet refuses (a segment of other table sizes, a socket
+// directory of the wrong owner) then fails the new config before any of its
+// servers starts, and the running one serves on. Caddy starts a config's apps
+// in no set order; had the join waited for Start, a new HTTP server started
+// before this app would answer its clients 502 until Caddy gave the config
+// up. A first config (and `caddy validate`, which runs none) joins in Start.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
 	a.st = new(appState)
+	a.setDefaults()
+	a.key = a.fleetConfig().usageKey()
+	registerMetrics(ctx, a)
+	if caddy.ActiveContext().Context == nil {
+		return nil
+	}
+	if err := a.Validate(); err != nil {
+		return err
+	}
+	if _, err := a.fleet(); err != nil {
+		return fmt.Errorf("joining the fleet: %w", err)
+	}
+	return nil
+}
 
+// setDefaults fills in every setting left unset.
+func (a *App) setDefaults() {
 	if a.Segment == "" {
 		a.Segment = orbitpool.DefaultSegmentPath
 	}
@@ -298,15 +315,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.ReservationTimeout == 0 {
 		a.ReservationTimeout = caddy.Duration(DefaultReservationTimeout)
 	}
-
-	cfg := a.fleetConfig()
-	a.key = cfg.usageKey()
-
-	registerMetrics(ctx, a)
-	if _, err := a.fleet(); err != nil {
-		return fmt.Errorf("joining the fleet: %w", err)
-	}
-	return nil
 }
 
 // Validate rejects a configuration that cannot work.
@@ -368,7 +376,7 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start reports the membership Provision took.
+// Start joins the fleet, unless Provision did.
 func (a *App) Start() error {
 	f, err := a.fleet()
 	if err != nil {
@@ -411,8 +419,9 @@ func (a *App) Cleanup() error {
 }
 
 // fleet returns the app's membership of the fleet, taking it from the usage
-// pool (opening the segment if this process has not yet) on first use, which
-// is Provision's.
+// pool (opening the segment if this process has not yet) on first use: in
+// Provision or Start (see Provision), or for a transport whose server
+// started before this app did.
 func (a *App) fleet() (*fleet, error) {
 	st := a.st
 	st.mu.Lock()

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -191,12 +192,8 @@ func TestValidateDefaults(t *testing.T) {
 	if err := validateJSON(t, transportConfig(`{"protocol": "orbit_pool"}`)); err != nil {
 		t.Fatalf("transport without an app: %v", err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
-	defer cancel()
 	a := new(App)
-	if err := a.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a.setDefaults()
 	if err := a.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -213,9 +210,7 @@ func TestValidateDefaults(t *testing.T) {
 		t.Errorf("order_window %d, given to the pool as %d; want 16", *a.OrderWindow, cfg.OrderWindow)
 	}
 	strict := App{OrderWindow: new(0)}
-	if err := strict.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	strict.setDefaults()
 	if cfg := strict.fleetConfig(); cfg.OrderWindow != 0 || cfg.usageKey() == a.fleetConfig().usageKey() {
 		t.Errorf("order_window 0 is given to the pool as %d, or opens the same membership as the default", cfg.OrderWindow)
 	}
@@ -223,21 +218,23 @@ func TestValidateDefaults(t *testing.T) {
 		t.Error("fixed_ownership is on by default")
 	}
 	fixed := App{FixedOwnership: true}
-	if err := fixed.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fixed.setDefaults()
 	if cfg := fixed.fleetConfig(); !cfg.FixedOwnership || cfg.usageKey() == a.fleetConfig().usageKey() {
 		t.Error("fixed_ownership is not given to the node, or opens the same membership as the default")
 	}
-	// Nothing is opened before Start, and Stop and Cleanup without a Start
-	// (or after a failed Provision) are harmless.
-	if a.currentFleet() != nil {
-		t.Error("Provision opened the fleet")
+	// Stop and Cleanup without a Start (or after a failed Provision) are
+	// harmless.
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	defer cancel()
+	dir := t.TempDir()
+	p := &App{Segment: filepath.Join(dir, "seg"), SocketDir: filepath.Join(dir, "sock")}
+	if err := p.Provision(ctx); err != nil {
+		t.Fatal(err)
 	}
-	if err := a.Stop(); err != nil {
+	if err := p.Stop(); err != nil {
 		t.Error(err)
 	}
-	if err := a.Cleanup(); err != nil {
+	if err := p.Cleanup(); err != nil {
 		t.Error(err)
 	}
 	if err := new(App).Cleanup(); err != nil {
