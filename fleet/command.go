@@ -38,7 +38,8 @@ replaces, which is then stopped. Fleets on other addresses may share a pool
 segment; each worker logs the processes of other fleets it finds there.
 
 Each worker gets its own admin endpoint, a unix socket in the run directory
-(worker-<i>.sock), and persist_config off; the configuration's own admin
+(reached as worker-<i>.sock, a link to the socket of this run of the fleet),
+and persist_config off; the configuration's own admin
 address is replaced (a configuration with 'admin off' is refused: reloads
 need the admin endpoint). Workers see ORBIT_FLEET_WORKER (their index) and
 ORBIT_FLEET_WORKERS in their environment.

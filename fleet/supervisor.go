@@ -220,16 +220,25 @@ func (s *supervisor) run() error {
 		s.log.Warn("starting beside other processes listening on the same addresses (--handover): clients go to both until they stop",
 			zap.Strings("addresses", s.sockets.taken))
 	}
+	adm, err := newAdminSockets(s.runDir)
+	if err != nil {
+		return err
+	}
+	adm.removeStale()
 	for i := range s.n {
 		w := &worker{
 			id:      i,
-			sock:    filepath.Join(s.runDir, fmt.Sprintf("worker-%d.sock", i)),
+			sock:    adm.path(i),
 			cfgPath: filepath.Join(s.runDir, fmt.Sprintf("worker-%d.json", i)),
 			pidPath: filepath.Join(s.runDir, fmt.Sprintf("worker-%d.pid", i)),
 		}
 		if len(w.sock) > 100 {
 			return fmt.Errorf("run directory %s is too long for a unix socket path; choose a shorter --run-dir", s.runDir)
 		}
+		if err := adm.point(i); err != nil {
+			return err
+		}
+		defer adm.unpoint(i)
 		s.workers = append(s.workers, w)
 	}
 	// Refuse what no worker could run (admin off) before starting any; each

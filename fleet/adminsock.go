@@ -1,0 +1,93 @@
+package fleet
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// A worker's admin socket is named for its fleet's run (worker-<i>.<run>.sock)
+// and reached through a symbolic link of the stable name, worker-<i>.sock,
+// which the fleet points at its own. A listener unlinks its socket's path as
+// it closes: had every fleet's worker <i> listened on worker-<i>.sock, the
+// workers of a fleet whose supervisor was killed, exiting once drained, would
+// remove the sockets of the fleet started after it in the same run directory,
+// whose supervisor could then no longer reach its workers.
+
+// adminSockets names the admin sockets of one run of a fleet.
+type adminSockets struct {
+	dir string
+	run string // random, for this run of the supervisor
+}
+
+func newAdminSockets(dir string) (adminSockets, error) {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return adminSockets{}, fmt.Errorf("naming admin sockets: %w", err)
+	}
+	return adminSockets{dir: dir, run: hex.EncodeToString(b[:])}, nil
+}
+
+// path is where worker i listens.
+func (a adminSockets) path(i int) string {
+	return filepath.Join(a.dir, fmt.Sprintf("worker-%d.%s.sock", i, a.run))
+}
+
+// link is the stable name of worker i's socket.
+func (a adminSockets) link(i int) string {
+	return filepath.Join(a.dir, fmt.Sprintf("worker-%d.sock", i))
+}
+
+// point makes worker i's stable name lead to this run's socket, replacing
+// whatever held the name.
+func (a adminSockets) point(i int) error {
+	tmp := a.link(i) + "." + a.run + ".tmp"
+	os.Remove(tmp)
+	if err := os.Symlink(filepath.Base(a.path(i)), tmp); err != nil {
+		return fmt.Errorf("linking worker %d's admin socket: %w", i, err)
+	}
+	if err := os.Rename(tmp, a.link(i)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("linking worker %d's admin socket: %w", i, err)
+	}
+	return nil
+}
+
+// unpoint removes worker i's stable name if it still leads to this run's
+// socket: a fleet started since in the run directory may have taken it.
+func (a adminSockets) unpoint(i int) {
+	if target, err := os.Readlink(a.link(i)); err == nil && target == filepath.Base(a.path(i)) {
+		os.Remove(a.link(i))
+	}
+}
+
+// removeStale removes the admin sockets of earlier runs that nothing listens
+// on any more (their workers were killed, which leaves the file), and leaves
+// those still served: the workers of a fleet whose supervisor died may still
+// be draining.
+func (a adminSockets) removeStale() {
+	names, _ := filepath.Glob(filepath.Join(a.dir, "worker-*.*.sock"))
+	for _, p := range names {
+		if strings.HasSuffix(p, "."+a.run+".sock") {
+			continue
+		}
+		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
+			continue
+		}
+		c, err := net.DialTimeout("unix", p, time.Second)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			os.Remove(p)
+		}
+	}
+}
