@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -264,7 +265,9 @@ func drainWhileProbing(t *testing.T, drain func(*Node)) {
 
 // TestAdv9LifeShutdownAbandonedLease: a sibling's lease was accepted and
 // its connection taken, and Shutdown begins before the owner has read the
-// request's head, which then comes malformed (or not at all): the owner
+// request's head (one larger than the owner's buffer, which takes the lease
+// up before the head's end: see awaitHead), whose end then comes malformed
+// (or not at all): the owner
 // abandons the lease without using the connection. The connection must
 // leave in good order as any other that comes free during a drain (its
 // unit held until the upstream closes its side, up to closeWait), rather
@@ -306,6 +309,8 @@ func TestAdv9LifeShutdownAbandonedLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	frame = append(frame, "GET / HTTP/1.1\r\nHost: x\r\nX-Pad: "...)
+	frame = append(frame, bytes.Repeat([]byte("p"), 2*readBufSize)...)
 	if _, err := c.Write(frame); err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +323,7 @@ func TestAdv9LifeShutdownAbandonedLease(t *testing.T) {
 	}()
 	waitFor(t, 3*time.Second, "Shutdown to begin", owner.node.draining.Load)
 	start := time.Now()
-	if _, err := c.Write([]byte("BOGUS\r\n\r\n")); err != nil {
+	if _, err := c.Write([]byte("\r\nBOGUS\r\n\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {

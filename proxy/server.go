@@ -470,6 +470,32 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 	return req, err
 }
 
+// awaitHead waits, bounded as readPeerHead's read is, until br holds the
+// request head's end, or is full (a larger head is read as it comes). Only
+// then are the worker and the lease taken up: a peer that sends half a head
+// and stalls costs its stream's goroutine, not an upstream connection, as a
+// client's half-sent head costs Caddy's server no upstream connection.
+func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time) error {
+	if headBuffered(br) {
+		return nil
+	}
+	headBy := time.Now().Add(peerHeadTimeout)
+	if !deadline.IsZero() && deadline.Before(headBy) {
+		headBy = deadline
+	}
+	nc.SetReadDeadline(headBy)
+	defer nc.SetReadDeadline(deadline)
+	for n := br.Buffered(); n < br.Size(); n = br.Buffered() {
+		if _, err := br.Peek(n + 1); err != nil {
+			return err
+		}
+		if headBuffered(br) {
+			return nil
+		}
+	}
+	return nil
+}
+
 // headBuffered reports whether br holds the end of a request head, so that
 // reading the head needs no more bytes from the stream: the head ends at
 // its first empty line, which is at or before the first CRLF CRLF.
@@ -615,6 +641,15 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	if s.adm != nil && !s.adm.Admit(int(inFlight)) {
 		return s.refuseLease(nc, lr, br, bw, f, rejectOverload, ErrNotAdmitted)
+	}
+	if err := awaitHead(nc, br, deadline); err != nil {
+		if d, ok := s.acc.(leaseDropper); ok {
+			d.drop(f.leaseBytes())
+		}
+		if !isIOError(err) && !errors.Is(err, os.ErrDeadlineExceeded) {
+			s.log.Info("request head from peer not read", zap.Error(err))
+		}
+		return false
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
