@@ -27,24 +27,11 @@ func TestAdv29HalfHeadHoldsNoConnection(t *testing.T) {
 	if err := getBody(context.Background(), owner.tr, base+"/small"); err != nil {
 		t.Fatalf("warm: %v", err)
 	}
-	var oc *owned
-	for i := range owner.node.slots {
-		if c := owner.node.slots[i].Load(); c != nil {
-			oc = c
-		}
-	}
+	oc := lastOwned(owner)
 	if oc == nil {
 		t.Fatal("warm left no idle connection")
 	}
-	lease, err := client.pool.Reserve(oc.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, _ := lease.AppendBinary(nil)
-	frame, err := appendRequestFrame(nil, lb, time.Time{}, flagBodyOnAccept)
-	if err != nil {
-		t.Fatal(err)
-	}
+	frame := leaseFrame(t, client, oc, time.Time{}, flagBodyOnAccept)
 	frame = fmt.Appendf(frame, "GET /small HTTP/1.1\r\nHo")
 	c, err := net.Dial("unix", SocketPath(SocketDir(spec.Path), owner.pool.Lane()))
 	if err != nil {

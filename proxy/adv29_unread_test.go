@@ -60,25 +60,12 @@ func TestAdv29PeerStopsReadingPastDeadline(t *testing.T) {
 			if err := getBody(context.Background(), owner.tr, base+"/small"); err != nil {
 				t.Fatalf("warm: %v", err)
 			}
-			var oc *owned
-			for i := range owner.node.slots {
-				if c := owner.node.slots[i].Load(); c != nil {
-					oc = c
-				}
-			}
+			oc := lastOwned(owner)
 			if oc == nil {
 				t.Fatal("warm left no idle connection")
 			}
-			lease, err := client.pool.Reserve(oc.id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			lb, _ := lease.AppendBinary(nil)
 			deadline := time.Now().Add(300 * time.Millisecond)
-			frame, err := appendRequestFrame(nil, lb, deadline, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			frame := leaseFrame(t, client, oc, deadline, 0)
 			path := "/big"
 			if chunked {
 				path += "?chunked=1"

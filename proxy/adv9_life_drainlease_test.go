@@ -93,12 +93,7 @@ func drainRacesLease(t *testing.T, useTLS, local bool, drain func(owner *member,
 	if err := getBody(context.Background(), owner.tr, url); err != nil {
 		t.Fatalf("warm: %v", err)
 	}
-	var oc *owned
-	for i := range owner.node.slots {
-		if c := owner.node.slots[i].Load(); c != nil {
-			oc = c
-		}
-	}
+	oc := lastOwned(owner)
 	if oc == nil || owner.pool.Live(key) != 1 {
 		t.Fatalf("warm left no idle connection (live %d)", owner.pool.Live(key))
 	}
@@ -235,12 +230,7 @@ func drainWhileProbing(t *testing.T, drain func(*Node)) {
 	if err := getBody(context.Background(), owner.tr, url); err != nil {
 		t.Fatalf("warm: %v", err)
 	}
-	var oc *owned
-	for i := range owner.node.slots {
-		if c := owner.node.slots[i].Load(); c != nil {
-			oc = c
-		}
-	}
+	oc := lastOwned(owner)
 	if oc == nil || !oc.state.CompareAndSwap(stIdle, stProbing) {
 		t.Fatal("warm left no idle connection")
 	}
@@ -283,27 +273,11 @@ func TestAdv9LifeShutdownAbandonedLease(t *testing.T) {
 	if err := getBody(context.Background(), owner.tr, u.url+"/"); err != nil {
 		t.Fatalf("warm: %v", err)
 	}
-	var oc *owned
-	for i := range owner.node.slots {
-		if c := owner.node.slots[i].Load(); c != nil {
-			oc = c
-		}
-	}
+	oc := lastOwned(owner)
 	if oc == nil {
 		t.Fatal("warm left no idle connection")
 	}
-	lease, err := client.pool.Reserve(oc.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, err := lease.AppendBinary(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	frame, err := appendRequestFrame(nil, lb, time.Time{}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	frame := leaseFrame(t, client, oc, time.Time{}, 0)
 	c, err := net.Dial("unix", SocketPath(SocketDir(spec.Path), owner.pool.Lane()))
 	if err != nil {
 		t.Fatal(err)
@@ -346,4 +320,34 @@ func unitHeld(owner *member, id orbitpool.ResourceID, start time.Time) time.Dura
 		}
 	}
 	return -1
+}
+
+// lastOwned is the last connection in owner's slots, nil if none.
+func lastOwned(owner *member) *owned {
+	var oc *owned
+	for i := range owner.node.slots {
+		if c := owner.node.slots[i].Load(); c != nil {
+			oc = c
+		}
+	}
+	return oc
+}
+
+// leaseFrame reserves oc for client and returns the request frame that
+// presents the lease, as a sibling sends it before the request head.
+func leaseFrame(t *testing.T, client *member, oc *owned, deadline time.Time, flags uint16) []byte {
+	t.Helper()
+	lease, err := client.pool.Reserve(oc.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := lease.AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, err := appendRequestFrame(nil, lb, deadline, flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return frame
 }
