@@ -21,6 +21,10 @@ import (
 // remove the sockets of the fleet started after it in the same run directory,
 // whose supervisor could then no longer reach its workers.
 
+// maxSocketPath is the longest path a unix socket can be bound at: the
+// kernel's sun_path, less its terminating NUL.
+const maxSocketPath = len(syscall.RawSockaddrUnix{}.Path) - 1
+
 // adminSockets names the admin sockets of one run of a fleet.
 type adminSockets struct {
 	dir string

@@ -232,7 +232,7 @@ func (s *supervisor) run() error {
 			cfgPath: filepath.Join(s.runDir, fmt.Sprintf("worker-%d.json", i)),
 			pidPath: filepath.Join(s.runDir, fmt.Sprintf("worker-%d.pid", i)),
 		}
-		if len(w.sock) > 100 {
+		if len(w.sock) > maxSocketPath {
 			return fmt.Errorf("run directory %s is too long for a unix socket path; choose a shorter --run-dir", s.runDir)
 		}
 		if err := adm.point(i); err != nil {

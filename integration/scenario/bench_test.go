@@ -16,7 +16,7 @@ var longLoad = flag.Duration("scenario.duration", 30*time.Second, "load duration
 //
 //	go test -run '^$' -bench Scenarios -benchtime 1x ./integration/scenario/ -scenario.duration 60s
 func BenchmarkScenarios(b *testing.B) {
-	r := &Runner{Caddy: caddyBin, Workers: 4, Dir: b.TempDir()}
+	r := &Runner{Caddy: caddyBin, Workers: 4, Dir: shortTempDir(b)}
 	var rows []Row
 	for _, s := range Catalogue(*longLoad) {
 		for _, v := range []Variant{Orbit, Stock} {

@@ -31,7 +31,7 @@ func TestPeersHoldTheCap(t *testing.T) {
 	s := Scenario{Name: "capped", Upstream: upstream.Options{Delay: 2 * time.Millisecond}, MaxConns: limit, Duration: shortLoad, Conns: shortConns}
 	for _, v := range peers {
 		t.Run(string(v), func(t *testing.T) {
-			r := &Runner{Workers: shortWorkers, Dir: t.TempDir()}
+			r := &Runner{Workers: shortWorkers, Dir: shortTempDir(t)}
 			row, err := r.Run(context.Background(), s, v)
 			if err != nil {
 				t.Fatal(err)

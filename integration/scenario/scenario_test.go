@@ -41,6 +41,19 @@ const (
 	shortWorkers = 3
 )
 
+// shortTempDir is a temporary directory whose path leaves room for the
+// fleet's unix sockets under it (sun_path is 108 bytes); t.TempDir's paths,
+// which carry the test's name, may not.
+func shortTempDir(tb testing.TB) string {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "osc-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 func runOrbit(t *testing.T, s Scenario) Row {
 	t.Helper()
 	if s.Duration == 0 {
@@ -49,7 +62,7 @@ func runOrbit(t *testing.T, s Scenario) Row {
 	if s.Conns == 0 {
 		s.Conns = shortConns
 	}
-	r := &Runner{Caddy: caddyBin, Workers: shortWorkers, Dir: t.TempDir()}
+	r := &Runner{Caddy: caddyBin, Workers: shortWorkers, Dir: shortTempDir(t)}
 	row, err := r.Run(context.Background(), s, Orbit)
 	if err != nil {
 		t.Fatal(err)
