@@ -177,3 +177,35 @@ func TestCatchUpLoadsFleetConfigIntoLaggingWorkers(t *testing.T) {
 		t.Fatalf("loads by worker: %v; want the fleet's configuration in worker 1 only", loaded)
 	}
 }
+
+// TestRunDirTooLongForSockets: a run directory under which a worker's admin
+// socket would pass sun_path's 107 bytes is refused by name before any worker
+// starts; one a byte shorter gets past that check (this test's config is then
+// refused for listening nowhere).
+func TestRunDirTooLongForSockets(t *testing.T) {
+	dir, err := os.MkdirTemp("", "orbit-long-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cfg := filepath.Join(dir, "caddy.json")
+	if err := os.WriteFile(cfg, []byte(`{"admin": {"disabled": true}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := len("/worker-0.01234567.sock")
+	for _, c := range []struct {
+		over    int
+		refused bool
+	}{{1, true}, {0, false}} {
+		pad := maxSocketPath + c.over - sock - len(dir) - 1
+		runDir := filepath.Join(dir, strings.Repeat("r", pad))
+		err := adv7RunCommand(t, "--config", cfg, "--workers", "1", "--run-dir", runDir)
+		if got := err != nil && strings.Contains(err.Error(), "too long for a unix socket"); got != c.refused {
+			t.Errorf("run directory of %d bytes (socket path %d bytes): %v; refused for length: %v, want %v",
+				len(runDir), len(runDir)+sock, err, got, c.refused)
+		}
+		if err == nil {
+			t.Errorf("run directory of %d bytes: the fleet started with a config that has no admin endpoint", len(runDir))
+		}
+	}
+}
