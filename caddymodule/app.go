@@ -222,6 +222,11 @@ type appState struct {
 	stopping atomic.Bool
 	inflight atomic.Int64
 	release  sync.Once
+	// followed: the membership logs to this config's logger. A config
+	// that takes the running membership in Provision only has it follow
+	// once the config starts: until then it may yet be refused, and its
+	// logs closed.
+	followed bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -253,7 +258,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.Validate(); err != nil {
 		return err
 	}
-	if _, err := a.fleet(); err != nil {
+	if _, err := a.fleet(false); err != nil {
 		return fmt.Errorf("joining the fleet: %w", err)
 	}
 	return nil
@@ -378,7 +383,7 @@ func (a *App) Validate() error {
 
 // Start joins the fleet, unless Provision did.
 func (a *App) Start() error {
-	f, err := a.fleet()
+	f, err := a.fleet(true)
 	if err != nil {
 		return err
 	}
@@ -421,12 +426,18 @@ func (a *App) Cleanup() error {
 // fleet returns the app's membership of the fleet, taking it from the usage
 // pool (opening the segment if this process has not yet) on first use: in
 // Provision or Start (see Provision), or for a transport whose server
-// started before this app did.
-func (a *App) fleet() (*fleet, error) {
+// started before this app did. With follow (the config is starting), a
+// membership taken from a running config logs to this config's logger from
+// then on.
+func (a *App) fleet(follow bool) (*fleet, error) {
 	st := a.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.fl != nil {
+		if follow && !st.followed {
+			st.followed = true
+			st.fl.setLogger(a.logger)
+		}
 		return st.fl, nil
 	}
 	if st.stopping.Load() {
@@ -440,7 +451,8 @@ func (a *App) fleet() (*fleet, error) {
 		return nil, err
 	}
 	f := v.(*fleet)
-	if loaded {
+	st.followed = !loaded || follow
+	if loaded && follow {
 		// Follow this config's logs from now on.
 		f.setLogger(a.logger)
 	}
@@ -454,7 +466,7 @@ var errAppStopped = errors.New("orbit_pool app stopped")
 // fleet if Start has not run yet; end must follow once the exchange is over.
 func (a *App) begin() (*fleet, error) {
 	a.st.inflight.Add(1)
-	f, err := a.fleet()
+	f, err := a.fleet(true)
 	if err != nil {
 		a.end()
 		return nil, err
