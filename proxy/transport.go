@@ -449,9 +449,10 @@ func (t *Transport) budget(ctx context.Context, req *http.Request) (*exchangeBud
 	return b, nil
 }
 
-// workers takes the governor's worker and buffers, once per request (a
-// retry keeps them); the wait ends near the request's deadline. It returns
-// how many exchange buffers the request may use.
+// workers takes the governor's worker and buffers; the wait ends near the
+// request's deadline. It returns how many exchange buffers the request may
+// use. An attempt that goes back to the pool gives them up first (see
+// idle).
 func (b *exchangeBudget) workers(ctx context.Context) (int, error) {
 	if b == nil || b.t.Node.gov == nil {
 		return 1, nil
@@ -475,6 +476,18 @@ func (b *exchangeBudget) workers(ctx context.Context) (int, error) {
 	}
 	b.ls = ls
 	return ls.Workers(), nil
+}
+
+// idle gives back the worker and buffers before the request waits on the
+// pool again (a retry, or a plan that fell through): holding a worker while
+// waiting for a connection is hold-and-wait, which deadlocks against a
+// request that holds the connection's unit and waits for the worker. The
+// permit is kept: it is the request's admission, not its exchange's.
+func (b *exchangeBudget) idle() {
+	if b != nil && b.ls != nil {
+		b.ls.Release()
+		b.ls = nil
+	}
 }
 
 // release gives back what the request holds, once.
@@ -563,6 +576,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		if lim.MaxCreating <= 0 && e.speaksH2() {
 			lim.MaxCreating = 1
 		}
+		b.idle()
 		wctx, cancel := waitContext(ctx, near)
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
