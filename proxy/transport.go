@@ -352,8 +352,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	var release func()
+	returned := false
 	if b != nil {
 		release = b.release
+		defer func() {
+			if !returned {
+				// A panic out of an attempt (a Policy's, say) goes to
+				// the caller, which may recover it and serve on: the
+				// permit and worker must not go with it, for nothing
+				// else would give them back.
+				b.release()
+			}
+		}()
 	}
 	gz := !t.DisableCompression && wantsGzip(req)
 	if gz {
@@ -378,6 +388,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if gz {
 				ungzip(resp)
 			}
+			returned = true
 			return resp, nil
 		}
 		free := avoid.freeRetry(err, func() int { return t.freeRetries(e.key) })
@@ -413,6 +424,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// the context's error.
 			err = fmt.Errorf("%w: %w", cerr, err)
 		}
+		returned = true
 		return nil, err
 	}
 }
