@@ -210,6 +210,7 @@ func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.C
 	hc.limit.Store(int64(capacity))
 	hc.idleAt.Store(sinceStart(hc.created))
 	n.h2slots[slot].Store(hc)
+	n.open.Add(1) // an owned connection for the dial admission, as install counts one
 	return hc, nil
 }
 
@@ -284,6 +285,7 @@ func (n *Node) retireH2(hc *h2conn) {
 	if !n.h2slots[hc.id.Slot()].CompareAndSwap(hc, nil) {
 		return
 	}
+	n.open.Add(-1)
 	n.stopOffersH2(hc)
 	if h := testHookRetireH2.Load(); h != nil {
 		(*h)(n, hc)
@@ -329,6 +331,7 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 	if !n.h2slots[hc.id.Slot()].CompareAndSwap(hc, nil) {
 		return
 	}
+	n.open.Add(-1)
 	n.closeMu.Lock()
 	if n.isClosed {
 		n.closeMu.Unlock()
