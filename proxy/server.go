@@ -654,6 +654,15 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
+	// The head may have come in well after the frame, up to the owner's
+	// grace past the deadline: the deadline is judged again at the claim
+	// of a worker, as every claim point judges it, or a request its
+	// caller has given up on (and answered 504) would still go upstream.
+	if !dl.IsZero() {
+		if err := backpressure.Verdict(time.Now(), dl, s.near); err != nil {
+			return s.refuseLease(nc, lr, br, bw, f, rejectDeadline, fmt.Errorf("%w once the request head was in", err))
+		}
+	}
 	ls, code, err := s.budget(dl)
 	if err != nil {
 		return s.refuseLease(nc, lr, br, bw, f, code, err)
