@@ -323,7 +323,9 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 				}
 				return nil
 			}
-			// The peer sees the stream end mid-body: an error there too.
+			// The peer sees the stream end mid-body: an error there too,
+			// after the bytes read with it, as a local caller reads them.
+			bw.Flush()
 			return rerr
 		}
 	}
