@@ -40,6 +40,9 @@ const (
 	// DefaultReservationTimeout is how long a reservation on one of this
 	// process's connections may go unpresented before it is dropped.
 	DefaultReservationTimeout = time.Second
+	// DefaultDrainTimeout is how long a leaving process runs the exchanges
+	// siblings started on its connections (see App.DrainTimeout).
+	DefaultDrainTimeout = 10 * time.Second
 	// DefaultForwardingWorkers is how many exchanges (its own requests' and
 	// those it forwards for siblings) a process runs at once unless
 	// configured: far above what connection caps produce, so that it only
@@ -177,6 +180,16 @@ type App struct {
 	// connections may wait to be presented before it is dropped. Default:
 	// 1s.
 	ReservationTimeout caddy.Duration `json:"reservation_timeout,omitempty"`
+
+	// DrainTimeout is how long a process leaving the fleet (it stops, or a
+	// reload moves it to a membership of other settings) keeps running the
+	// exchanges siblings started on its connections, once its own servers
+	// have drained, before it closes those connections: a sibling's
+	// request still running then fails, where without the fleet its own
+	// connection would have served it. Set it above the longest response a
+	// sibling may relay (a download, a long poll) when workers are
+	// restarted one at a time. Default: 10s.
+	DrainTimeout caddy.Duration `json:"drain_timeout,omitempty"`
 
 	// OrderWindow bounds how far waiting requests may be served out of
 	// arrival order. Requests that wait for a connection (a cap reached)
@@ -320,6 +333,9 @@ func (a *App) setDefaults() {
 	if a.ReservationTimeout == 0 {
 		a.ReservationTimeout = caddy.Duration(DefaultReservationTimeout)
 	}
+	if a.DrainTimeout == 0 {
+		a.DrainTimeout = caddy.Duration(DefaultDrainTimeout)
+	}
 }
 
 // Validate rejects a configuration that cannot work.
@@ -377,6 +393,9 @@ func (a *App) Validate() error {
 	}
 	if a.ReservationTimeout < 0 {
 		return fmt.Errorf("reservation_timeout must be positive, got %s", time.Duration(a.ReservationTimeout))
+	}
+	if a.DrainTimeout < 0 {
+		return fmt.Errorf("drain_timeout must be positive, got %s", time.Duration(a.DrainTimeout))
 	}
 	return nil
 }
@@ -436,7 +455,7 @@ func (a *App) fleet(follow bool) (*fleet, error) {
 	if st.fl != nil {
 		if follow && !st.followed {
 			st.followed = true
-			st.fl.setLogger(a.logger)
+			a.lead(st.fl)
 		}
 		return st.fl, nil
 	}
@@ -452,12 +471,18 @@ func (a *App) fleet(follow bool) (*fleet, error) {
 	}
 	f := v.(*fleet)
 	st.followed = !loaded || follow
-	if loaded && follow {
-		// Follow this config's logs from now on.
-		f.setLogger(a.logger)
+	if st.followed {
+		a.lead(f)
 	}
 	st.fl = f
 	return f, nil
+}
+
+// lead has membership f follow this config from now on: its logs, and how
+// long it drains when it leaves.
+func (a *App) lead(f *fleet) {
+	f.setLogger(a.logger)
+	f.drain.Store(int64(a.DrainTimeout))
 }
 
 var errAppStopped = errors.New("orbit_pool app stopped")

@@ -51,6 +51,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    admission_ceiling    <count>
 //	    reconcile_interval   <duration>
 //	    reservation_timeout  <duration>
+//	    drain_timeout        <duration>
 //	    order_window         <count>
 //	    fixed_ownership
 //	    keep_segment
@@ -101,6 +102,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			a.ReconcileInterval, err = durationArg(d, false)
 		case "reservation_timeout":
 			a.ReservationTimeout, err = durationArg(d, false)
+		case "drain_timeout":
+			a.DrainTimeout, err = durationArg(d, false)
 		case "order_window":
 			var n int
 			n, err = intArg(d, 0)

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -52,6 +53,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"admission_ceiling bad", appBlock("admission_ceiling lots"), "bad admission_ceiling value 'lots': not an integer"},
 		{"reconcile_interval", appBlock("reconcile_interval 0"), "bad reconcile_interval value '0': must be positive"},
 		{"reservation_timeout", appBlock("reservation_timeout x"), "bad reservation_timeout value 'x'"},
+		{"drain_timeout", appBlock("drain_timeout 0"), "bad drain_timeout value '0': must be positive"},
 		{"order_window negative", appBlock("order_window -1"), "bad order_window value '-1': must be at least 0"},
 		{"order_window bad", appBlock("order_window wide"), "bad order_window value 'wide': not an integer"},
 		{"fixed_ownership argument", appBlock("fixed_ownership on"), "wrong argument count"},
@@ -149,6 +151,7 @@ func TestValidateErrors(t *testing.T) {
 		{"admission_ceiling", appConfig(`{"admission_ceiling": -1}`), "admission_ceiling must not be negative, got -1"},
 		{"reconcile_interval", appConfig(`{"reconcile_interval": "-1s"}`), "reconcile_interval must be positive, got -1s"},
 		{"reservation_timeout", appConfig(`{"reservation_timeout": "-1s"}`), "reservation_timeout must be positive, got -1s"},
+		{"drain_timeout", appConfig(`{"drain_timeout": "-1s"}`), "drain_timeout must be positive, got -1s"},
 		{"order_window negative", appConfig(`{"order_window": -1}`), "order_window must be between 0 and 2147483647, got -1"},
 		{"order_window high", appConfig(`{"order_window": 4294967296}`), "order_window must be between 0 and 2147483647, got 4294967296"},
 
@@ -239,5 +242,48 @@ func TestValidateDefaults(t *testing.T) {
 	}
 	if err := new(App).Cleanup(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestDrainTimeoutFollowsStartedConfig: the membership drains siblings'
+// exchanges for the drain_timeout of the config that last started with it;
+// a config that takes it over sets its own only once it starts, so that a
+// refused reload leaves the running config's.
+func TestDrainTimeoutFollowsStartedConfig(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+	defer cancel()
+	dir := t.TempDir()
+	app := func(drain time.Duration) *App {
+		a := &App{Segment: filepath.Join(dir, "seg"), SocketDir: filepath.Join(dir, "sock"), DrainTimeout: caddy.Duration(drain)}
+		if err := a.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	def := app(0)
+	if err := def.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer def.Cleanup()
+	f := def.currentFleet()
+	if got := time.Duration(f.drain.Load()); got != DefaultDrainTimeout {
+		t.Fatalf("drain after the first config started: %s, want the default %s", got, DefaultDrainTimeout)
+	}
+	next := app(time.Minute)
+	if _, err := next.fleet(false); err != nil {
+		t.Fatal(err)
+	}
+	defer next.Cleanup()
+	if next.currentFleet() != f {
+		t.Fatal("a config of the same fleet settings opened another membership")
+	}
+	if got := time.Duration(f.drain.Load()); got != DefaultDrainTimeout {
+		t.Errorf("drain once a new config took the membership, before it started: %s, want the running config's %s", got, DefaultDrainTimeout)
+	}
+	if err := next.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(f.drain.Load()); got != time.Minute {
+		t.Errorf("drain after the new config started: %s, want its drain_timeout 1m0s", got)
 	}
 }

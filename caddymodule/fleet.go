@@ -76,6 +76,7 @@ type fleet struct {
 	names   *keyNames
 	opened  time.Time
 	log     atomic.Pointer[zap.Logger]
+	drain   atomic.Int64 // how long Destruct runs siblings' exchanges, as a time.Duration
 }
 
 func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
@@ -84,6 +85,7 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	}
 	f := &fleet{cfg: cfg, opened: time.Now()}
 	f.log.Store(log)
+	f.drain.Store(int64(DefaultDrainTimeout))
 	tag := orbitfleet.Tag()
 	pool, err := orbitpool.Open(cfg.spec(), orbitpool.Options{
 		Tag:                tag,
@@ -194,15 +196,11 @@ func (f *fleet) socketDir() string {
 // enter.
 func (f *fleet) namesDir() string { return filepath.Join(f.socketDir(), "names") }
 
-// drainTimeout bounds how long a leaving process lets siblings' exchanges on
-// its connections run before it closes them.
-const drainTimeout = 10 * time.Second
-
 // Destruct leaves the fleet: this process's connections are closed and
 // unregistered, its socket removed and its lane freed.
 func (f *fleet) Destruct() error {
 	f.logger().Info("leaving the fleet", zap.String("segment", f.cfg.Segment), zap.Int("lane", f.pool.Lane()))
-	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(f.drain.Load()))
 	nerr := f.node.Shutdown(ctx)
 	cancel()
 	perr := f.pool.Close()
