@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -471,12 +472,15 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 }
 
 // awaitHead waits, bounded as readPeerHead's read is, until br holds the
-// request head's end, or is full (a larger head is read as it comes). Only
-// then are the worker and the lease taken up: a peer that sends half a head
-// and stalls costs its stream's goroutine, not an upstream connection, as a
-// client's half-sent head costs Caddy's server no upstream connection.
-func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time) error {
-	if headBuffered(br) {
+// request head's end, and with withBody the short body a frame without
+// flagBodyOnAccept carries after its head (see readBodyWithHead), or is full
+// (a larger head is read as it comes). Only then are the worker and the
+// lease taken up: a peer that sends half a head, or half the body it
+// promised with the head, and stalls costs its stream's goroutine, not an
+// upstream connection, as a client's half-sent head costs Caddy's server no
+// upstream connection.
+func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time, withBody bool) error {
+	if requestBuffered(br, withBody) {
 		return nil
 	}
 	headBy := time.Now().Add(peerHeadTimeout)
@@ -489,7 +493,7 @@ func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time) error {
 		if _, err := br.Peek(n + 1); err != nil {
 			return err
 		}
-		if headBuffered(br) {
+		if requestBuffered(br, withBody) {
 			return nil
 		}
 	}
@@ -502,6 +506,48 @@ func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time) error {
 func headBuffered(br *bufio.Reader) bool {
 	b, _ := br.Peek(br.Buffered())
 	return bytes.Contains(b, crlfcrlf)
+}
+
+// requestBuffered is headBuffered, and with withBody also the short body
+// that the head declares with its Content-Length (see shortBodyLen).
+func requestBuffered(br *bufio.Reader, withBody bool) bool {
+	b, _ := br.Peek(br.Buffered())
+	i := bytes.Index(b, crlfcrlf)
+	if i < 0 {
+		return false
+	}
+	if !withBody {
+		return true
+	}
+	return len(b)-(i+len(crlfcrlf)) >= shortBodyLen(b[:i+2])
+}
+
+// shortBodyLen is the length of the body that readBodyWithHead reads after
+// head (its lines, each ending in CRLF): its Content-Length, if that is at
+// most maxBodyWithHead and no Transfer-Encoding goes with it; 0 otherwise.
+// It only tells awaitHead how long to wait: the head is parsed, and the body
+// read, as before.
+func shortBodyLen(head []byte) int {
+	n := 0
+	for len(head) > 0 {
+		line, rest, _ := bytes.Cut(head, []byte("\n"))
+		head = rest
+		name, v, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			continue
+		}
+		switch {
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			return 0
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			k, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+			if err != nil || k <= 0 || k > maxBodyWithHead {
+				return 0
+			}
+			n = int(k)
+		}
+	}
+	return n
 }
 
 var crlfcrlf = []byte("\r\n\r\n")
@@ -642,7 +688,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	if s.adm != nil && !s.adm.Admit(int(inFlight)) {
 		return s.refuseLease(nc, lr, br, bw, f, rejectOverload, ErrNotAdmitted)
 	}
-	if err := awaitHead(nc, br, deadline); err != nil {
+	if err := awaitHead(nc, br, deadline, f.flags&(flagBodyOnAccept|flagLength) == 0); err != nil {
 		if d, ok := s.acc.(leaseDropper); ok {
 			d.drop(f.leaseBytes())
 		}
