@@ -3,6 +3,7 @@ package backpressure
 import (
 	"context"
 	"time"
+	"weak"
 )
 
 const (
@@ -53,6 +54,7 @@ func WithNearWindow(d time.Duration) Option {
 func New(opts ...Option) *Limiter {
 	p := &pool{near: DefaultNearWindow, now: time.Now}
 	p.cap.Store(DefaultCap)
+	p.batch.Store(new(weak.Pointer[permitBatch]))
 	for _, o := range opts {
 		o(p)
 	}
@@ -111,6 +113,12 @@ func (l *Limiter) Check(ctx context.Context) error {
 // Active above zero has leaked a permit.
 func (l *Limiter) Active() int { return int(l.p.state.Load() & activeMask) }
 
+// Leaked is how many Permits of this Limiter and its clones were
+// garbage-collected without Release, and so were returned by the collector.
+// Anything above zero is a bug in a caller: a path that drops a permit, or a
+// panic between Acquire and a Release that is not deferred.
+func (l *Limiter) Leaked() uint64 { return l.p.leaked.Load() }
+
 // MaxConcurrent is the permit cap.
 func (l *Limiter) MaxConcurrent() int { return int(l.p.cap.Load()) }
 
@@ -144,7 +152,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Permit, error) {
 	if err := l.acquire(ctx, true); err != nil {
 		return nil, err
 	}
-	return &Permit{p: l.p}, nil
+	return l.p.permit(), nil
 }
 
 // TryAcquire is Acquire without the wait: when no permit is free it returns
@@ -154,12 +162,11 @@ func (l *Limiter) TryAcquire(ctx context.Context) (*Permit, error) {
 	if err := l.acquire(ctx, false); err != nil {
 		return nil, err
 	}
-	return &Permit{p: l.p}, nil
+	return l.p.permit(), nil
 }
 
 // acquire decides and, on success, has taken the permit; the caller only
-// wraps it. Keeping the allocation in the small exported wrappers lets the
-// compiler inline them and keep a permit that does not escape on the stack.
+// hands it out.
 func (l *Limiter) acquire(ctx context.Context, wait bool) error {
 	p := l.p
 	deadline, hasDeadline := l.Deadline(ctx)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 const (
@@ -21,8 +22,11 @@ type pool struct {
 	// permit" are one compare-and-swap. That keeps the uncontended path
 	// lock-free and lets a waiter register without missing a release that
 	// races with it.
-	state atomic.Uint64
-	cap   atomic.Int64
+	state  atomic.Uint64
+	cap    atomic.Int64
+	leaked atomic.Uint64 // permits returned by the collector
+
+	batch atomic.Pointer[weak.Pointer[permitBatch]] // never nil; see permitBatch
 
 	near time.Duration
 	now  func() time.Time // the clock deadline decisions use; tests replace it
