@@ -33,7 +33,7 @@ const (
 // Waiters are served in arrival order.
 func (g *Governor) AcquireMany(want int, perWorkerBytes uint64) *LeaseSet {
 	k, b, _ := g.acquire(nil, want, perWorkerBytes)
-	return &LeaseSet{g: g, held: uint32(k), bytes: b}
+	return g.newLease(k, b, false)
 }
 
 // AcquireManyContext is [Governor.AcquireMany] with a wait that ends with ctx.
@@ -51,13 +51,13 @@ func (g *Governor) AcquireManyContext(ctx context.Context, want int, perWorkerBy
 	if err != nil {
 		return nil, err
 	}
-	return newLease(g, k, b, borrowed), nil
+	return g.newLease(k, b, borrowed), nil
 }
 
 // Acquire blocks until one worker is free and takes it, charging no memory.
 func (g *Governor) Acquire() *LeaseSet {
 	k, _, _ := g.acquire(nil, 1, 0)
-	return &LeaseSet{g: g, held: uint32(k)}
+	return g.newLease(k, 0, false)
 }
 
 // TryAcquire takes one worker if one is free now, and never blocks.
@@ -66,7 +66,7 @@ func (g *Governor) TryAcquire() (*LeaseSet, bool) {
 	if k == 0 {
 		return nil, false
 	}
-	return &LeaseSet{g: g, held: uint32(k), bytes: b}, true
+	return g.newLease(k, b, false), true
 }
 
 // TryAcquireMany is [Governor.AcquireMany] without the wait: when no worker is
@@ -76,7 +76,7 @@ func (g *Governor) TryAcquireMany(want int, perWorkerBytes uint64) (*LeaseSet, b
 	if k == 0 {
 		return nil, false
 	}
-	return &LeaseSet{g: g, held: uint32(k), bytes: b}, true
+	return g.newLease(k, b, false), true
 }
 
 func (g *Governor) acquireContext(ctx context.Context, want int, per uint64) (k, b uint64, borrowed bool, err error) {

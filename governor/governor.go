@@ -5,6 +5,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"weak"
 )
 
 // MaxWorkers is the most workers a Governor has (New takes a larger count
@@ -40,6 +41,9 @@ type Governor struct {
 
 	mu    sync.Mutex
 	queue list.List // of *waiter, in arrival order; guarded by mu
+
+	batch  atomic.Pointer[weak.Pointer[leaseBatch]] // never nil; see leaseBatch
+	leaked atomic.Uint64                            // leases returned by the collector
 }
 
 // New returns a Governor with a budget of workers and memoryLimit bytes.
@@ -53,7 +57,9 @@ func New(workers int, memoryLimit uint64) *Governor {
 	if memoryLimit == 0 {
 		memoryLimit = math.MaxUint64
 	}
-	return &Governor{workers: w, memoryLimit: memoryLimit}
+	g := &Governor{workers: w, memoryLimit: memoryLimit}
+	g.batch.Store(new(weak.Pointer[leaseBatch]))
+	return g
 }
 
 // Workers is the hard ceiling on workers held at once.
@@ -65,6 +71,12 @@ func (g *Governor) MemoryLimit() uint64 { return g.memoryLimit }
 
 // Outstanding is the number of workers currently held by unreleased leases.
 func (g *Governor) Outstanding() int { return int(uint32(g.state.Load())) }
+
+// Leaked is how many LeaseSets were garbage-collected without Release; the
+// collector returned whatever workers and memory they held. Anything above
+// zero is a bug in a caller: a path that drops a lease, or a panic between
+// an acquire and a Release that is not deferred.
+func (g *Governor) Leaked() uint64 { return g.leaked.Load() }
 
 // ReservedBytes is the memory currently charged to unreleased leases. It can
 // exceed [Governor.MemoryLimit]; see [Governor.AcquireMany].

@@ -2,34 +2,118 @@ package governor
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
+	"weak"
 )
 
 // LeaseSet is a grant of workers and memory from a [Governor], held until
 // Release.
+//
+// Release is the only way a lease returns on time. A LeaseSet that is
+// garbage-collected without Release returns its workers and memory then, and
+// counts in [Governor.Leaked]: a caller's bug costs capacity until a
+// collection finds it rather than for the life of the process. That is a
+// safety net, not a way to release: the lease stays charged until the
+// collector finds it, and leases are found a batch at a time (see
+// leaseBatch), so one dropped while another handed out around the same time
+// is still reachable comes back only once that one is unreachable too.
+//
+// The caller's *LeaseSet points into its batch, which keeps the batch from
+// being collected while the caller can still use it.
 type LeaseSet struct {
-	g     *Governor
+	g *Governor
+	*lease
+}
+
+// lease is a LeaseSet's charge, in its batch's state.
+type lease struct {
 	bytes uint64        // memory charged to g
 	held  uint32        // workers charged to g; at most MaxWorkers
-	flags atomic.Uint32 // leaseBorrowed, fixed at creation; leaseReleased
+	flags atomic.Uint32 // leaseHeld, once bytes and held are set; leaseBorrowed
 }
 
 const (
+	// leaseHeld marks a lease handed out and not yet released, by Release
+	// or by its batch's cleanup.
+	leaseHeld = 1 << iota
 	// leaseBorrowed marks a lease that counts one more worker than it holds:
 	// the one lent by the lease in the caller's context.
-	leaseBorrowed = 1 << iota
-	leaseReleased
+	leaseBorrowed
 )
 
-func newLease(g *Governor, held, bytes uint64, borrowed bool) *LeaseSet {
-	ls := &LeaseSet{g: g, bytes: bytes, held: uint32(held)}
-	if borrowed {
-		ls.flags.Store(leaseBorrowed)
-	}
-	return ls
+// LeaseSets are carved out of batches, with one cleanup per batch: a cleanup
+// per lease costs several times the Acquire/Release pair it guards. A batch's
+// cleanup runs once none of its LeaseSets is reachable, and returns the
+// charges of those never released. The governor holds the batch it is carving
+// only weakly, so that a leaked lease is found by a collection even if
+// nothing is ever acquired again.
+const leaseBatchSize = 256
+
+type leaseBatch struct {
+	sets  [leaseBatchSize]LeaseSet
+	state *leaseBatchState
+	next  atomic.Int32 // leases handed out, or claimed past the end
 }
 
-func (ls *LeaseSet) released() bool { return ls.flags.Load()&leaseReleased != 0 }
+// leaseBatchState is what a batch's cleanup reads, apart from the batch so
+// that the cleanup does not keep it reachable.
+type leaseBatchState struct {
+	g      *Governor
+	leases [leaseBatchSize]lease
+}
+
+// newLease hands out a LeaseSet for workers and bytes the caller has taken.
+func (g *Governor) newLease(held, bytes uint64, borrowed bool) *LeaseSet {
+	flags := uint32(leaseHeld)
+	if borrowed {
+		flags |= leaseBorrowed
+	}
+	for {
+		cur := g.batch.Load()
+		if b := cur.Value(); b != nil {
+			if i := b.next.Add(1) - 1; i < leaseBatchSize {
+				l := &b.state.leases[i]
+				l.bytes, l.held = bytes, uint32(held)
+				l.flags.Store(flags)
+				ls := &b.sets[i]
+				*ls = LeaseSet{g, l}
+				return ls
+			}
+		}
+		g.batch.CompareAndSwap(cur, g.newLeaseBatch())
+	}
+}
+
+func (g *Governor) newLeaseBatch() *weak.Pointer[leaseBatch] {
+	b := &leaseBatch{state: &leaseBatchState{g: g}}
+	runtime.AddCleanup(b, returnLeaked, b.state)
+	w := weak.Make(b)
+	return &w
+}
+
+func returnLeaked(st *leaseBatchState) {
+	for i := range st.leases {
+		// Leases never handed out were never held.
+		if l := &st.leases[i]; l.release(st.g) {
+			st.g.leaked.Add(1)
+		}
+	}
+}
+
+// release returns the charge if the lease is still held, and reports whether
+// it was.
+func (l *lease) release(g *Governor) bool {
+	if l.flags.And(^uint32(leaseHeld))&leaseHeld == 0 {
+		return false
+	}
+	if l.held != 0 {
+		g.release(uint64(l.held), l.bytes)
+	}
+	return true
+}
+
+func (ls *LeaseSet) released() bool { return ls.flags.Load()&leaseHeld == 0 }
 
 // Workers is how many workers the holder may run at once. For a lease
 // acquired under [WithLease] it counts the worker the caller is already
@@ -49,11 +133,8 @@ func (ls *LeaseSet) Bytes() uint64 { return ls.bytes }
 // Only the first call has an effect, so a deferred Release is safe alongside
 // an early one. Release on a nil LeaseSet does nothing.
 func (ls *LeaseSet) Release() {
-	if ls == nil || ls.flags.Or(leaseReleased)&leaseReleased != 0 {
-		return
-	}
-	if ls.held != 0 {
-		ls.g.release(uint64(ls.held), ls.bytes)
+	if ls != nil {
+		ls.release(ls.g)
 	}
 }
 
