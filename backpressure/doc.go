@@ -12,11 +12,12 @@
 // # Benchmarks
 //
 // The hot path is a single compare-and-swap on one word, and an atomic add
-// that hands out a Permit from a batch (see [Permit] for why batches); a
-// mutex and a FIFO wait list are used only when no permit is free. The benchmarks compare an
-// Acquire/Release pair against the same pair on golang.org/x/sync/semaphore,
-// uncontended and with b.RunParallel on the available cores (with headroom,
-// and saturated so that goroutines queue and are handed permits in order):
+// that hands out a Permit from a batch (see [Permit] for why batches); a mutex
+// and a FIFO wait list are used only when no permit is free. The benchmarks
+// compare an Acquire/Release pair against the same pair on
+// golang.org/x/sync/semaphore, uncontended and with b.RunParallel on the
+// available cores (with headroom, and saturated so that goroutines queue and
+// are handed permits in order):
 //
 //	go test -run '^$' -bench . -benchmem -count 5 ./backpressure/
 package backpressure

@@ -30,11 +30,11 @@
 //
 // The hot path (one worker, no memory) is a single compare-and-swap on one
 // word, and an atomic add that hands out a LeaseSet from a batch (see
-// [LeaseSet] for why batches); a mutex and a FIFO wait list are used only when bytes are charged or
-// no worker is free. The benchmarks compare an Acquire/Release pair against
-// the same pair on golang.org/x/sync/semaphore, uncontended and with
-// b.RunParallel on the available cores (with headroom, and saturated so that
-// goroutines queue and are handed workers in order):
+// [LeaseSet] for why batches); a mutex and a FIFO wait list are used only when
+// bytes are charged or no worker is free. The benchmarks compare an
+// Acquire/Release pair against the same pair on golang.org/x/sync/semaphore,
+// uncontended and with b.RunParallel on the available cores (with headroom,
+// and saturated so that goroutines queue and are handed workers in order):
 //
 //	go test -run '^$' -bench . -benchmem -count 5 ./governor/
 package governor
