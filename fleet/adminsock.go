@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -91,6 +92,37 @@ func (a adminSockets) removeStale() {
 			continue
 		}
 		if errors.Is(err, syscall.ECONNREFUSED) {
+			os.Remove(p)
+		}
+	}
+	a.removeDangling()
+}
+
+// removeDangling removes the stable names that lead nowhere: links of
+// earlier runs to sockets their workers removed as they exited, or that
+// removeStale removed, and those of a worker index this run does not have
+// (a fleet started again with fewer workers). Such a name would fail as
+// "no such file or directory" on a file ls shows. It also removes the
+// temporary links of earlier runs that a killed supervisor left between
+// point's two steps. The run directory's lock makes these names this
+// run's to remove.
+func (a adminSockets) removeDangling() {
+	names, _ := filepath.Glob(filepath.Join(a.dir, "worker-*.sock"))
+	tmps, _ := filepath.Glob(filepath.Join(a.dir, "worker-*.sock.*.tmp"))
+	for _, p := range tmps {
+		if !strings.HasSuffix(p, "."+a.run+".tmp") {
+			names = append(names, p)
+		}
+	}
+	for _, p := range names {
+		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSymlink {
+			continue
+		}
+		if strings.HasSuffix(p, ".tmp") {
+			os.Remove(p)
+			continue
+		}
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 			os.Remove(p)
 		}
 	}

@@ -225,6 +225,9 @@ func (s *supervisor) run() error {
 		return err
 	}
 	adm.removeStale()
+	// After every unpoint: a link of an earlier run whose worker exited
+	// while this run went on leads nowhere by then.
+	defer adm.removeDangling()
 	for i := range s.n {
 		w := &worker{
 			id:      i,
