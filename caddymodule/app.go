@@ -238,7 +238,8 @@ type appState struct {
 	// followed: the membership logs to this config's logger. A config
 	// that takes the running membership in Provision only has it follow
 	// once the config starts: until then it may yet be refused, and its
-	// logs closed.
+	// logs closed. Cleanup undoes it (see fleet.unfollow): a config may
+	// also be refused once started, when another of its apps fails to.
 	followed bool
 }
 
@@ -436,6 +437,11 @@ func (a *App) Cleanup() error {
 	if a.st == nil || !a.st.stopping.CompareAndSwap(false, true) {
 		return nil
 	}
+	a.st.mu.Lock()
+	if a.st.followed && a.st.fl != nil {
+		a.st.fl.unfollow(a.logger)
+	}
+	a.st.mu.Unlock()
 	if a.st.inflight.Load() == 0 {
 		a.releaseFleet()
 	}
@@ -453,7 +459,7 @@ func (a *App) fleet(follow bool) (*fleet, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.fl != nil {
-		if follow && !st.followed {
+		if follow && !st.followed && !st.stopping.Load() {
 			st.followed = true
 			a.lead(st.fl)
 		}
@@ -481,8 +487,7 @@ func (a *App) fleet(follow bool) (*fleet, error) {
 // lead has membership f follow this config from now on: its logs, and how
 // long it drains when it leaves.
 func (a *App) lead(f *fleet) {
-	f.setLogger(a.logger)
-	f.drain.Store(int64(a.DrainTimeout))
+	f.follow(follower{log: a.logger, drain: time.Duration(a.DrainTimeout)})
 }
 
 var errAppStopped = errors.New("orbit_pool app stopped")

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +79,10 @@ type fleet struct {
 	opened  time.Time
 	log     atomic.Pointer[zap.Logger]
 	drain   atomic.Int64 // how long Destruct runs siblings' exchanges, as a time.Duration
+	// followers are the configs that started with this membership and
+	// have not let go of it, oldest first (see follow).
+	followMu  sync.Mutex
+	followers []follower
 }
 
 func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
@@ -178,10 +184,45 @@ func (f *fleet) logMembers(tag uint64) error {
 
 func (f *fleet) logger() *zap.Logger { return f.log.Load() }
 
-func (f *fleet) setLogger(l *zap.Logger) {
-	if l != nil {
-		f.log.Store(l)
+// follower is what a config that started with a membership sets for it:
+// where it logs, and how long it drains when it leaves.
+type follower struct {
+	log   *zap.Logger
+	drain time.Duration
+}
+
+// follow makes the membership log and drain as c says from now on.
+func (f *fleet) follow(c follower) {
+	f.followMu.Lock()
+	defer f.followMu.Unlock()
+	f.followers = append(f.followers, c)
+	f.apply(c)
+}
+
+// unfollow is follow's undoing, when the config whose logger l is lets go
+// of the membership (Cleanup): the membership logs and drains as the
+// newest of the configs still following it says. A config refused after
+// its apps started (another app's Start failed) let go of it before the
+// running config did, and its logs are closed. The last follower's
+// settings stay, for the membership's leaving.
+func (f *fleet) unfollow(l *zap.Logger) {
+	f.followMu.Lock()
+	defer f.followMu.Unlock()
+	i := slices.IndexFunc(f.followers, func(c follower) bool { return c.log == l })
+	if i < 0 {
+		return
 	}
+	f.followers = slices.Delete(f.followers, i, i+1)
+	if n := len(f.followers); n > 0 {
+		f.apply(f.followers[n-1])
+	}
+}
+
+func (f *fleet) apply(c follower) {
+	if c.log != nil {
+		f.log.Store(c.log)
+	}
+	f.drain.Store(int64(c.drain))
 }
 
 func (f *fleet) socketDir() string {
