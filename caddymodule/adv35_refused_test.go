@@ -1,0 +1,108 @@
+package caddymodule
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAdv35RefusedReloadsLeakNothing: a reload that changes the fleet
+// settings joins a new membership in orbit's Provision (another lane of the
+// same segment); when the config is then refused, by a later module's
+// Provision or by a server that cannot bind in Start, that membership must
+// be let go: after ten refused reloads of each kind the process holds one
+// membership, the segment counts one member (this process, once), and no
+// file descriptor is left over.
+func TestAdv35RefusedReloadsLeakNothing(t *testing.T) {
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok")
+	}), false)
+	port := freePort(t)
+	startCaddyGlobal(t, "", "", site(port, up.hostport(), "", ""))
+	seg := fleetTable(t).Fleets[0].Segment
+	if r, _ := get(t, fmt.Sprintf("http://127.0.0.1:%d/", port)); r.StatusCode != 200 {
+		t.Fatalf("warm-up: %d", r.StatusCode)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	busyPort := busy.Addr().(*net.TCPAddr).Port
+
+	load := func(opts, extra, more string) int {
+		cfg := fmt.Sprintf(`{
+	admin localhost:2999
+	auto_https off
+	persist_config off
+	grace_period 1s
+	orbit_pool {
+		segment %s
+		reconcile_interval 50ms
+		%s
+	}
+}
+:%d {
+	bind 127.0.0.1
+	reverse_proxy %s {
+		transport orbit_pool
+		%s
+	}
+}
+%s
+`, seg, opts, port, up.hostport(), extra, more)
+		req, _ := http.NewRequest("POST", "http://localhost:2999/load", strings.NewReader(cfg))
+		req.Header.Set("Content-Type", "text/caddyfile")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	fds := func() int {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		return len(ents)
+	}
+	check := func(when string, fdsBefore int) {
+		t.Helper()
+		var ft FleetTable
+		var fdsNow int
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			ft = fleetTable(t)
+			client.CloseIdleConnections()
+			fdsNow = fds()
+			if len(ft.Fleets) == 1 && len(ft.Fleets[0].Members) == 1 && fdsNow <= fdsBefore+2 {
+				return
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Errorf("%s: %d memberships (want 1), members %+v (want this process once), fds %d -> %d",
+			when, len(ft.Fleets), members(ft), fdsBefore, fdsNow)
+	}
+	client.CloseIdleConnections()
+	before := fds()
+	for i := range 10 {
+		if code := load(fmt.Sprintf("max_in_flight %d", 100+i), `header_up X-Bad "(" "x"`, ""); code == 200 {
+			t.Fatal("a reload refused in Provision was taken")
+		}
+	}
+	check("after 10 reloads refused in Provision", before)
+	for i := range 10 {
+		if code := load(fmt.Sprintf("max_in_flight %d", 200+i), "", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\trespond ok\n}", busyPort)); code == 200 {
+			t.Fatal("a reload refused in Start was taken")
+		}
+	}
+	check("after 10 reloads refused in Start", before)
+	adv35ServesAfterRefusals(t, port)
+}
