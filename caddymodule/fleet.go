@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/orbitproxy/orbit/backpressure"
 	orbitfleet "github.com/orbitproxy/orbit/fleet"
@@ -132,7 +133,12 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		// owner cannot start is rejected and given back instead.
 		MaxLeaseWait:   cfg.ReservationTimeout / 2,
 		FixedOwnership: cfg.FixedOwnership,
-		Logger:         log.Named("node"),
+		// The node is part of the membership: it logs where the
+		// membership does (see follow), not to the opening config's
+		// logs, which Caddy closes once that config is replaced.
+		Logger: log.WithOptions(zap.WrapCore(func(zapcore.Core) zapcore.Core {
+			return &followingCore{f: f}
+		})).Named("node"),
 	})
 	if err != nil {
 		pool.Close()
@@ -224,6 +230,37 @@ func (f *fleet) apply(c follower) {
 	}
 	f.drain.Store(int64(c.drain))
 }
+
+// followingCore writes to the core of the membership's logger of the
+// moment (see follow).
+type followingCore struct {
+	f      *fleet
+	fields []zapcore.Field
+}
+
+func (c *followingCore) core() zapcore.Core {
+	core := c.f.logger().Core()
+	if len(c.fields) > 0 {
+		core = core.With(c.fields)
+	}
+	return core
+}
+
+func (c *followingCore) Enabled(l zapcore.Level) bool { return c.f.logger().Core().Enabled(l) }
+
+func (c *followingCore) With(fields []zapcore.Field) zapcore.Core {
+	return &followingCore{f: c.f, fields: append(slices.Clip(c.fields), fields...)}
+}
+
+func (c *followingCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	return c.core().Check(e, ce)
+}
+
+func (c *followingCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	return c.core().Write(e, fields)
+}
+
+func (c *followingCore) Sync() error { return c.f.logger().Core().Sync() }
 
 func (f *fleet) socketDir() string {
 	if f.cfg.SocketDir != "" {
