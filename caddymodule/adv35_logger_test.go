@@ -57,15 +57,7 @@ func TestAdv35ReloadRefusedInStartKeepsLogger(t *testing.T) {
 }
 %s
 `, logTo(logFile), seg, opts, port, up.hostport(), more)
-		req, _ := http.NewRequest("POST", "http://localhost:2999/load", strings.NewReader(cfg))
-		req.Header.Set("Content-Type", "text/caddyfile")
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
+		return adv35Load(t, cfg)
 	}
 	for range 10 {
 		if code := load(refusedLog, "", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\trespond ok\n}", busyPort)); code == 200 {
@@ -125,4 +117,29 @@ func adv35ServesAfterRefusals(t *testing.T, port int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("after the refused reloads: %s", last)
+}
+
+// adv35Load posts a Caddyfile to the admin endpoint and returns the status,
+// each time on a new connection: a load replaces the admin server, which
+// closes the idle connections of the old one. A refused load replaces it
+// twice (the running config is loaded again), and stock Caddy then
+// sometimes closes a connection its old admin server had just accepted
+// (EOF or reset before any answer): such a load is posted again.
+func adv35Load(t *testing.T, cfg string) int {
+	t.Helper()
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var err error
+	for range 3 {
+		req, _ := http.NewRequest("POST", "http://localhost:2999/load", strings.NewReader(cfg))
+		req.Header.Set("Content-Type", "text/caddyfile")
+		var resp *http.Response
+		if resp, err = c.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal(err)
+	return 0
 }

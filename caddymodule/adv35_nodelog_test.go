@@ -49,16 +49,8 @@ func TestAdv35NodeLogsFollowReload(t *testing.T) {
 	}
 }
 `, logTo(runLog), seg, port, up.hostport())
-	req, _ := http.NewRequest("POST", "http://localhost:2999/load", strings.NewReader(cfg))
-	req.Header.Set("Content-Type", "text/caddyfile")
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("reload: %d", resp.StatusCode)
+	if code := adv35Load(t, cfg); code != 200 {
+		t.Fatalf("reload: %d", code)
 	}
 	if ft := fleetTable(t); len(ft.Fleets) != 1 || ft.Fleets[0].Lane != lane {
 		t.Fatalf("the reload did not keep the membership: %+v", ft.Fleets)

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 )
@@ -56,20 +55,23 @@ func TestAdv35RefusedReloadsLeakNothing(t *testing.T) {
 }
 %s
 `, seg, opts, port, up.hostport(), extra, more)
-		req, _ := http.NewRequest("POST", "http://localhost:2999/load", strings.NewReader(cfg))
-		req.Header.Set("Content-Type", "text/caddyfile")
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
+		return adv35Load(t, cfg)
 	}
-	fds := func() int {
+	fdList := func() map[string]string {
+		m := map[string]string{}
 		ents, _ := os.ReadDir("/proc/self/fd")
-		return len(ents)
+		for _, e := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			m[e.Name()] = l
+		}
+		return m
 	}
+	fds := func() int { return len(fdList()) }
+	first := fdList()
+	// Ten refused reloads that each kept a descriptor would add ten; a
+	// few may come and go with the connections of the tests before this
+	// one (seen once in 200 runs: four).
+	const fdSlack = 5
 	check := func(when string, fdsBefore int) {
 		t.Helper()
 		var ft FleetTable
@@ -79,7 +81,7 @@ func TestAdv35RefusedReloadsLeakNothing(t *testing.T) {
 			ft = fleetTable(t)
 			client.CloseIdleConnections()
 			fdsNow = fds()
-			if len(ft.Fleets) == 1 && len(ft.Fleets[0].Members) == 1 && fdsNow <= fdsBefore+2 {
+			if len(ft.Fleets) == 1 && len(ft.Fleets[0].Members) == 1 && fdsNow <= fdsBefore+fdSlack {
 				return
 			}
 			if time.Now().After(deadline) {
@@ -87,6 +89,13 @@ func TestAdv35RefusedReloadsLeakNothing(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		var extra []string
+		for k, v := range fdList() {
+			if first[k] != v {
+				extra = append(extra, k+"->"+v)
+			}
+		}
+		t.Logf("new fds: %v", extra)
 		t.Errorf("%s: %d memberships (want 1), members %+v (want this process once), fds %d -> %d",
 			when, len(ft.Fleets), members(ft), fdsBefore, fdsNow)
 	}
