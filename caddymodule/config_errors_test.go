@@ -286,4 +286,13 @@ func TestDrainTimeoutFollowsStartedConfig(t *testing.T) {
 	if got := time.Duration(f.drain.Load()); got != time.Minute {
 		t.Errorf("drain after the new config started: %s, want its drain_timeout 1m0s", got)
 	}
+	// A config refused after its apps started (another app's Start
+	// failed) is cleaned up while the running one goes on: the drain is
+	// the running config's again.
+	if err := next.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(f.drain.Load()); got != DefaultDrainTimeout {
+		t.Errorf("drain after the started config was cleaned up: %s, want the running config's %s", got, DefaultDrainTimeout)
+	}
 }
