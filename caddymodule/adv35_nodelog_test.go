@@ -1,15 +1,12 @@
 package caddymodule
 
 import (
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/orbitproxy/orbit/proxy"
 )
@@ -27,29 +24,11 @@ func TestAdv35NodeLogsFollowReload(t *testing.T) {
 	port := freePort(t)
 	dir := t.TempDir()
 	firstLog, runLog := filepath.Join(dir, "first.log"), filepath.Join(dir, "run.log")
-	logTo := func(p string) string { return "log default {\n\t\toutput file " + p + "\n\t}" }
 	startCaddyGlobal(t, logTo(firstLog), "", site(port, up.hostport(), "", ""))
 	ft := fleetTable(t)
 	seg, sockDir, lane := ft.Fleets[0].Segment, ft.Fleets[0].SocketDir, ft.Fleets[0].Lane
-	cfg := fmt.Sprintf(`{
-	admin localhost:2999
-	auto_https off
-	persist_config off
-	grace_period 1s
-	%s
-	orbit_pool {
-		segment %s
-		reconcile_interval 50ms
-	}
-}
-:%d {
-	bind 127.0.0.1
-	reverse_proxy %s {
-		transport orbit_pool
-	}
-}
-`, logTo(runLog), seg, port, up.hostport())
-	if code := adv35Load(t, cfg); code != 200 {
+	next := reloadSite{logFile: runLog, seg: seg, port: port, upstream: up.hostport()}
+	if code := next.load(t); code != 200 {
 		t.Fatalf("reload: %d", code)
 	}
 	if ft := fleetTable(t); len(ft.Fleets) != 1 || ft.Fleets[0].Lane != lane {
@@ -63,16 +42,5 @@ func TestAdv35NodeLogsFollowReload(t *testing.T) {
 	c.Write([]byte(strings.Repeat("\xff", 512)))
 	c.(*net.UnixConn).CloseWrite()
 	io.Copy(io.Discard, c)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, _ := os.ReadFile(runLog)
-		if strings.Contains(string(b), `"peer stream closed"`) {
-			return
-		}
-		if time.Now().After(deadline) {
-			f, _ := os.ReadFile(firstLog)
-			t.Fatalf("the node's \"peer stream closed\" after the reload is not in the running config's log; the first config's log has:\n%s", grepLines(string(f), "peer stream closed"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	awaitLogLine(t, runLog, firstLog, `"peer stream closed"`, "what the node logs after the reload")
 }

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"testing"
@@ -27,36 +26,10 @@ func TestAdv35RefusedReloadsLeakNothing(t *testing.T) {
 	if r, _ := get(t, fmt.Sprintf("http://127.0.0.1:%d/", port)); r.StatusCode != 200 {
 		t.Fatalf("warm-up: %d", r.StatusCode)
 	}
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
-	busyPort := busy.Addr().(*net.TCPAddr).Port
-
 	load := func(opts, extra, more string) int {
-		cfg := fmt.Sprintf(`{
-	admin localhost:2999
-	auto_https off
-	persist_config off
-	grace_period 1s
-	orbit_pool {
-		segment %s
-		reconcile_interval 50ms
-		%s
+		return reloadSite{seg: seg, opts: opts, port: port, upstream: up.hostport(), extra: extra, more: more}.load(t)
 	}
-}
-:%d {
-	bind 127.0.0.1
-	reverse_proxy %s {
-		transport orbit_pool
-		%s
-	}
-}
-%s
-`, seg, opts, port, up.hostport(), extra, more)
-		return adv35Load(t, cfg)
-	}
+	refusedInStart := unbindable(t)
 	fdList := func() map[string]string {
 		m := map[string]string{}
 		ents, _ := os.ReadDir("/proc/self/fd")
@@ -108,10 +81,10 @@ func TestAdv35RefusedReloadsLeakNothing(t *testing.T) {
 	}
 	check("after 10 reloads refused in Provision", before)
 	for i := range 10 {
-		if code := load(fmt.Sprintf("max_in_flight %d", 200+i), "", fmt.Sprintf(":%d {\n\tbind 127.0.0.1\n\trespond ok\n}", busyPort)); code == 200 {
+		if code := load(fmt.Sprintf("max_in_flight %d", 200+i), "", refusedInStart); code == 200 {
 			t.Fatal("a reload refused in Start was taken")
 		}
 	}
 	check("after 10 reloads refused in Start", before)
-	adv35ServesAfterRefusals(t, port)
+	servesAfterRefusals(t, port)
 }
