@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -40,6 +39,26 @@ func adv29BigUpstream(t *testing.T) string {
 	return srv.URL
 }
 
+// soleIdleConn is an owner and a client of one segment, with at most one
+// connection per key, and the owner's one connection to an
+// adv29BigUpstream (at base), idle after a warm-up.
+func soleIdleConn(t *testing.T) (base string, owner, client *member, oc *owned) {
+	t.Helper()
+	base = adv29BigUpstream(t)
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	conf := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
+	owner = newMember(t, spec, conf)
+	client = newMember(t, spec, conf)
+	if err := getBody(context.Background(), owner.tr, base+"/small"); err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	if oc = lastOwned(owner); oc == nil {
+		t.Fatal("warm left no idle connection")
+	}
+	return base, owner, client, oc
+}
+
 // TestAdv29PeerStopsReadingPastDeadline: a sibling sends a lease and a GET
 // for a large response with a deadline 300ms away, and then never reads
 // the stream. Its deadline is the owner's backstop ("the owner's backstop
@@ -51,19 +70,7 @@ func adv29BigUpstream(t *testing.T) string {
 func TestAdv29PeerStopsReadingPastDeadline(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
-			base := adv29BigUpstream(t)
-			spec := testSpec
-			spec.Path = filepath.Join(t.TempDir(), "seg")
-			conf := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
-			owner := newMember(t, spec, conf)
-			client := newMember(t, spec, conf)
-			if err := getBody(context.Background(), owner.tr, base+"/small"); err != nil {
-				t.Fatalf("warm: %v", err)
-			}
-			oc := lastOwned(owner)
-			if oc == nil {
-				t.Fatal("warm left no idle connection")
-			}
+			base, owner, client, oc := soleIdleConn(t)
 			deadline := time.Now().Add(300 * time.Millisecond)
 			frame := leaseFrame(t, client, oc, deadline, 0)
 			path := "/big"
@@ -72,11 +79,7 @@ func TestAdv29PeerStopsReadingPastDeadline(t *testing.T) {
 			}
 			host := base[len("http://"):]
 			frame = fmt.Appendf(frame, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host)
-			c, err := net.Dial("unix", SocketPath(SocketDir(spec.Path), owner.pool.Lane()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := dialOwner(t, owner)
 			if _, err := c.Write(frame); err != nil {
 				t.Fatal(err)
 			}
