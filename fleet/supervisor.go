@@ -225,6 +225,7 @@ func (s *supervisor) run() error {
 		return err
 	}
 	adm.removeStale()
+	removeStalePidFiles(s.runDir)
 	// After every unpoint: a link of an earlier run whose worker exited
 	// while this run went on leads nowhere by then.
 	defer adm.removeDangling()

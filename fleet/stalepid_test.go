@@ -1,0 +1,74 @@
+package fleet
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/orbitproxy/orbit/internal/privdir"
+)
+
+// TestStalePidFilesOfEarlierRun: a fleet of three whose supervisor was
+// killed leaves worker-<i>.pid behind. A fleet of one started in the run
+// directory writes worker-0.pid, and nothing rewrites worker-1.pid or
+// worker-2.pid: once their workers have exited, the kernel may give those
+// pids to anything, and an operator's `kill $(cat worker-1.pid)` would
+// reach it. A pid file whose process is not a worker of a fleet in this
+// run directory is removed; one whose process still is (a worker of the
+// killed fleet, draining) is kept.
+func TestStalePidFilesOfEarlierRun(t *testing.T) {
+	dir, err := os.MkdirTemp("", "orbit-pid-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	runDir := filepath.Join(dir, "run")
+	if err := privdir.Ensure(runDir); err != nil {
+		t.Fatal(err)
+	}
+	start := func(env ...string) *exec.Cmd {
+		c := exec.Command("sleep", "60")
+		c.Env = append(os.Environ(), env...)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		return c
+	}
+	draining := start(idEnv + "=" + runDir + ":1")
+	stranger := start()
+	other := start(idEnv + "=" + filepath.Join(dir, "elsewhere") + ":1")
+	pidFile := func(i int) string { return filepath.Join(runDir, "worker-"+strconv.Itoa(i)+".pid") }
+	for i, c := range []*exec.Cmd{draining, stranger, other} {
+		if err := os.WriteFile(pidFile(i+1), []byte(strconv.Itoa(c.Process.Pid)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An exited worker's pid, and a file that holds no pid.
+	if err := os.WriteFile(pidFile(4), []byte("999999999\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pidFile(5), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := filepath.Join(dir, "caddy.json")
+	if err := os.WriteFile(cfg, []byte(`{"admin": {"disabled": true}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Refused once the run directory is the fleet's (no worker could run
+	// the config): the run's start and exit, with no worker.
+	if err := adv7RunCommand(t, "--config", cfg, "--workers", "1", "--run-dir", runDir); err == nil {
+		t.Fatal("a config with the admin endpoint off was run")
+	}
+	if _, err := os.Stat(pidFile(1)); err != nil {
+		t.Errorf("the pid file of a worker of the earlier run, still draining, was removed: %v", err)
+	}
+	for i, what := range map[int]string{2: "a process of no fleet", 3: "a worker of another run directory's fleet", 4: "an exited process", 5: "no pid"} {
+		if _, err := os.Stat(pidFile(i)); err == nil {
+			t.Errorf("worker-%d.pid, with the pid of %s, is left", i, what)
+		}
+	}
+}
