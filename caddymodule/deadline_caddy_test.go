@@ -149,6 +149,9 @@ func TestDeadlines(t *testing.T) {
 			fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="wait_timeout",upstream="http://%s"}`, up.hostport()),
 			"caddy_orbit_pool_budget_workers ",
 			"caddy_orbit_pool_permits_in_use ",
+			`caddy_orbit_pool_leaked_guards_total{kind="connection"} 0`,
+			`caddy_orbit_pool_leaked_guards_total{kind="permit"} 0`,
+			`caddy_orbit_pool_leaked_guards_total{kind="budget"} 0`,
 		} {
 			if !strings.Contains(metrics, want) {
 				t.Errorf("metrics lack %s", want)
