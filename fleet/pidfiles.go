@@ -15,18 +15,25 @@ import (
 // files of the killed fleet's workers still draining are kept. The run
 // directory's lock makes these files this run's to remove.
 func removeStalePidFiles(runDir string) {
+	dir, err := os.Stat(runDir)
+	if err != nil {
+		return
+	}
 	names, _ := filepath.Glob(filepath.Join(runDir, "worker-*.pid"))
 	for _, p := range names {
-		if !isFleetWorker(p, runDir) {
+		if !isFleetWorker(p, dir) {
 			os.Remove(p)
 		}
 	}
 }
 
 // isFleetWorker reports whether the process in pid file p is a worker of a
-// fleet run in runDir, by the fleet identity its supervisor put in its
-// environment (idEnv).
-func isFleetWorker(p, runDir string) bool {
+// fleet run in the directory runDir, by the fleet identity its supervisor
+// put in its environment (idEnv). The directory, not its name, is compared:
+// the killed fleet may have named it another way (a linked parent, as
+// /var/run is of /run on most hosts), and its draining workers' pid files
+// must be kept all the same.
+func isFleetWorker(p string, runDir os.FileInfo) bool {
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return false
@@ -39,11 +46,19 @@ func isFleetWorker(p, runDir string) bool {
 	if err != nil {
 		return false // gone, or another user's
 	}
-	id := []byte(idEnv + "=" + runDir + ":")
+	prefix := []byte(idEnv + "=")
 	for kv := range bytes.SplitSeq(env, []byte{0}) {
-		if bytes.HasPrefix(kv, id) {
-			return true
+		id, ok := bytes.CutPrefix(kv, prefix)
+		if !ok {
+			continue
 		}
+		// <run directory>:<supervisor pid>; the directory may hold a colon.
+		i := bytes.LastIndexByte(id, ':')
+		if i < 0 {
+			return false
+		}
+		fi, err := os.Stat(string(id[:i]))
+		return err == nil && os.SameFile(fi, runDir)
 	}
 	return false
 }
