@@ -12,8 +12,10 @@ import (
 // leaves them, and no later run rewrites those of a worker index it does
 // not have. Once the worker has exited, the kernel may give its pid to
 // anything, and a `kill $(cat worker-<i>.pid)` would reach that. The pid
-// files of the killed fleet's workers still draining are kept. The run
-// directory's lock makes these files this run's to remove.
+// files of the killed fleet's workers still draining are kept; a fleet runs
+// this as it starts and again as it stops, so that one whose worker exits
+// meanwhile is gone by then. The run directory's lock makes these files
+// this run's to remove.
 func removeStalePidFiles(runDir string) {
 	dir, err := os.Stat(runDir)
 	if err != nil {

@@ -226,6 +226,10 @@ func (s *supervisor) run() error {
 	}
 	adm.removeStale()
 	removeStalePidFiles(s.runDir)
+	// Again once this run's workers have stopped, with the run directory
+	// still locked: a worker of a killed fleet, still draining now, may
+	// exit while this run goes on, and its pid file would outlive it.
+	defer removeStalePidFiles(s.runDir)
 	// After every unpoint: a link of an earlier run whose worker exited
 	// while this run went on leads nowhere by then.
 	defer adm.removeDangling()
