@@ -497,7 +497,23 @@ func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time, withBody bool)
 			return nil
 		}
 	}
+	if withBody {
+		// A short body may be as long as the buffer: what of it the
+		// full buffer has no room for is waited for in the socket.
+		return awaitQueued(nc, bodyPastBuffer(br))
+	}
 	return nil
+}
+
+// bodyPastBuffer is how many bytes of the short body that the head in br
+// declares (see shortBodyLen) br does not hold; 0 if br holds no head's end.
+func bodyPastBuffer(br *bufio.Reader) int {
+	b, _ := br.Peek(br.Buffered())
+	i := bytes.Index(b, crlfcrlf)
+	if i < 0 {
+		return 0
+	}
+	return max(shortBodyLen(b[:i+2])-(len(b)-(i+len(crlfcrlf))), 0)
 }
 
 // headBuffered reports whether br holds the end of a request head, so that
