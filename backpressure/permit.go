@@ -17,11 +17,12 @@ import (
 // while another handed out around the same time is still reachable comes
 // back only once that one is unreachable too.
 //
-// The caller's *Permit points into its batch, which keeps the batch from
-// being collected while the caller can still use it.
+// The caller's *Permit points into its batch, and so does a copy of the
+// Permit value, which keeps the batch from being collected while the
+// caller can still use either.
 type Permit struct {
-	p        *pool
-	released *atomic.Bool
+	b *permitBatch
+	i int
 }
 
 // Permits are carved out of batches, with one cleanup per batch: a cleanup
@@ -52,7 +53,7 @@ func (p *pool) permit() *Permit {
 		if b := cur.Value(); b != nil {
 			if i := b.state.next.Add(1) - 1; i < permitBatchSize {
 				pm := &b.permits[i]
-				*pm = Permit{p, &b.state.released[i]}
+				*pm = Permit{b, int(i)}
 				return pm
 			}
 		}
@@ -81,8 +82,11 @@ func returnLeaked(st *batchState) {
 // one. Only the first call has an effect, so a deferred Release is safe
 // alongside an early one. Release on a nil Permit does nothing.
 func (pm *Permit) Release() {
-	if pm == nil || !pm.released.CompareAndSwap(false, true) {
+	if pm == nil {
 		return
 	}
-	pm.p.release()
+	st := pm.b.state
+	if st.released[pm.i].CompareAndSwap(false, true) {
+		st.p.release()
+	}
 }

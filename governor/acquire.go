@@ -83,7 +83,7 @@ func (g *Governor) acquireContext(ctx context.Context, want int, per uint64) (k,
 	if err := ctx.Err(); err != nil {
 		return 0, 0, false, err
 	}
-	if parent, ok := ctx.Value(leaseKey{}).(*LeaseSet); ok && parent != nil && parent.g == g && !parent.released() {
+	if parent, ok := ctx.Value(leaseKey{}).(*LeaseSet); ok && parent != nil && parent.gov() == g && !parent.released() {
 		extra := uint64(max(want, 1)) - 1
 		if extra != 0 {
 			k, b = g.try(extra, clampPerWorker(per), 0)

@@ -19,10 +19,11 @@ import (
 // leaseBatch), so one dropped while another handed out around the same time
 // is still reachable comes back only once that one is unreachable too.
 //
-// The caller's *LeaseSet points into its batch, which keeps the batch from
-// being collected while the caller can still use it.
+// The caller's *LeaseSet points into its batch, and so does a copy of the
+// LeaseSet value, which keeps the batch from being collected while the
+// caller can still use either.
 type LeaseSet struct {
-	g *Governor
+	b *leaseBatch
 	*lease
 }
 
@@ -77,7 +78,7 @@ func (g *Governor) newLease(held, bytes uint64, borrowed bool) *LeaseSet {
 				l.bytes, l.held = bytes, uint32(held)
 				l.flags.Store(flags)
 				ls := &b.sets[i]
-				*ls = LeaseSet{g, l}
+				*ls = LeaseSet{b, l}
 				return ls
 			}
 		}
@@ -134,8 +135,17 @@ func (ls *LeaseSet) Bytes() uint64 { return ls.bytes }
 // an early one. Release on a nil LeaseSet does nothing.
 func (ls *LeaseSet) Release() {
 	if ls != nil {
-		ls.release(ls.g)
+		ls.release(ls.gov())
 	}
+}
+
+// gov is the governor that granted ls; nil for a LeaseSet no governor
+// granted (a zero one), which WithLease then treats as no lease.
+func (ls *LeaseSet) gov() *Governor {
+	if ls.b == nil {
+		return nil
+	}
+	return ls.b.state.g
 }
 
 type leaseKey struct{}
