@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -26,6 +27,9 @@ func TestLateRequestNotSentPastDeadline(t *testing.T) {
 	}{
 		{"head", flagBodyOnAccept, "", "GET /late HTTP/1.1\r\nHost: %s\r\n\r\n"},
 		{"short body", 0, "POST /late HTTP/1.1\r\nHost: %s\r\nContent-Length: 4\r\n\r\nha", "lf"},
+		// Head and body overrun the owner's read buffer (adv37).
+		{"short body past the buffer", 0, fmt.Sprintf("POST /late HTTP/1.1\r\nHost: %%s\r\nContent-Length: %d\r\n\r\n%s",
+			maxBodyWithHead, strings.Repeat("b", maxBodyWithHead-1)), "b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u := newAdv10Upstream(t, false, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
