@@ -1,4 +1,4 @@
-package fleet
+package scenario
 
 import (
 	"bytes"
@@ -21,20 +21,17 @@ import (
 // still draining, which it does not rewrite (it has one worker). Once that
 // worker has exited, its pid may go to anything; when the new fleet stops,
 // worker-2.pid must not be left for an operator's
-// `kill $(cat worker-2.pid)`. It runs a fleet of the Caddy binary in
-// ORBIT_TEST_CADDY.
-func TestAdv36DrainedWorkerPidFileRemovedAtExit(t *testing.T) {
-	exe := os.Getenv("ORBIT_TEST_CADDY")
-	if exe == "" {
-		t.Skip("ORBIT_TEST_CADDY is not set")
-	}
-	dir := t.TempDir()
+// `kill $(cat worker-2.pid)`. A process stands for that worker: what makes
+// it one is the fleet identity (ORBIT_FLEET_ID, <run directory>:<supervisor
+// pid>) a supervisor puts in its workers' environment.
+func TestDrainedWorkerPidFileRemovedAtExit(t *testing.T) {
+	dir := shortTempDir(t)
 	runDir := filepath.Join(dir, "run")
 	if err := privdir.Ensure(runDir); err != nil {
 		t.Fatal(err)
 	}
 	draining := exec.Command("sleep", "60")
-	draining.Env = append(os.Environ(), idEnv+"="+runDir+":1")
+	draining.Env = append(os.Environ(), "ORBIT_FLEET_ID="+runDir+":1")
 	if err := draining.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +58,7 @@ func TestAdv36DrainedWorkerPidFileRemovedAtExit(t *testing.T) {
 		"routes":[{"handle":[{"handler":"static_response","body":"ok"}]}]}}}}}`, addr)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fl := exec.Command(exe, "orbit-fleet", "--config", cfg, "--workers", "1", "--run-dir", runDir)
+	fl := exec.Command(caddyBin, "orbit-fleet", "--config", cfg, "--workers", "1", "--run-dir", runDir)
 	if err := fl.Start(); err != nil {
 		t.Fatal(err)
 	}
