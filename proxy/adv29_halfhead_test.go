@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -27,6 +28,10 @@ func TestHalfSentHeadHoldsNoConnection(t *testing.T) {
 	}{
 		{"half head", flagBodyOnAccept, "GET /small HTTP/1.1\r\nHo"},
 		{"half short body", 0, "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf"},
+		// maxBodyWithHead is the whole of the owner's read buffer, so head
+		// and body together need not fit it: all but the body's last byte.
+		{"short body past the read buffer but its last byte", 0, fmt.Sprintf("POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s",
+			maxBodyWithHead, strings.Repeat("b", maxBodyWithHead-1))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base, owner, client, oc := soleIdleConn(t)

@@ -500,20 +500,10 @@ func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time, withBody bool)
 	if withBody {
 		// A short body may be as long as the buffer: what of it the
 		// full buffer has no room for is waited for in the socket.
-		return awaitQueued(nc, bodyPastBuffer(br))
+		missing, _ := shortBodyMissing(br)
+		return awaitQueued(nc, missing)
 	}
 	return nil
-}
-
-// bodyPastBuffer is how many bytes of the short body that the head in br
-// declares (see shortBodyLen) br does not hold; 0 if br holds no head's end.
-func bodyPastBuffer(br *bufio.Reader) int {
-	b, _ := br.Peek(br.Buffered())
-	i := bytes.Index(b, crlfcrlf)
-	if i < 0 {
-		return 0
-	}
-	return max(shortBodyLen(b[:i+2])-(len(b)-(i+len(crlfcrlf))), 0)
 }
 
 // headBuffered reports whether br holds the end of a request head, so that
@@ -527,15 +517,23 @@ func headBuffered(br *bufio.Reader) bool {
 // requestBuffered is headBuffered, and with withBody also the short body
 // that the head declares with its Content-Length (see shortBodyLen).
 func requestBuffered(br *bufio.Reader, withBody bool) bool {
+	if !withBody {
+		return headBuffered(br)
+	}
+	missing, head := shortBodyMissing(br)
+	return head && missing == 0
+}
+
+// shortBodyMissing reports whether br holds the end of a request head, and
+// how many bytes of the short body that head declares (see shortBodyLen)
+// br does not hold yet.
+func shortBodyMissing(br *bufio.Reader) (missing int, head bool) {
 	b, _ := br.Peek(br.Buffered())
 	i := bytes.Index(b, crlfcrlf)
 	if i < 0 {
-		return false
+		return 0, false
 	}
-	if !withBody {
-		return true
-	}
-	return len(b)-(i+len(crlfcrlf)) >= shortBodyLen(b[:i+2])
+	return max(shortBodyLen(b[:i+2])-(len(b)-(i+len(crlfcrlf))), 0), true
 }
 
 // shortBodyLen is the length of the body that readBodyWithHead reads after
