@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -79,5 +80,26 @@ func TestCollectorReturnsOnlyDroppedPermits(t *testing.T) {
 	}
 	if n, leaked := l.Active(), l.Leaked(); n != 0 || leaked != cycles {
 		t.Fatalf("after releasing everything: Active %d, Leaked %d; want 0, %d", n, leaked, cycles)
+	}
+}
+
+// A dropped permit is reported to WithOnLeak's handler when the collector
+// returns it, with the number returned; one released in time is not.
+func TestDroppedPermitIsReported(t *testing.T) {
+	var reported atomic.Int64
+	l := New(WithCap(2), WithOnLeak(func(n int) { reported.Add(int64(n)) }))
+	released, err := l.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	released.Release()
+	dropPermit(t, l)
+	if !collectUntil(func() bool { return reported.Load() >= 1 }) {
+		t.Fatalf("a dropped permit was not reported (Leaked %d)", l.Leaked())
+	}
+	// Give the collector the chance to report more than it should.
+	collectUntil(func() bool { return false })
+	if n := reported.Load(); n != 1 || l.Leaked() != 1 || l.Active() != 0 {
+		t.Fatalf("reported %d permits, Leaked %d, Active %d; want 1, 1 and 0", n, l.Leaked(), l.Active())
 	}
 }

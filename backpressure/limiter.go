@@ -50,6 +50,14 @@ func WithNearWindow(d time.Duration) Option {
 	return func(p *pool) { p.near = max(d, 0) }
 }
 
+// WithOnLeak has f told how many permits the collector returned each time
+// it finds dropped ones (see [Limiter.Leaked]), so that a caller's bug is
+// reported where it happens rather than only counted. f runs on the
+// runtime's cleanup goroutine: it must not block.
+func WithOnLeak(f func(n int)) Option {
+	return func(p *pool) { p.onLeak = f }
+}
+
 // New returns a Limiter with its own permit pool.
 func New(opts ...Option) *Limiter {
 	p := &pool{near: DefaultNearWindow, now: time.Now}

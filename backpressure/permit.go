@@ -69,12 +69,16 @@ func (p *pool) newPermitBatch() *weak.Pointer[permitBatch] {
 }
 
 func returnLeaked(st *batchState) {
-	n := min(st.next.Load(), permitBatchSize)
+	n, leaked := min(st.next.Load(), permitBatchSize), 0
 	for i := range st.released[:n] {
 		if st.released[i].CompareAndSwap(false, true) {
 			st.p.leaked.Add(1)
 			st.p.release()
+			leaked++
 		}
+	}
+	if leaked > 0 && st.p.onLeak != nil {
+		st.p.onLeak(leaked)
 	}
 }
 

@@ -25,6 +25,7 @@ type pool struct {
 	state  atomic.Uint64
 	cap    atomic.Int64
 	leaked atomic.Uint64 // permits returned by the collector
+	onLeak func(n int)   // see WithOnLeak; nil: none
 
 	batch atomic.Pointer[weak.Pointer[permitBatch]] // never nil; see permitBatch
 

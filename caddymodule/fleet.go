@@ -123,6 +123,9 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		return nil, err
 	}
 	f.gov = governor.New(cfg.Workers, cfg.MemoryLimit)
+	f.gov.OnLeak(func(n int) {
+		f.logger().Error("a request's budget worker was never released; the garbage collector returned it", zap.Int("workers", n))
+	})
 	f.adm = governor.NewAdmission(cfg.AdmissionCeiling)
 	node, err := proxy.NewNode(pool, proxy.NodeOptions{
 		SocketDir:          cfg.SocketDir,
@@ -153,6 +156,9 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	f.limiter = backpressure.New(
 		backpressure.WithCap(cfg.MaxInFlight),
 		backpressure.WithNearWindow(cfg.DeadlineNearWindow),
+		backpressure.WithOnLeak(func(n int) {
+			f.logger().Error("a request's back-pressure permit was never released; the garbage collector returned it", zap.Int("permits", n))
+		}),
 	)
 	return f, nil
 }

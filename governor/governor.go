@@ -44,6 +44,7 @@ type Governor struct {
 
 	batch  atomic.Pointer[weak.Pointer[leaseBatch]] // never nil; see leaseBatch
 	leaked atomic.Uint64                            // leases returned by the collector
+	onLeak atomic.Pointer[func(n int)]              // see OnLeak
 }
 
 // New returns a Governor with a budget of workers and memoryLimit bytes.
@@ -77,6 +78,18 @@ func (g *Governor) Outstanding() int { return int(uint32(g.state.Load())) }
 // zero is a bug in a caller: a path that drops a lease, or a panic between
 // an acquire and a Release that is not deferred.
 func (g *Governor) Leaked() uint64 { return g.leaked.Load() }
+
+// OnLeak has f told how many LeaseSets the collector returned each time it
+// finds dropped ones (see [Governor.Leaked]), so that a caller's bug is
+// reported where it happens rather than only counted; nil stops that. f
+// runs on the runtime's cleanup goroutine: it must not block.
+func (g *Governor) OnLeak(f func(n int)) {
+	if f == nil {
+		g.onLeak.Store(nil)
+		return
+	}
+	g.onLeak.Store(&f)
+}
 
 // ReservedBytes is the memory currently charged to unreleased leases. It can
 // exceed [Governor.MemoryLimit]; see [Governor.AcquireMany].

@@ -3,6 +3,7 @@ package governor
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -74,5 +75,27 @@ func TestCollectorReturnsOnlyDroppedLeases(t *testing.T) {
 	}
 	if o, r, leaked := g.Outstanding(), g.ReservedBytes(), g.Leaked(); o != 0 || r != 0 || leaked != cycles {
 		t.Fatalf("after releasing everything: %d workers, %d bytes charged, Leaked %d; want 0, 0, %d", o, r, leaked, cycles)
+	}
+}
+
+// A dropped LeaseSet is reported to OnLeak's handler when the collector
+// returns it, with the number returned; one released in time is not.
+func TestDroppedLeaseIsReported(t *testing.T) {
+	var reported atomic.Int64
+	g := New(2, 0)
+	g.OnLeak(func(n int) { reported.Add(int64(n)) })
+	released, ok := g.TryAcquireMany(1, 0)
+	if !ok {
+		t.Fatal("no worker free")
+	}
+	released.Release()
+	dropLease(t, g, 0)
+	if !collectUntil(func() bool { return reported.Load() >= 1 }) {
+		t.Fatalf("a dropped lease was not reported (Leaked %d)", g.Leaked())
+	}
+	// Give the collector the chance to report more than it should.
+	collectUntil(func() bool { return false })
+	if n := reported.Load(); n != 1 || g.Leaked() != 1 || g.Outstanding() != 0 {
+		t.Fatalf("reported %d leases, Leaked %d, Outstanding %d; want 1, 1 and 0", n, g.Leaked(), g.Outstanding())
 	}
 }

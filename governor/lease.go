@@ -94,11 +94,16 @@ func (g *Governor) newLeaseBatch() *weak.Pointer[leaseBatch] {
 }
 
 func returnLeaked(st *leaseBatchState) {
+	leaked := 0
 	for i := range st.leases {
 		// Leases never handed out were never held.
 		if l := &st.leases[i]; l.release(st.g) {
 			st.g.leaked.Add(1)
+			leaked++
 		}
+	}
+	if f := st.g.onLeak.Load(); leaked > 0 && f != nil {
+		(*f)(leaked)
 	}
 }
 
