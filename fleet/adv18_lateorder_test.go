@@ -106,6 +106,16 @@ func (a *adv18Admin) wantArrival(t *testing.T, v string) {
 	}
 }
 
+// wantNoArrival fails if a load arrives within d, or has arrived already.
+func (a *adv18Admin) wantNoArrival(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case b := <-a.arrived:
+		t.Fatalf("load of v%s arrived; want none", adv18Version(b))
+	case <-time.After(d):
+	}
+}
+
 func (a *adv18Admin) runs() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -171,24 +181,23 @@ func adv18Settle(t *testing.T, l *adv9Loop, admins []*adv18Admin, want string) {
 	}
 }
 
-// TestAdv18CatchUpOutcomeRevertsFleet: two reloads (v2, v3) time out on
-// both workers, which apply them later, in order. Worker 0's late v2 makes
-// v2 the fleet's and catches worker 1 up with v2, a load queued on worker 1
-// behind its v2 and v3. Worker 0's late v3 makes v3 the fleet's while that
-// catch-up is under way; the catch-up then answers in time, and its outcome
-// (generation 2, accepted) is taken as a new reload: the fleet goes back to
-// v2 and loads v2 into worker 0. The operator's last reload, which every
-// worker applied, is undone.
-func TestAdv18CatchUpOutcomeRevertsFleet(t *testing.T) {
+// TestAdv18HoldingWorkerNotCaughtUp: two reloads (v2, v3) time out on both
+// workers, which apply them later, in order. Worker 0's late v2 makes v2
+// the fleet's. Worker 1 still holds both loads: a catch-up to v2 sent now
+// would queue behind them and, applied last, take worker 1 back from v3,
+// the operator's last reload, to v2 (and its outcome, in time, made the
+// fleet go back to v2 once). No load is sent to worker 1 until it answers
+// both; then every worker runs v3, and the fleet's configuration is v3.
+func TestAdv18HoldingWorkerNotCaughtUp(t *testing.T) {
 	l, a := adv18TwoLateReloads(t)
-	a[0].release(t)          // worker 0 applies v2: late answer, v2 is the fleet's
-	a[1].wantArrival(t, "2") // catch-up of worker 1 to v2
-	a[0].release(t)          // worker 0 applies v3: late answer, v3 is the fleet's
-	time.Sleep(50 * time.Millisecond)
-	a[1].release(t) // v2
-	a[1].release(t) // v3
-	a[1].release(t) // the catch-up's v2, in time
+	a[0].release(t) // worker 0 applies v2: late answer, v2 is the fleet's
+	a[1].wantNoArrival(t, adv18Timeout)
+	a[0].release(t) // worker 0 applies v3: late answer, v3 is the fleet's
+	a[1].release(t) // v2, late
+	a[1].wantNoArrival(t, 100*time.Millisecond)
+	a[1].release(t) // v3, late
 	adv18Settle(t, l, a, "3")
+	a[1].wantNoArrival(t, 0)
 }
 
 // adv18Timeout is the load timeout of the adv18 loops.

@@ -131,6 +131,37 @@ type worker struct {
 	// process has yet to apply: the order of sending, not the
 	// configurations' generations, says which the process runs.
 	loads, applied int
+	// late holds, by number, the loads that timed out and whose reload's
+	// outcome or late answer, not both, has come in: true for a timeout
+	// not answered yet. Caddy applies loads one at a time, so a load sent
+	// while the worker holds one would queue behind it, to be applied
+	// whenever the worker lets go: retries and catch-ups leave the worker
+	// alone until it answers (see holding).
+	late map[int]bool
+}
+
+// lateEvent records one of the two events of a load, number seq, that timed
+// out: its timeout, in its reload's outcome, or its late answer. Either may
+// come first, for a reload's outcome waits for its slowest worker.
+func (w *worker) lateEvent(seq int, timeout bool) {
+	if _, ok := w.late[seq]; ok {
+		delete(w.late, seq) // the other one came first
+		return
+	}
+	if w.late == nil {
+		w.late = make(map[int]bool)
+	}
+	w.late[seq] = timeout
+}
+
+// holding reports whether w holds a load that timed out.
+func (w *worker) holding() bool {
+	for _, timeout := range w.late {
+		if timeout {
+			return true
+		}
+	}
+	return false
 }
 
 type eventKind int
@@ -499,7 +530,7 @@ func (s *supervisor) start(w *worker) error {
 	w.gen++
 	w.cfgGen = s.cfgGen
 	w.refused = 0
-	w.loads, w.applied = 0, 0
+	w.loads, w.applied, w.late = 0, 0, nil
 	w.token = hex.EncodeToString(b[:])
 	reply := make(chan error, 1)
 	s.spawn <- spawnRequest{w: w, reply: reply}
@@ -634,12 +665,12 @@ func (s *supervisor) reload() {
 
 // catchUp loads the fleet's configuration into the ready workers that were
 // started with an older one (they started while a reload was under way),
-// unless they already refused it.
+// unless they already refused it or still hold a load (see worker.late).
 func (s *supervisor) catchUp() {
 	var targets []*worker
 	var ids []int
 	for _, w := range s.workers {
-		if w.running && w.ready && w.cfgGen != s.cfgGen && w.refused != s.cfgGen {
+		if w.running && w.ready && w.cfgGen != s.cfgGen && w.refused != s.cfgGen && !w.holding() {
 			targets = append(targets, w)
 			ids = append(ids, w.id)
 		}
@@ -729,6 +760,9 @@ func (s *supervisor) reloaded(ev event) {
 		if l.gen != w.gen {
 			continue // restarted meanwhile, with the fleet's configuration
 		}
+		if errors.Is(l.err, errLoadTimeout) {
+			w.lateEvent(l.seq, true)
+		}
 		if l.err == nil {
 			w.took(l)
 		} else {
@@ -769,8 +803,13 @@ func (s *supervisor) lateLoaded(ev event) {
 	if l.gen != w.gen || !w.running {
 		return // restarted meanwhile, with the fleet's configuration
 	}
+	w.lateEvent(l.seq, false)
 	if l.err != nil {
 		s.log.Warn("worker answered a load that had timed out: it refused the configuration", zap.Int("worker", w.id), zap.Error(l.err))
+		if l.cfgGen == s.cfgGen {
+			// Retries passed it over while it held the load.
+			w.refused = s.cfgGen
+		}
 	} else {
 		s.log.Info("worker applied a configuration after its load had timed out", zap.Int("worker", w.id))
 		if w.refused == l.cfgGen {
