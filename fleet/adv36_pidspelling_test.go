@@ -55,7 +55,7 @@ func TestAdv36StalePidFilesOtherSpelling(t *testing.T) {
 		}
 	}
 	for _, spelling := range []string{runDir, filepath.Join(link, "run")} {
-		removeStalePidFiles(spelling)
+		removeStalePidFiles(spelling, nil)
 		for i, what := range []string{"through a linked parent", "with a trailing slash"} {
 			if _, err := os.Stat(pidFile(i)); err != nil {
 				t.Errorf("run directory given as %s: the pid file of a draining worker whose fleet named it %s was removed", spelling, what)

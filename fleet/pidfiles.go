@@ -2,9 +2,12 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"time"
 )
 
 // removeStalePidFiles removes the workers' pid files in runDir whose process
@@ -12,41 +15,47 @@ import (
 // leaves them, and no later run rewrites those of a worker index it does
 // not have. Once the worker has exited, the kernel may give its pid to
 // anything, and a `kill $(cat worker-<i>.pid)` would reach that. The pid
-// files of the killed fleet's workers still draining are kept; a fleet runs
-// this as it starts and again as it stops, so that one whose worker exits
-// meanwhile is gone by then. The run directory's lock makes these files
-// this run's to remove.
-func removeStalePidFiles(runDir string) {
+// files of the killed fleet's workers still draining are kept, and
+// removeStalePidFiles reports how many of those it kept (a file whose pid
+// ours says is this run's own worker is not counted): a fleet runs it as it
+// starts, again while such workers remain (see sweepPidFiles), and as it
+// stops. The run directory's lock makes these files this run's to remove.
+func removeStalePidFiles(runDir string, ours func(pid int) bool) (others int) {
 	dir, err := os.Stat(runDir)
 	if err != nil {
-		return
+		return 0
 	}
 	names, _ := filepath.Glob(filepath.Join(runDir, "worker-*.pid"))
 	for _, p := range names {
-		if !isFleetWorker(p, dir) {
+		pid, ok := fleetWorker(p, dir)
+		switch {
+		case !ok:
 			os.Remove(p)
+		case ours == nil || !ours(pid):
+			others++
 		}
 	}
+	return others
 }
 
-// isFleetWorker reports whether the process in pid file p is a worker of a
-// fleet run in the directory runDir, by the fleet identity its supervisor
+// fleetWorker returns the pid in pid file p, and whether its process is a
+// worker of a fleet run in the directory runDir, by the fleet identity its supervisor
 // put in its environment (idEnv). The directory, not its name, is compared:
 // the killed fleet may have named it another way (a linked parent, as
 // /var/run is of /run on most hosts), and its draining workers' pid files
 // must be kept all the same.
-func isFleetWorker(p string, runDir os.FileInfo) bool {
+func fleetWorker(p string, runDir os.FileInfo) (int, bool) {
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return false
+		return 0, false
 	}
 	pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
 	if err != nil || pid <= 0 {
-		return false
+		return 0, false
 	}
 	env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
 	if err != nil {
-		return false // gone, or another user's
+		return 0, false // gone, or another user's
 	}
 	prefix := []byte(idEnv + "=")
 	for kv := range bytes.SplitSeq(env, []byte{0}) {
@@ -57,10 +66,31 @@ func isFleetWorker(p string, runDir os.FileInfo) bool {
 		// <run directory>:<supervisor pid>; the directory may hold a colon.
 		i := bytes.LastIndexByte(id, ':')
 		if i < 0 {
-			return false
+			return 0, false
 		}
 		fi, err := os.Stat(string(id[:i]))
-		return err == nil && os.SameFile(fi, runDir)
+		return pid, err == nil && os.SameFile(fi, runDir)
 	}
-	return false
+	return 0, false
+}
+
+// pidSweepEvery is how often a fleet that started beside workers of a
+// killed fleet, still draining, looks for their pid files to remove.
+const pidSweepEvery = 10 * time.Second
+
+// sweepPidFiles removes the pid files of the killed fleet's workers that
+// have exited since the last look, and looks again in s.pidSweep while any
+// remain.
+func (s *supervisor) sweepPidFiles() {
+	s.pidTimer = nil
+	ours := func(pid int) bool {
+		return slices.ContainsFunc(s.workers, func(w *worker) bool { return w.running && w.proc != nil && w.proc.Pid == pid })
+	}
+	if removeStalePidFiles(s.runDir, ours) > 0 && !s.stopping {
+		s.armPidSweep()
+	}
+}
+
+func (s *supervisor) armPidSweep() {
+	s.pidTimer = time.AfterFunc(cmp.Or(s.pidSweep, pidSweepEvery), func() { s.send(event{kind: evSweepPids}) })
 }

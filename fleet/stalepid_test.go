@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/orbitproxy/orbit/internal/privdir"
 )
@@ -70,5 +71,65 @@ func TestStalePidFilesOfEarlierRun(t *testing.T) {
 		if _, err := os.Stat(pidFile(i)); err == nil {
 			t.Errorf("worker-%d.pid, with the pid of %s, is left", i, what)
 		}
+	}
+}
+
+// TestStalePidFileRemovedWhileFleetRuns: a fleet that starts beside a
+// draining worker of a killed fleet keeps that worker's pid file, and
+// looks again while it runs: once the worker has exited, its pid file goes
+// then, not when this fleet stops. This fleet's own workers' pid files are
+// kept, and do not keep the sweep going.
+func TestStalePidFileRemovedWhileFleetRuns(t *testing.T) {
+	runDir := filepath.Join(t.TempDir(), "run")
+	if err := privdir.Ensure(runDir); err != nil {
+		t.Fatal(err)
+	}
+	start := func(env ...string) *exec.Cmd {
+		c := exec.Command("sleep", "60")
+		c.Env = append(os.Environ(), env...)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		return c
+	}
+	id := idEnv + "=" + runDir + ":1"
+	draining, own := start(id), start(id)
+	pidFile := func(i int) string { return filepath.Join(runDir, "worker-"+strconv.Itoa(i)+".pid") }
+	for i, c := range map[int]*exec.Cmd{0: own, 3: draining} {
+		if err := os.WriteFile(pidFile(i), []byte(strconv.Itoa(c.Process.Pid)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &supervisor{runDir: runDir, pidSweep: 10 * time.Millisecond, events: make(chan event, 4), done: make(chan struct{})}
+	defer close(s.done)
+	s.workers = []*worker{{id: 0, pidPath: pidFile(0), proc: own.Process, running: true}}
+
+	s.sweepPidFiles()
+	if _, err := os.Stat(pidFile(3)); err != nil {
+		t.Fatalf("the draining worker's pid file was removed: %v", err)
+	}
+	if s.pidTimer == nil {
+		t.Fatal("no further sweep armed while the draining worker runs")
+	}
+	select {
+	case ev := <-s.events:
+		if ev.kind != evSweepPids {
+			t.Fatalf("event %+v; want a sweep", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no sweep within 5s")
+	}
+	draining.Process.Kill()
+	draining.Wait()
+	s.sweepPidFiles()
+	if _, err := os.Stat(pidFile(3)); err == nil {
+		t.Error("the pid file of the draining worker that exited is left while the fleet runs")
+	}
+	if _, err := os.Stat(pidFile(0)); err != nil {
+		t.Errorf("this fleet's worker's pid file was removed: %v", err)
+	}
+	if s.pidTimer != nil {
+		t.Error("a sweep is armed with no worker of the killed fleet left")
 	}
 }

@@ -91,6 +91,10 @@ type supervisor struct {
 	retryDelay time.Duration
 	retryMin   time.Duration
 	retryTimer *time.Timer
+	// pidTimer is the next sweepPidFiles, if any; pidSweep is its
+	// interval (0: pidSweepEvery).
+	pidTimer *time.Timer
+	pidSweep time.Duration
 	// loadTimeout bounds each load into a worker (0: workerLoadTimeout).
 	loadTimeout time.Duration
 }
@@ -176,6 +180,7 @@ const (
 	evStopTimeout
 	evRetryRefused
 	evLateLoad
+	evSweepPids
 )
 
 type event struct {
@@ -256,11 +261,12 @@ func (s *supervisor) run() error {
 		return err
 	}
 	adm.removeStale()
-	removeStalePidFiles(s.runDir)
-	// Again once this run's workers have stopped, with the run directory
-	// still locked: a worker of a killed fleet, still draining now, may
-	// exit while this run goes on, and its pid file would outlive it.
-	defer removeStalePidFiles(s.runDir)
+	// Again while workers of a killed fleet, still draining now, remain
+	// (they may exit while this run goes on, and their pid files would
+	// outlive them), and once this run's workers have stopped, with the
+	// run directory still locked.
+	draining := removeStalePidFiles(s.runDir, nil)
+	defer removeStalePidFiles(s.runDir, nil)
 	// After every unpoint: a link of an earlier run whose worker exited
 	// while this run went on leads nowhere by then.
 	defer adm.removeDangling()
@@ -293,6 +299,9 @@ func (s *supervisor) run() error {
 	defer s.ln.Close()
 	s.events = make(chan event, 4*s.n+16)
 	s.done = make(chan struct{})
+	if draining > 0 {
+		s.armPidSweep()
+	}
 	go s.acceptPingbacks()
 
 	// Children are started from one locked OS thread that lives as long as
@@ -354,6 +363,9 @@ func (s *supervisor) loop(startErr error) error {
 		}
 		if s.retryTimer != nil {
 			s.retryTimer.Stop()
+		}
+		if s.pidTimer != nil {
+			s.pidTimer.Stop()
 		}
 	}()
 	for {
@@ -444,6 +456,9 @@ func (s *supervisor) loop(startErr error) error {
 			if !s.stopping {
 				s.lateLoaded(ev)
 			}
+
+		case evSweepPids:
+			s.sweepPidFiles()
 
 		case evRetryRefused:
 			s.retryTimer = nil
