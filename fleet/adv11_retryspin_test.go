@@ -3,7 +3,6 @@ package fleet
 import (
 	"os"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,14 +22,7 @@ func adv11Want(t *testing.T, loads <-chan []byte, who, v string) {
 // retry delay to 0: the retry must not then be re-armed at once, over and
 // over, spinning the supervisor's loop for as long as the reload lasts.
 func TestAdv11RetryDuringReloadDoesNotSpin(t *testing.T) {
-	hold := make(chan struct{})
-	var released atomic.Bool
-	release := func() {
-		if released.CompareAndSwap(false, true) {
-			close(hold)
-		}
-	}
-	defer release()
+	hold, release := heldLoads(t)
 	// Worker 0 holds its third load; worker 1 refuses its first.
 	l := newAdv9Loop(t, adminScript{holdFrom: 3, hold: hold}, adminScript{refuse: 1})
 	s, admin := l.s, l.admin

@@ -3,15 +3,27 @@ package fleet
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 )
+
+// heldLoads is a gate for an adminScript's held loads, released by release
+// or when the test ends.
+func heldLoads(t *testing.T) (hold <-chan struct{}, release func()) {
+	ch := make(chan struct{})
+	var released atomic.Bool
+	release = func() {
+		if released.CompareAndSwap(false, true) {
+			close(ch)
+		}
+	}
+	t.Cleanup(release)
+	return ch, release
+}
 
 // TestHungWorkerGetsNoMoreLoads: a worker whose admin endpoint holds a load
 // past the load timeout counts as refusing it, and the refusing are asked
@@ -21,14 +33,7 @@ import (
 // until it answers; its late answer is taken in as before, and a worker
 // that is then behind the fleet is caught up.
 func TestHungWorkerGetsNoMoreLoads(t *testing.T) {
-	hold := make(chan struct{})
-	var released atomic.Bool
-	release := func() {
-		if released.CompareAndSwap(false, true) {
-			close(hold)
-		}
-	}
-	defer release()
+	hold, release := heldLoads(t)
 	// Worker 0 holds its first load; worker 1 takes it, so that it
 	// becomes the fleet's; worker 2 refuses its first, so that retries
 	// come while worker 0 holds.
@@ -41,10 +46,7 @@ func TestHungWorkerGetsNoMoreLoads(t *testing.T) {
 	}
 	l.start()
 	defer l.stop(t)
-	if err := os.WriteFile(s.configFile, []byte(`{"apps":{"v":"2"}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l.send(event{kind: evSignal, sig: syscall.SIGHUP})
+	adv18Reload(t, l, "2")
 	adv11Want(t, admin[0], "worker 0", "2")
 	adv11Want(t, admin[1], "worker 1", "2")
 	adv11Want(t, admin[2], "worker 2", "2")

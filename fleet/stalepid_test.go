@@ -11,6 +11,19 @@ import (
 	"github.com/orbitproxy/orbit/internal/privdir"
 )
 
+// startSleeper starts a process that sleeps for a minute, with env added
+// to this one's, and kills it when the test ends.
+func startSleeper(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
+	c := exec.Command("sleep", "60")
+	c.Env = append(os.Environ(), env...)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	return c
+}
+
 // TestStalePidFilesOfEarlierRun: a fleet of three whose supervisor was
 // killed leaves worker-<i>.pid behind. A fleet of one started in the run
 // directory writes worker-0.pid, and nothing rewrites worker-1.pid or
@@ -29,18 +42,9 @@ func TestStalePidFilesOfEarlierRun(t *testing.T) {
 	if err := privdir.Ensure(runDir); err != nil {
 		t.Fatal(err)
 	}
-	start := func(env ...string) *exec.Cmd {
-		c := exec.Command("sleep", "60")
-		c.Env = append(os.Environ(), env...)
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
-		return c
-	}
-	draining := start(idEnv + "=" + runDir + ":1")
-	stranger := start()
-	other := start(idEnv + "=" + filepath.Join(dir, "elsewhere") + ":1")
+	draining := startSleeper(t, idEnv+"="+runDir+":1")
+	stranger := startSleeper(t)
+	other := startSleeper(t, idEnv+"="+filepath.Join(dir, "elsewhere")+":1")
 	pidFile := func(i int) string { return filepath.Join(runDir, "worker-"+strconv.Itoa(i)+".pid") }
 	for i, c := range []*exec.Cmd{draining, stranger, other} {
 		if err := os.WriteFile(pidFile(i+1), []byte(strconv.Itoa(c.Process.Pid)+"\n"), 0o600); err != nil {
@@ -84,17 +88,8 @@ func TestStalePidFileRemovedWhileFleetRuns(t *testing.T) {
 	if err := privdir.Ensure(runDir); err != nil {
 		t.Fatal(err)
 	}
-	start := func(env ...string) *exec.Cmd {
-		c := exec.Command("sleep", "60")
-		c.Env = append(os.Environ(), env...)
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
-		return c
-	}
 	id := idEnv + "=" + runDir + ":1"
-	draining, own := start(id), start(id)
+	draining, own := startSleeper(t, id), startSleeper(t, id)
 	pidFile := func(i int) string { return filepath.Join(runDir, "worker-"+strconv.Itoa(i)+".pid") }
 	for i, c := range map[int]*exec.Cmd{0: own, 3: draining} {
 		if err := os.WriteFile(pidFile(i), []byte(strconv.Itoa(c.Process.Pid)+"\n"), 0o600); err != nil {
