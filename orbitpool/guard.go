@@ -49,11 +49,13 @@ type guardBatch struct {
 // another Execution made around the same time is still held (a long-lived
 // stream) comes back only once that one is released too.
 //
-// The caller's *Execution points into its batch, which keeps the batch from
-// being collected while the caller can still use it.
+// The caller's *Execution points into its batch, and so does a copy of the
+// Execution value, which keeps the batch from being collected while the
+// caller can still use either.
 type Execution struct {
 	p *Pool
 	g *useGuard
+	b *guardBatch // keeps a copy's batch reachable
 }
 
 // batchGuards is a batch cleanup's argument. It must not reach the batch.
@@ -65,7 +67,7 @@ type batchGuards struct {
 func (p *Pool) newGuardBatch() *guardBatch {
 	b := &guardBatch{guards: new([guardBatchSize]useGuard)}
 	for i := range b.execs {
-		b.execs[i] = Execution{p: p, g: &b.guards[i]}
+		b.execs[i] = Execution{p: p, g: &b.guards[i], b: b}
 	}
 	runtime.AddCleanup(b, returnLeakedUses, batchGuards{p, b.guards})
 	return b
@@ -137,7 +139,14 @@ func (p *Pool) completeUse(g *useGuard) bool {
 // registering gives the unit back. Exactly one of them takes effect. A permit
 // garbage-collected without either gives its unit back then, like an
 // Execution.
-type CreationPermit struct{ *permitState }
+//
+// A copy of the CreationPermit value points to the one its cleanup is
+// attached to, which keeps it from being collected while the copy's holder
+// can still use it.
+type CreationPermit struct {
+	*permitState
+	anchor *CreationPermit
+}
 
 type permitState struct {
 	p     *Pool
@@ -151,13 +160,14 @@ type permitState struct {
 func (p *Pool) newPermit(slot int, gen uint64, ref keyRef) *CreationPermit {
 	st := &permitState{p: p, slot: slot, gen: gen, key: ref}
 	st.state.Store(guardHeld)
-	cp := &CreationPermit{st}
+	cp := &CreationPermit{permitState: st}
+	cp.anchor = cp
 	runtime.AddCleanup(cp, returnLeakedPermit, st)
 	return cp
 }
 
 func returnLeakedPermit(st *permitState) {
-	cp := &CreationPermit{st}
+	cp := &CreationPermit{permitState: st}
 	if st.p.closed.Load() || !cp.take() {
 		return
 	}
