@@ -676,9 +676,19 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
 			}
-			n.dialing.Add(1)
-			c, err := t.dialer.dial(ctx, &e.u)
-			n.dialing.Add(-1)
+			c, err := func() (c *conn, err error) {
+				n.dialing.Add(1)
+				defer n.dialing.Add(-1)
+				defer func() {
+					if c == nil && err == nil {
+						// A panic out of the dial (a callback of
+						// TLSClientConfig's) goes to the caller: the
+						// dial is over, and its creation unit with it.
+						plan.Permit.Close()
+					}
+				}()
+				return t.dialer.dial(ctx, &e.u)
+			}()
 			if err != nil {
 				plan.Permit.Close()
 				if fallback != nil && ctx.Err() == nil {
