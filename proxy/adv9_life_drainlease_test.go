@@ -255,8 +255,8 @@ func drainWhileProbing(t *testing.T, drain func(*Node)) {
 
 // TestAdv9LifeShutdownAbandonedLease: a sibling's lease was accepted and
 // its connection taken, and Shutdown begins before the owner has read the
-// request's head (one larger than the owner's buffer, which takes the lease
-// up before the head's end: see awaitHead), whose end then comes malformed
+// request's head (one larger than maxHeadAhead, which takes the lease up
+// before the head's end: see awaitHead), whose end then comes malformed
 // (or not at all): the owner
 // abandons the lease without using the connection. The connection must
 // leave in good order as any other that comes free during a drain (its
@@ -284,7 +284,7 @@ func TestAdv9LifeShutdownAbandonedLease(t *testing.T) {
 	}
 	defer c.Close()
 	frame = append(frame, "GET / HTTP/1.1\r\nHost: x\r\nX-Pad: "...)
-	frame = append(frame, bytes.Repeat([]byte("p"), 2*readBufSize)...)
+	frame = append(frame, bytes.Repeat([]byte("p"), maxHeadAhead+readBufSize)...)
 	if _, err := c.Write(frame); err != nil {
 		t.Fatal(err)
 	}

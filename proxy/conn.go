@@ -182,6 +182,9 @@ func (c *conn) closeWrite() error { return closeWrite(c.nc) }
 type limitReader struct {
 	r io.Reader
 	n int64
+	// ahead, if any, is read before r: bytes of the stream already read
+	// from it (see readPastBuffer).
+	ahead []byte
 }
 
 var errHeaderLimit = errors.New("header limit reached")
@@ -192,6 +195,14 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	}
 	if int64(len(p)) > l.n {
 		p = p[:l.n]
+	}
+	if len(l.ahead) > 0 {
+		n := copy(p, l.ahead)
+		if l.ahead = l.ahead[n:]; len(l.ahead) == 0 {
+			l.ahead = nil
+		}
+		l.n -= int64(n)
+		return n, nil
 	}
 	n, err := l.r.Read(p)
 	l.n -= int64(n)

@@ -66,7 +66,9 @@
 // body is written with its head, without the writer goroutine a streamed
 // body needs. Part of a body streams as it comes. Unlike net/http, and like
 // nginx's request buffering, the upstream sees the head of such a request
-// only once the client has sent some of its body. The owner reads a head no
+// only once the client has sent some of its body. The owner takes up no
+// worker or lease until a head of up to 64 KiB, and the short body sent with
+// it, are in (a larger head is read once they are taken). It reads a head no
 // further than the header limit (1 MiB at least, net/http's server default)
 // and no later than the frame's deadline, and caps the idle streams of each
 // sibling process: a stream over the cap that brings no frame within 100ms

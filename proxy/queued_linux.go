@@ -9,21 +9,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// awaitQueued waits, bounded by nc's read deadline, until nc's socket holds
-// n bytes that nothing has read, and leaves them there. It is how awaitHead
-// waits for the end of a short body that the read buffer, full of the head
-// and the body's start, has no room for. A conn that is not a socket is not
-// waited for.
-func awaitQueued(nc net.Conn, n int) error {
-	sc, ok := nc.(syscall.Conn)
-	if !ok || n <= 0 {
-		return nil
+// peekQueued waits, bounded by nc's read deadline, until nc's socket holds
+// bytes that nothing has read, and copies as many as buf holds of them
+// into it without reading them: the caller then reads exactly those it
+// wants. A peer gone with nothing queued is io.ErrUnexpectedEOF. ok is
+// false for a conn that is not a socket.
+func peekQueued(nc net.Conn, buf []byte) (n int, ok bool, err error) {
+	sc, isSock := nc.(syscall.Conn)
+	if !isSock || len(buf) == 0 {
+		return 0, false, nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return err
+		return 0, false, nil
 	}
-	buf := make([]byte, n)
 	var perr error
 	err = rc.Read(func(fd uintptr) bool {
 		for {
@@ -33,20 +32,19 @@ func awaitQueued(nc net.Conn, n int) error {
 			case errno == unix.EINTR:
 				continue
 			case errno == unix.EAGAIN:
-				return false // wait for more
+				return false // wait for some
 			case errno != 0:
 				perr = errno
-				return true
 			case k == 0:
 				perr = io.ErrUnexpectedEOF
-				return true
+			default:
+				n = int(k)
 			}
-			// Fewer than n: the poller wakes this again when more come.
-			return int(k) >= n
+			return true
 		}
 	})
 	if err != nil {
-		return err
+		return 0, true, err
 	}
-	return perr
+	return n, true, perr
 }

@@ -473,13 +473,14 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 
 // awaitHead waits, bounded as readPeerHead's read is, until br holds the
 // request head's end, and with withBody the short body a frame without
-// flagBodyOnAccept carries after its head (see readBodyWithHead), or is full
-// (a larger head is read as it comes). Only then are the worker and the
-// lease taken up: a peer that sends half a head, or half the body it
-// promised with the head, and stalls costs its stream's goroutine, not an
-// upstream connection, as a client's half-sent head costs Caddy's server no
-// upstream connection.
-func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time, withBody bool) error {
+// flagBodyOnAccept carries after its head (see readBodyWithHead); what the
+// read buffer has no room for is read ahead of it (see readPastBuffer), up
+// to maxHeadAhead (a larger head is read as it comes). Only then are the
+// worker and the lease taken up: a peer that sends half a head, or half the
+// body it promised with the head, and stalls costs its stream's goroutine,
+// not an upstream connection, as a client's half-sent head costs Caddy's
+// server no upstream connection.
+func awaitHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.Time, withBody bool) error {
 	if requestBuffered(br, withBody) {
 		return nil
 	}
@@ -497,11 +498,60 @@ func awaitHead(nc net.Conn, br *bufio.Reader, deadline time.Time, withBody bool)
 			return nil
 		}
 	}
-	if withBody {
-		// A short body may be as long as the buffer: what of it the
-		// full buffer has no room for is waited for in the socket.
-		missing, _ := shortBodyMissing(br)
-		return awaitQueued(nc, missing)
+	return readPastBuffer(nc, lr, br, withBody)
+}
+
+// maxHeadAhead bounds what awaitHead reads into memory past the full read
+// buffer before a worker and the lease are taken up: a head that does not
+// end within it (over 64 KiB, far past what browsers and nginx's default
+// large_client_header_buffers send) is read as it comes, once they are.
+const maxHeadAhead = 64 << 10
+
+// readPastBuffer is awaitHead's wait once the read buffer is full: what it
+// has no room for, up to the head's end and, with withBody, the short body
+// (a short body may be as long as the buffer), bounded by maxHeadAhead, is
+// read into lr.ahead, which lr serves before the stream's next bytes. It
+// reads exactly those bytes, found with MSG_PEEK, and nothing the peer sent
+// after them, which the watch of the exchange reads from the stream itself.
+// They are read, not left in the socket: each write of the peer is charged
+// to it there whole until read, and a peer gone is seen when they are.
+func readPastBuffer(nc net.Conn, lr *limitReader, br *bufio.Reader, withBody bool) error {
+	b, _ := br.Peek(br.Buffered())
+	got := append(make([]byte, 0, 2*len(b)), b...)
+	buf := make([]byte, readBufSize)
+	for {
+		missing, head := shortBodyMissingIn(got)
+		if head && (!withBody || missing == 0) || !head && len(got) >= maxHeadAhead {
+			break
+		}
+		q, ok, err := peekQueued(nc, buf)
+		if !ok {
+			break // not a socket: read as it comes
+		}
+		if err != nil {
+			return err
+		}
+		take := q
+		if head {
+			take = min(q, missing)
+		} else {
+			// Up to the head's end, if it is among them: the end may
+			// begin in what got holds.
+			k := max(len(got)-(len(crlfcrlf)-1), 0)
+			tail := append(got[k:len(got):len(got)], buf[:q]...)
+			if i := bytes.Index(tail, crlfcrlf); i >= 0 {
+				take = i + len(crlfcrlf) - (len(got) - k)
+			}
+			take = min(take, maxHeadAhead-len(got))
+		}
+		at := len(got)
+		got = append(got, make([]byte, take)...)
+		if _, err := io.ReadFull(lr.r, got[at:]); err != nil {
+			return err
+		}
+	}
+	if len(got) > len(b) {
+		lr.ahead = got[len(b):]
 	}
 	return nil
 }
@@ -529,6 +579,11 @@ func requestBuffered(br *bufio.Reader, withBody bool) bool {
 // br does not hold yet.
 func shortBodyMissing(br *bufio.Reader) (missing int, head bool) {
 	b, _ := br.Peek(br.Buffered())
+	return shortBodyMissingIn(b)
+}
+
+// shortBodyMissingIn is shortBodyMissing of the bytes b.
+func shortBodyMissingIn(b []byte) (missing int, head bool) {
 	i := bytes.Index(b, crlfcrlf)
 	if i < 0 {
 		return 0, false
@@ -702,7 +757,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	if s.adm != nil && !s.adm.Admit(int(inFlight)) {
 		return s.refuseLease(nc, lr, br, bw, f, rejectOverload, ErrNotAdmitted)
 	}
-	if err := awaitHead(nc, br, deadline, f.flags&(flagBodyOnAccept|flagLength) == 0); err != nil {
+	if err := awaitHead(nc, lr, br, deadline, f.flags&(flagBodyOnAccept|flagLength) == 0); err != nil {
 		if d, ok := s.acc.(leaseDropper); ok {
 			d.drop(f.leaseBytes())
 		}
