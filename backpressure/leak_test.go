@@ -103,3 +103,9 @@ func TestDroppedPermitIsReported(t *testing.T) {
 		t.Fatalf("reported %d permits, Leaked %d, Active %d; want 1, 1 and 0", n, l.Leaked(), l.Active())
 	}
 }
+
+// Release on a zero Permit, as on a nil one, does nothing.
+func TestZeroPermitRelease(t *testing.T) {
+	var pm Permit
+	pm.Release()
+}

@@ -84,13 +84,16 @@ func returnLeaked(st *batchState) {
 
 // Release gives the permit back, handing it to the longest waiter if there is
 // one. Only the first call has an effect, so a deferred Release is safe
-// alongside an early one. Release on a nil Permit does nothing.
+// alongside an early one. Release on a nil or zero Permit does nothing.
 func (pm *Permit) Release() {
-	if pm == nil {
+	if pm == nil || pm.b == nil {
 		return
 	}
 	st := pm.b.state
 	if st.released[pm.i].CompareAndSwap(false, true) {
 		st.p.release()
 	}
+	// Until the release is done, pm keeps its batch from the collector,
+	// whose cleanup would otherwise count the permit as leaked.
+	runtime.KeepAlive(pm)
 }

@@ -124,7 +124,7 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 	}
 	f.gov = governor.New(cfg.Workers, cfg.MemoryLimit)
 	f.gov.OnLeak(func(n int) {
-		f.logger().Error("a request's budget worker was never released; the garbage collector returned it", zap.Int("workers", n))
+		f.logger().Error("a request's budget lease was never released; the garbage collector returned its workers and memory", zap.Int("leases", n))
 	})
 	f.adm = governor.NewAdmission(cfg.AdmissionCeiling)
 	node, err := proxy.NewNode(pool, proxy.NodeOptions{

@@ -112,7 +112,7 @@ var (
 	descPermitsInUse   = newDesc("permits_in_use", "Back-pressure permits held by requests of this process now.")
 	descAdmission      = newDesc("admission_ceiling", "The admission backstop's ceiling (the app's admission_ceiling): connections owned and being dialed, or siblings' exchanges running, at which new ones are refused.")
 	descDialsRefused   = newDesc("dials_not_admitted_total", "New upstream connections the admission backstop refused to dial.")
-	descLeakedGuards   = newDesc("leaked_guards_total", "What this process held and let the garbage collector find without releasing it, and gave back then: a bug. By kind: connection (connection uses and dial permits), permit (back-pressure permits), budget (budget workers); each is logged when it happens.", "kind")
+	descLeakedGuards   = newDesc("leaked_guards_total", "What this process held and let the garbage collector find without releasing it, and gave back then: a bug. By kind: connection (connection uses and dial permits), permit (back-pressure permits), budget (budget leases, each of one or more workers); each is logged when it happens.", "kind")
 )
 
 // tableCollector reads the fleet's table when scraped.
