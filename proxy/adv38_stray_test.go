@@ -19,8 +19,14 @@ func TestAdv38StrayAfterBodylessAndLengthNotReused(t *testing.T) {
 	const stray = "HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nSTRAY /next"
 	for _, path := range []string{"/204", "/304", "/200", "/100", "/204-later", "/200-later"} {
 		t.Run(path[1:], func(t *testing.T) {
+			// Each upstream says when it has written the stray bytes: the
+			// next request is sent only then, so that they wait on the
+			// connection (as bytes still on their way when the next
+			// request goes are seen by nobody, here or in net/http).
+			wrote := make(map[*adv10Upstream]chan struct{})
 			mk := func(t *testing.T, withTLS bool) *adv10Upstream {
-				return newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
+				ch := make(chan struct{}, 8)
+				u := newAdv10Upstream(t, withTLS, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
 					io.Copy(io.Discard, req.Body)
 					var head string
 					switch req.URL.Path {
@@ -42,8 +48,11 @@ func TestAdv38StrayAfterBodylessAndLengthNotReused(t *testing.T) {
 					} else {
 						io.WriteString(c, head+stray)
 					}
+					ch <- struct{}{}
 					return true
 				})
+				wrote[u] = ch
+				return u
 			}
 			adv10Paths(t, mk, func(t *testing.T, u *adv10Upstream, rt http.RoundTripper, owner *member) {
 				for round := range 3 {
@@ -52,7 +61,12 @@ func TestAdv38StrayAfterBodylessAndLengthNotReused(t *testing.T) {
 						t.Fatalf("round %d: %s: %v", round, path, err)
 					}
 					_ = resp
-					time.Sleep(20 * time.Millisecond)
+					select {
+					case <-wrote[u]:
+					case <-time.After(5 * time.Second):
+						t.Fatalf("round %d: the upstream did not write its stray bytes within 5s", round)
+					}
+					time.Sleep(5 * time.Millisecond) // for a TLS record to be in the socket whole
 					for i := range 2 {
 						resp, body, err := adv10Do(t, rt, "GET", u.url("/next"), nil)
 						adv10CheckOwn(t, fmt.Sprintf("round %d, GET %d", round, i), resp, body, err, "/next")
