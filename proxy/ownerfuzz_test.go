@@ -76,6 +76,13 @@ func FuzzOwnerStream(f *testing.F) {
 		frame("Elease", 0) + post + "EXTRA",
 		frame("lease", 0) + "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 4097\r\n\r\n" + strings.Repeat("y", 4097),
 		frame("Rlease", 0) + chunked,
+		// Heads past the read buffer, read ahead before the lease (see
+		// readPastBuffer): with a short body, the head's end at the
+		// buffer's edge, past maxHeadAhead, and another exchange after.
+		frame("lease", 0) + "POST /p HTTP/1.1\r\nX: " + strings.Repeat("h", 6000) + "\r\nContent-Length: 5\r\n\r\nhello" + frame("lease", 0) + post,
+		frame("lease", 0) + "GET / HTTP/1.1\r\nX: " + strings.Repeat("e", 4096-len("GET / HTTP/1.1\r\nX: \r\n\r\n")-45) + "\r\n\r\n" + frame("lease", flagBodyOnAccept) + get,
+		frame("lease", flagBodyOnAccept) + "GET / HTTP/1.1\r\nX: " + strings.Repeat("m", 70<<10) + "\r\n\r\n",
+		frame("Rlease", 0) + "POST /p HTTP/1.1\r\nX: " + strings.Repeat("r", 5000) + "\r\nContent-Length: 3\r\n\r\nabc" + frame("lease", 0) + get,
 	} {
 		f.Add([]byte(seed))
 	}
