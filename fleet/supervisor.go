@@ -778,9 +778,13 @@ func (s *supervisor) reloaded(ev event) {
 		if errors.Is(l.err, errLoadTimeout) {
 			w.lateEvent(l.seq, true)
 		}
-		if l.err == nil {
+		switch {
+		case l.err == nil:
 			w.took(l)
-		} else {
+		case w.cfgGen == ev.gen:
+			// Its late answer came first: it applied this load, and
+			// runs the configuration (see lateLoaded).
+		default:
 			w.refused = ev.gen
 			refused = refused || ev.gen == s.cfgGen
 		}
