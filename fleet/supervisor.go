@@ -900,7 +900,10 @@ func (s *supervisor) retryRefused() {
 		return
 	}
 	for _, w := range s.workers {
-		if w.refused == s.cfgGen {
+		// One that holds a load is passed over (see catchUp), and
+		// still counts as refusing: its late answer arms the retry
+		// again (see lateLoaded), whatever load that answers.
+		if w.refused == s.cfgGen && !w.holding() {
 			w.refused = 0
 		}
 	}
