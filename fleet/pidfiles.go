@@ -17,10 +17,11 @@ import (
 // anything, and a `kill $(cat worker-<i>.pid)` would reach that. The pid
 // files of the killed fleet's workers still draining are kept, and
 // removeStalePidFiles reports how many of those it kept (a file whose pid
-// ours says is this run's own worker is not counted): a fleet runs it as it
+// ours says is this run's own worker is not counted, and is removed unless
+// it is that worker's own file): a fleet runs it as it
 // starts, again while such workers remain (see sweepPidFiles), and as it
 // stops. The run directory's lock makes these files this run's to remove.
-func removeStalePidFiles(runDir string, ours func(pid int) bool) (others int) {
+func removeStalePidFiles(runDir string, ours func(pid int) (name string, own bool)) (others int) {
 	dir, err := os.Stat(runDir)
 	if err != nil {
 		return 0
@@ -31,8 +32,18 @@ func removeStalePidFiles(runDir string, ours func(pid int) bool) (others int) {
 		switch {
 		case !ok:
 			os.Remove(p)
-		case ours == nil || !ours(pid):
+		case ours == nil:
 			others++
+		default:
+			name, own := ours(pid)
+			switch {
+			case !own:
+				others++
+			case name != filepath.Base(p):
+				// Its worker exited and the kernel gave the pid to
+				// one of ours, which this file does not name.
+				os.Remove(p)
+			}
 		}
 	}
 	return others
@@ -83,8 +94,12 @@ const pidSweepEvery = 10 * time.Second
 // remain.
 func (s *supervisor) sweepPidFiles() {
 	s.pidTimer = nil
-	ours := func(pid int) bool {
-		return slices.ContainsFunc(s.workers, func(w *worker) bool { return w.running && w.proc != nil && w.proc.Pid == pid })
+	ours := func(pid int) (string, bool) {
+		i := slices.IndexFunc(s.workers, func(w *worker) bool { return w.running && w.proc != nil && w.proc.Pid == pid })
+		if i < 0 {
+			return "", false
+		}
+		return filepath.Base(s.workers[i].pidPath), true
 	}
 	if removeStalePidFiles(s.runDir, ours) > 0 && !s.stopping {
 		s.armPidSweep()
