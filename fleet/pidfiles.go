@@ -15,12 +15,12 @@ import (
 // leaves them, and no later run rewrites those of a worker index it does
 // not have. Once the worker has exited, the kernel may give its pid to
 // anything, and a `kill $(cat worker-<i>.pid)` would reach that. The pid
-// files of the killed fleet's workers still draining are kept, and
-// removeStalePidFiles reports how many of those it kept (a file whose pid
-// ours says is this run's own worker is not counted, and is removed unless
-// it is that worker's own file): a fleet runs it as it
-// starts, again while such workers remain (see sweepPidFiles), and as it
-// stops. The run directory's lock makes these files this run's to remove.
+// files of the killed fleet's workers still draining are kept, and counted
+// in others. A file whose pid ours names as this run's own worker is not
+// counted, and is removed unless it is that worker's own file (the kernel
+// gave an exited worker's pid to ours). A fleet runs this as it starts,
+// again while others remain (see sweepPidFiles), and as it stops. The run
+// directory's lock makes these files this run's to remove.
 func removeStalePidFiles(runDir string, ours func(pid int) (name string, own bool)) (others int) {
 	dir, err := os.Stat(runDir)
 	if err != nil {
@@ -50,8 +50,8 @@ func removeStalePidFiles(runDir string, ours func(pid int) (name string, own boo
 }
 
 // fleetWorker returns the pid in pid file p, and whether its process is a
-// worker of a fleet run in the directory runDir, by the fleet identity its supervisor
-// put in its environment (idEnv). The directory, not its name, is compared:
+// worker of a fleet run in the directory runDir, by the fleet identity its
+// supervisor put in its environment (idEnv). The directory, not its name, is compared:
 // the killed fleet may have named it another way (a linked parent, as
 // /var/run is of /run on most hosts), and its draining workers' pid files
 // must be kept all the same.
@@ -90,8 +90,7 @@ func fleetWorker(p string, runDir os.FileInfo) (int, bool) {
 const pidSweepEvery = 10 * time.Second
 
 // sweepPidFiles removes the pid files of the killed fleet's workers that
-// have exited since the last look, and looks again in s.pidSweep while any
-// remain.
+// have exited since the last look, and looks again while any remain.
 func (s *supervisor) sweepPidFiles() {
 	s.pidTimer = nil
 	ours := func(pid int) (string, bool) {
