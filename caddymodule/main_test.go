@@ -45,13 +45,29 @@ func segmentPath(t testing.TB) string {
 // freePort returns a loopback port nobody listens on right now.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		// The kernel may give a port it just freed again: two sites of
+		// one test on the same port make an ambiguous Caddyfile.
+		if !portsGiven[port] {
+			portsGiven[port] = true
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// portsGiven is every port freePort returned in this run.
+var (
+	portsMu    sync.Mutex
+	portsGiven = make(map[int]bool)
+)
 
 // upstream is a test upstream on loopback that counts its connections. A
 // connection stops counting as open just before its socket closes, not in a
