@@ -520,7 +520,7 @@ func readPastBuffer(nc net.Conn, lr *limitReader, br *bufio.Reader, withBody boo
 	got := append(make([]byte, 0, 2*len(b)), b...)
 	buf := make([]byte, readBufSize)
 	for {
-		missing, head := shortBodyMissingIn(got)
+		missing, head := shortBodyMissing(got)
 		if head && (!withBody || missing == 0) || !head && len(got) >= maxHeadAhead {
 			break
 		}
@@ -570,20 +570,15 @@ func requestBuffered(br *bufio.Reader, withBody bool) bool {
 	if !withBody {
 		return headBuffered(br)
 	}
-	missing, head := shortBodyMissing(br)
+	b, _ := br.Peek(br.Buffered())
+	missing, head := shortBodyMissing(b)
 	return head && missing == 0
 }
 
-// shortBodyMissing reports whether br holds the end of a request head, and
-// how many bytes of the short body that head declares (see shortBodyLen)
-// br does not hold yet.
-func shortBodyMissing(br *bufio.Reader) (missing int, head bool) {
-	b, _ := br.Peek(br.Buffered())
-	return shortBodyMissingIn(b)
-}
-
-// shortBodyMissingIn is shortBodyMissing of the bytes b.
-func shortBodyMissingIn(b []byte) (missing int, head bool) {
+// shortBodyMissing reports whether b holds the end of a request head, and
+// how many bytes of the short body that head declares (see shortBodyLen) b
+// does not hold yet.
+func shortBodyMissing(b []byte) (missing int, head bool) {
 	i := bytes.Index(b, crlfcrlf)
 	if i < 0 {
 		return 0, false
