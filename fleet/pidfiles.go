@@ -29,21 +29,18 @@ func removeStalePidFiles(runDir string, ours func(pid int) (name string, own boo
 	names, _ := filepath.Glob(filepath.Join(runDir, "worker-*.pid"))
 	for _, p := range names {
 		pid, ok := fleetWorker(p, dir)
+		var name string
+		own := false
+		if ok && ours != nil {
+			name, own = ours(pid)
+		}
 		switch {
-		case !ok:
+		case !ok, own && name != filepath.Base(p):
+			// Gone, or its pid given to one of ours, which this file
+			// does not name.
 			os.Remove(p)
-		case ours == nil:
+		case !own:
 			others++
-		default:
-			name, own := ours(pid)
-			switch {
-			case !own:
-				others++
-			case name != filepath.Base(p):
-				// Its worker exited and the kernel gave the pid to
-				// one of ours, which this file does not name.
-				os.Remove(p)
-			}
 		}
 	}
 	return others
