@@ -27,7 +27,7 @@ func TestAvoidLeavingOwnerNotItsSuccessor(t *testing.T) {
 	lane := old.pool.Lane()
 
 	avoid := &avoided{leaving: []leftOwner{{lane, old.pool.Incarnation()}}}
-	policy := &avoidLanes{inner: orbitpool.LocalFirst{}, avoid: avoid, pool: client.pool}
+	policy := &avoidPolicy{inner: orbitpool.LocalFirst{}, avoid: avoid, pool: client.pool}
 	decide := func() (orbitpool.Decision, []orbitpool.Candidate) {
 		cs, err := client.pool.Candidates(key, nil)
 		if err != nil {

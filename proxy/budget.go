@@ -100,20 +100,40 @@ func isRefusal(err error) bool {
 }
 
 // avoided is what one request's attempts keep off: owners that rejected it
-// for want of room in time (busy, by lane), and owners leaving the fleet or
+// for want of room in time (busy, by lane), owners leaving the fleet or
 // gone (by lane and incarnation: a process that takes the lane next is not
-// the one that left).
+// the one that left), and connections leaving the pool.
 type avoided struct {
 	busy    []int
 	leaving []leftOwner
 	gone    []int // lanes that refused a lease as gone (see Error.freeRetry)
-	// goneConns are the HTTP/2 connections that refused a stream of the
-	// request as they went away (see Error.connGone).
+	// goneConns are the connections that refused the request as they left
+	// the pool: a lease refused as gone, a stream refused as an HTTP/2
+	// connection went away (see Error.connGone), a local HTTP/1.1 one
+	// found closed or spent. Until its owner unregisters it, such a connection is still
+	// in the pool with room, and a retry that took it again would be
+	// refused again, as fast: a few such retries spend the request's
+	// allowance in a millisecond, and the request fails where net/http
+	// would have dialed. Kept off, the retry waits for the connection's
+	// unit instead, or takes another.
 	goneConns []orbitpool.ResourceID
 	// freeLeft is how many free retries the request has left, once
 	// counted (freeCounted) at its first.
 	freeLeft    int
 	freeCounted bool
+}
+
+// any reports whether the request has anything to keep off.
+func (a *avoided) any() bool { return len(a.busy)+len(a.leaving)+len(a.goneConns) > 0 }
+
+// keepOff records that connection id refused the request as it left the
+// pool, and reports whether it had not before.
+func (a *avoided) keepOff(id orbitpool.ResourceID) bool {
+	if slices.Contains(a.goneConns, id) {
+		return false
+	}
+	a.goneConns = append(a.goneConns, id)
+	return true
 }
 
 // freeRetry reports whether err's retry costs none of MaxRetries
@@ -134,21 +154,26 @@ func (a *avoided) freeRetry(err error, allowance func() int) bool {
 	return true
 }
 
-// goneOnce makes err's retry free (Error.freeRetry) if it is the first
-// stream of the request that connection id refused as it went away.
+// goneOnce records connection id as gone if err says it refused a stream
+// as it went away, and makes err's retry free (Error.freeRetry) if it is
+// the first stream of the request it refused so.
 func (a *avoided) goneOnce(err error, id orbitpool.ResourceID) {
 	var pe *Error
-	if errors.As(err, &pe) && pe.connGone && !slices.Contains(a.goneConns, id) {
-		a.goneConns = append(a.goneConns, id)
+	if errors.As(err, &pe) && pe.connGone && a.keepOff(id) {
 		pe.freeRetry = true
 	}
 }
 
-// leaseGoneOnce makes err's retry free (Error.freeRetry) if it is the
-// first lease of the request that the owner of lane refused as gone.
-func (a *avoided) leaseGoneOnce(err error, lane int) {
+// leaseGoneOnce records the connection of lease as gone if its owner
+// refused the lease so, and makes err's retry free (Error.freeRetry) if it
+// is the first lease of the request that the owner's lane refused as gone.
+func (a *avoided) leaseGoneOnce(err error, lease orbitpool.Lease) {
 	var pe *Error
-	if errors.Is(err, errLeaseGone) && errors.As(err, &pe) && !slices.Contains(a.gone, lane) {
+	if !errors.Is(err, errLeaseGone) || !errors.As(err, &pe) {
+		return
+	}
+	a.keepOff(lease.ID)
+	if lane := lease.ID.Lane(); !slices.Contains(a.gone, lane) {
 		a.gone = append(a.gone, lane)
 		pe.freeRetry = true
 	}
@@ -160,13 +185,14 @@ type leftOwner struct {
 	owner orbitpool.Incarnation
 }
 
-// avoidLanes is a policy that reuses no connection of the lanes a request's
-// earlier attempts were rejected by. A retry then dials or uses another
-// sibling's connection, as the inner policy decides over what is left; when
-// what is left would only make it wait, the inner policy decides over
-// everything but the leaving owners, since a busy owner may have room again
-// sooner than anything else, and a leaving one never will.
-type avoidLanes struct {
+// avoidPolicy is a policy that reuses no connection a request's earlier
+// attempts found leaving the pool, and none of the lanes they were
+// rejected by. A retry then dials or uses another connection, as the inner
+// policy decides over what is left; when what is left would only make it
+// wait, the inner policy decides over everything but the leaving owners and
+// connections, since a busy owner may have room again sooner than anything
+// else, and a leaving one never will.
+type avoidPolicy struct {
 	inner orbitpool.Policy
 	avoid *avoided
 	pool  *orbitpool.Pool // whose lanes' incarnations tell a leaving owner's successor
@@ -176,7 +202,7 @@ type avoidLanes struct {
 }
 
 // Decide implements orbitpool.Policy.
-func (p *avoidLanes) Decide(v *orbitpool.View) orbitpool.Decision {
+func (p *avoidPolicy) Decide(v *orbitpool.View) orbitpool.Decision {
 	// A lane that changed hands since its owner refused as leaving (or was
 	// found gone) is a new process's, whose connections serve like any
 	// other: under a cap they may be all the key has, and a request that
@@ -196,11 +222,12 @@ func (p *avoidLanes) Decide(v *orbitpool.View) orbitpool.Decision {
 }
 
 // decideWithout is the inner policy's decision over v's candidates outside
-// the lanes named, and whether any were left out.
-func (p *avoidLanes) decideWithout(v *orbitpool.View, lanes ...[]int) (orbitpool.Decision, bool) {
+// the lanes named and the connections gone, and whether any were left out.
+func (p *avoidPolicy) decideWithout(v *orbitpool.View, lanes ...[]int) (orbitpool.Decision, bool) {
 	p.keep, p.index = p.keep[:0], p.index[:0]
 	for i, c := range v.Candidates {
-		if !slices.ContainsFunc(lanes, func(ls []int) bool { return slices.Contains(ls, c.Lane) }) {
+		if !slices.ContainsFunc(lanes, func(ls []int) bool { return slices.Contains(ls, c.Lane) }) &&
+			!slices.Contains(p.avoid.goneConns, c.ID) {
 			p.keep = append(p.keep, c)
 			p.index = append(p.index, i)
 		}

@@ -436,9 +436,18 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 // body owns it now).
 func (n *Node) retire(oc *owned) {
 	if n.unslot(oc) {
+		if h := testHookRetire.Load(); h != nil {
+			(*h)(oc)
+		}
 		n.unregister(oc)
 	}
 }
+
+// testHookRetire, set only by tests, runs in retire between the connection's
+// leaving this process's slots and its unregistering: the window in which
+// siblings still find it in the pool, with room, and its owner refuses
+// their leases as gone.
+var testHookRetire atomic.Pointer[func(*owned)]
 
 // unslot takes oc out of this process's slots, and reports whether it was
 // there (a connection leaves once).
@@ -576,8 +585,8 @@ func (n *Node) takeFor(oc *owned, exec *orbitpool.Execution) bool {
 	case oc.c.idleAlive(n.log):
 		n.retireInOrder(oc, exec)
 	default:
-		oc.c.close()
 		n.retire(oc)
+		oc.c.close()
 		exec.Complete()
 	}
 	return false
@@ -746,9 +755,11 @@ func (n *Node) sweepOnce() {
 		}
 		switch {
 		case !oc.c.idleAlive(n.log):
+			// Out of the pool before the close: until then siblings
+			// take it, and are refused.
 			oc.state.Store(stDead)
-			oc.c.close()
 			n.retire(oc)
+			oc.c.close()
 			continue
 		case n.retireOverCap(oc, n.capOf(oc.key)):
 			continue

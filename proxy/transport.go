@@ -566,14 +566,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	if _, ok := policy.(orbitpool.LocalFirst); ok && req.ContentLength >= largeBody {
 		fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 	}
-	if len(avoid.busy)+len(avoid.leaving) > 0 {
-		policy = &avoidLanes{inner: policy, avoid: avoid, pool: n.pool}
-		if fallback != nil {
-			fallback = &avoidLanes{inner: fallback, avoid: avoid, pool: n.pool}
-		}
-	}
+	avoiding := false
 	near := t.nearWindow()
 	for {
+		if !avoiding && avoid.any() {
+			// Set up here, not before the loop: a local connection found
+			// gone below is kept off by the next turn.
+			avoiding = true
+			policy = &avoidPolicy{inner: policy, avoid: avoid, pool: n.pool}
+			if fallback != nil {
+				fallback = &avoidPolicy{inner: fallback, avoid: avoid, pool: n.pool}
+			}
+		}
 		if err := claimVerdict(ctx, near); err != nil {
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
 		}
@@ -614,7 +618,15 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		}
 		switch plan.Kind {
 		case orbitpool.PlanReuseLocal:
-			if hc := n.lookupH2(plan.Execution.ID()); hc != nil {
+			id := plan.Execution.ID()
+			oc, hc := n.lookup(id), n.lookupH2(id)
+			if oc == nil && hc == nil {
+				// An HTTP/2 connection is in the pool before it is here
+				// (see awaitH2); an HTTP/1.1 one that is in neither has
+				// left this process and is leaving the pool.
+				hc = n.awaitH2(id)
+			}
+			if hc != nil {
 				if !n.usableH2(hc) {
 					plan.Execution.Complete()
 					continue
@@ -626,8 +638,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return resp, err
 			}
-			oc := n.lookup(plan.Execution.ID())
 			if !n.takeFor(oc, plan.Execution) {
+				avoid.keepOff(id)
 				continue
 			}
 			n.stats.reusedLocal.Add(1)
@@ -646,7 +658,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// lease has no ticket left to withdraw.
 				n.pool.Withdraw(plan.Lease)
 				avoid.goneOnce(err, plan.Lease.ID)
-				avoid.leaseGoneOnce(err, lane)
+				avoid.leaseGoneOnce(err, plan.Lease)
 			}
 			switch {
 			case err == nil:
