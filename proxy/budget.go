@@ -106,7 +106,6 @@ func isRefusal(err error) bool {
 type avoided struct {
 	busy    []int
 	leaving []leftOwner
-	gone    []int // lanes that refused a lease as gone (see Error.freeRetry)
 	// goneConns are the connections that refused the request as they left
 	// the pool: a lease refused as gone, a stream refused as an HTTP/2
 	// connection went away (see Error.connGone), a local HTTP/1.1 one
@@ -154,27 +153,13 @@ func (a *avoided) freeRetry(err error, allowance func() int) bool {
 	return true
 }
 
-// goneOnce records connection id as gone if err says it refused a stream
-// as it went away, and makes err's retry free (Error.freeRetry) if it is
-// the first stream of the request it refused so.
+// goneOnce records connection id as gone if err says it refused the
+// request as it left the pool (a lease refused as gone, or a stream refused
+// as an HTTP/2 connection went away), and makes err's retry free
+// (Error.freeRetry) if it is the first time it refused the request so.
 func (a *avoided) goneOnce(err error, id orbitpool.ResourceID) {
 	var pe *Error
-	if errors.As(err, &pe) && pe.connGone && a.keepOff(id) {
-		pe.freeRetry = true
-	}
-}
-
-// leaseGoneOnce records the connection of lease as gone if its owner
-// refused the lease so, and makes err's retry free (Error.freeRetry) if it
-// is the first lease of the request that the owner's lane refused as gone.
-func (a *avoided) leaseGoneOnce(err error, lease orbitpool.Lease) {
-	var pe *Error
-	if !errors.Is(err, errLeaseGone) || !errors.As(err, &pe) {
-		return
-	}
-	a.keepOff(lease.ID)
-	if lane := lease.ID.Lane(); !slices.Contains(a.gone, lane) {
-		a.gone = append(a.gone, lane)
+	if errors.As(err, &pe) && (pe.connGone || errors.Is(err, errLeaseGone)) && a.keepOff(id) {
 		pe.freeRetry = true
 	}
 }

@@ -105,11 +105,12 @@ type Error struct {
 	// in the table: the request's later attempts keep off them.
 	ownerDown bool
 	// freeRetry marks a refusal whose retry costs none of MaxRetries: the
-	// first lease of the request an owner refused as gone (errLeaseGone),
-	// or the first stream a connection refused as it went away (connGone).
-	// Either connection is out of the pool by then (with the owner's other
-	// idle-expired ones of the key, see Node.drainExpiredH2), so no one
-	// owner or connection refuses the request twice for free; and since
+	// first lease on a connection that its owner refused as gone
+	// (errLeaseGone), or the first stream a connection refused as it went
+	// away (connGone). Either connection is leaving the pool, and the
+	// request's later attempts keep off it (see avoided.goneConns), so no
+	// one connection refuses the request twice for free, as net/http
+	// sends a request again past every dead connection of its pool; and since
 	// new connections keep coming, RoundTrip allows no more free retries
 	// than the fleet had connections to the upstream at the first, and one
 	// (see Transport.freeRetries).

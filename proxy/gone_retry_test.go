@@ -170,3 +170,63 @@ func TestIdleCloseRacesServed(t *testing.T) {
 		}
 	}
 }
+
+// TestSiblingRetriesPastEveryClosedConnection: an upstream that restarts
+// closes every idle connection at once. A sibling's request that meets them
+// one after another, each refused by its owner as gone, must be served, as
+// net/http serves a request past every dead connection of its pool: each
+// refusal takes one connection out of the request's way, so the retries
+// end. It failed after the fourth, the first refusal of a lane being the
+// only free one.
+func TestSiblingRetriesPastEveryClosedConnection(t *testing.T) {
+	const conns = 8
+	var inFlight sync.WaitGroup
+	inFlight.Add(conns)
+	gate := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			inFlight.Done()
+			<-gate
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	owner := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, nil)
+	client := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, nil)
+
+	// The owner opens conns connections, all idle once their requests end.
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Go(func() {
+			req, _ := http.NewRequest("GET", srv.URL+"/hold", nil)
+			if resp, err := owner.tr.RoundTrip(req); err == nil {
+				drain(resp)
+				resp.Body.Close()
+			}
+		})
+	}
+	inFlight.Wait()
+	close(gate)
+	wg.Wait()
+	if n := owner.node.Stats().OpenConns; n != conns {
+		t.Fatalf("owner holds %d connections; want %d", n, conns)
+	}
+	// The upstream restarts: every idle connection closes.
+	srv.CloseClientConnections()
+	time.Sleep(20 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("request failed after %d retries: %v", client.node.Stats().Retries, err)
+	}
+	drain(resp)
+	resp.Body.Close()
+	if r := client.node.Stats().Retries; r > conns {
+		t.Errorf("%d retries for %d closed connections", r, conns)
+	}
+}

@@ -658,7 +658,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// lease has no ticket left to withdraw.
 				n.pool.Withdraw(plan.Lease)
 				avoid.goneOnce(err, plan.Lease.ID)
-				avoid.leaseGoneOnce(err, plan.Lease)
 			}
 			switch {
 			case err == nil:
