@@ -100,7 +100,7 @@ var (
 	descOwned          = newDesc("owned_connections", "Upstream connections this process owns.")
 	descServedRemote   = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
 	descSpliced        = newDesc("bodies_spliced_total", "Siblings' response bodies this process moved from an upstream connection to the sibling's stream with splice(2), without copying them through its memory.")
-	descLeaseRefused   = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time), admission (the admission backstop), other.", "reason")
+	descLeaseRefused   = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time, or an HTTP/2 connection full), admission (the admission backstop), other.", "reason")
 	descRetired        = newDesc("connections_retired_total", "Upstream connections this process closed.")
 	descRebalanced     = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
 	descRetries        = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")

@@ -927,10 +927,17 @@ func (b *h2OwnerBody) Close() error {
 
 func (e *h2Exec) abandon() { e.exec.Complete() }
 
-// acceptH2 is accept for a lease on an HTTP/2 connection.
+// acceptH2 is accept for a lease on an HTTP/2 connection. A connection
+// that cannot take the stream is refused as gone only if it is draining:
+// one merely full (see usableH2) is paused, and has room again soon, so it
+// is refused as busy, and the sibling does not keep off it for good (see
+// avoided.goneConns).
 func (n *Node) acceptH2(hc *h2conn, exec *orbitpool.Execution) (execution, error) {
 	if !n.usableH2(hc) {
 		exec.Complete()
+		if !hc.isDraining() {
+			return nil, &rejectError{code: rejectOverload, err: fmt.Errorf("%w: http2 connection full", ErrOwnerBusy)}
+		}
 		return nil, &rejectError{code: rejectGone, err: errors.New("http2 connection draining")}
 	}
 	n.stats.servedRemote.Add(1)

@@ -109,8 +109,8 @@ type NodeStats struct {
 	// RefusedBy splits Refused by reason: "stale" (the lease named no live
 	// reservation), "gone" (the connection closed meanwhile), "closing"
 	// (this process is leaving), "deadline" (passed or too near),
-	// "busy" (no worker of the budget in time), "admission" (the
-	// admission backstop), "other".
+	// "busy" (no worker of the budget in time, or an HTTP/2 connection
+	// full), "admission" (the admission backstop), "other".
 	RefusedBy map[string]uint64
 	// DialsNotAdmitted counts dials of new upstream connections the
 	// admission backstop refused.
