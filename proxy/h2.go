@@ -391,6 +391,22 @@ func (n *Node) zeroH2(hc *h2conn, forGood bool) {
 	}
 }
 
+// goneForGood reports whether hc, which usableH2 found unable to take a
+// stream, will take none again: it is draining, or its ClientConn is
+// closing or closed (a GOAWAY, or x/net's not reusing it) while the pool
+// has yet to drain it, as the state read off usableH2's goroutine will.
+// Without x/net's wrapper, whose ClientConn says it cannot take a request
+// only once it will never take one (StrictMaxConcurrentStreams), that is
+// every such connection; its State would wait behind a blocked write (see
+// syncH2). The wrapper's State takes no write lock.
+func (hc *h2conn) goneForGood() bool {
+	if hc.isDraining() || !h2Wrapped {
+		return true
+	}
+	st := hc.cc.State()
+	return st.Closed || st.Closing
+}
+
 func (hc *h2conn) isDraining() bool {
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
@@ -928,14 +944,14 @@ func (b *h2OwnerBody) Close() error {
 func (e *h2Exec) abandon() { e.exec.Complete() }
 
 // acceptH2 is accept for a lease on an HTTP/2 connection. A connection
-// that cannot take the stream is refused as gone only if it is draining:
-// one merely full (see usableH2) is paused, and has room again soon, so it
-// is refused as busy, and the sibling does not keep off it for good (see
-// avoided.goneConns).
+// that cannot take the stream is refused as gone if it will take none
+// again (goneForGood): one merely full (see usableH2) is paused, and has
+// room again soon, so it is refused as busy, and the sibling does not keep
+// off it for good (see avoided.goneConns).
 func (n *Node) acceptH2(hc *h2conn, exec *orbitpool.Execution) (execution, error) {
 	if !n.usableH2(hc) {
 		exec.Complete()
-		if !hc.isDraining() {
+		if !hc.goneForGood() {
 			return nil, &rejectError{code: rejectOverload, err: fmt.Errorf("%w: http2 connection full", ErrOwnerBusy)}
 		}
 		return nil, &rejectError{code: rejectGone, err: errors.New("http2 connection draining")}
