@@ -109,12 +109,12 @@ type avoided struct {
 	// goneConns are the connections that refused the request as they left
 	// the pool: a lease refused as gone, a stream refused as an HTTP/2
 	// connection went away (see Error.connGone), a local HTTP/1.1 one
-	// found closed or spent. Until its owner unregisters it, such a connection is still
-	// in the pool with room, and a retry that took it again would be
-	// refused again, as fast: a few such retries spend the request's
-	// allowance in a millisecond, and the request fails where net/http
-	// would have dialed. Kept off, the retry waits for the connection's
-	// unit instead, or takes another.
+	// found closed or spent. Until its owner unregisters it, such a
+	// connection is still in the pool with room, and a retry that took it
+	// again would be refused again, as fast: a few such retries spend the
+	// request's allowance in a millisecond, and the request fails where
+	// net/http would have dialed. Kept off, the retry waits for the
+	// connection's unit instead, or takes another.
 	goneConns []orbitpool.ResourceID
 	// freeLeft is how many free retries the request has left, once
 	// counted (freeCounted) at its first.
