@@ -48,10 +48,10 @@ func removeStalePidFiles(runDir string, ours func(pid int) (name string, own boo
 
 // fleetWorker returns the pid in pid file p, and whether its process is a
 // worker of a fleet run in the directory runDir, by the fleet identity its
-// supervisor put in its environment (idEnv). The directory, not its name, is compared:
-// the killed fleet may have named it another way (a linked parent, as
-// /var/run is of /run on most hosts), and its draining workers' pid files
-// must be kept all the same.
+// supervisor put in its environment (idEnv). The directory, not its name,
+// is compared: the killed fleet may have named it another way (a linked
+// parent, as /var/run is of /run on most hosts), and its draining workers'
+// pid files must be kept all the same.
 func fleetWorker(p string, runDir os.FileInfo) (int, bool) {
 	b, err := os.ReadFile(p)
 	if err != nil {
