@@ -22,9 +22,11 @@ type body struct {
 	rc   io.ReadCloser // net/http's framing reader: length, chunks, trailers
 	x    *exchange
 	keep bool // the connection may be reused after this body
-	// h2 is the response, if a sibling relayed it from an HTTP/2
-	// upstream: its trailers may carry the upstream's reset of the stream.
-	h2 *http.Response
+	// relayed is the response, if a sibling relayed it: its trailers may
+	// carry fields the relay wrapped (see paddedField) and, if h2 (from an
+	// HTTP/2 upstream), the upstream's reset of the stream.
+	relayed *http.Response
+	h2      bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -60,10 +62,8 @@ func (b *body) Read(p []byte) (int, error) {
 	eof := err == io.EOF
 	if !eof {
 		err = b.mapErr(err)
-	} else if b.h2 != nil {
-		if rerr := takeStreamReset(b.h2); rerr != nil {
-			err = rerr
-		}
+	} else if b.relayed != nil {
+		err = b.relayedTrailers()
 	}
 	b.stop(err, eof)
 	return n, err
@@ -83,6 +83,21 @@ func (b *body) stop(err error, eof bool) {
 // streamResetTrailer ends the relayed body of an HTTP/2 response whose
 // stream the upstream reset: "<stream ID> <error code>", in decimal.
 const streamResetTrailer = "Orbit-Stream-Reset"
+
+// relayedTrailers restores the trailers of a relayed response whose body
+// has ended, and returns the error its reader gets: io.EOF, or the stream
+// error of an upstream's reset.
+func (b *body) relayedTrailers() error {
+	if b.h2 {
+		if err := takeStreamReset(b.relayed); err != nil {
+			return err
+		}
+	}
+	if err := unwrapPadded(b.relayed.Trailer); err != nil {
+		return &Error{Op: "read body", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
+	}
+	return io.EOF
+}
 
 // errResetFromPeer is the cause of a stream error the upstream sent, as
 // x/net/http2 words it.

@@ -209,9 +209,9 @@
 // no unit in use or reserved anywhere in the fleet: its capacity goes to 0
 // before the pool's count is read, so a request that races it is refused,
 // retry-safe, and plans again. HTTP/1.1 and HTTP/2 connections of one upstream have
-// different Keys. The unix leg's frame version is 3 since the HTTP/2 head
-// flags and the reset trailer; a sibling of another version is refused with
-// an error naming both. A stream the upstream resets mid-body (RST_STREAM)
+// different Keys. The unix leg has a version of its own (frame.go says what
+// each added); a sibling of another version is refused with an error naming
+// both. A stream the upstream resets mid-body (RST_STREAM)
 // ends the relayed body with a trailer of the unix leg's own
 // (Orbit-Stream-Reset, dropped from what the upstream sends) naming the
 // stream and error code, and the sibling's reader gets http2.StreamError
@@ -228,6 +228,12 @@
 // upstream gets both, as from a local exchange. Interim responses are
 // bounded as on HTTP/1.1: by the header limit, unless the caller sees them
 // through httptrace's Got1xxResponse and bounds them itself.
+// HTTP/2 field values may begin or end with spaces or tabs, which
+// HTTP/1.1's text trims: the fields that hold one cross the unix leg in a
+// field of its own (Orbit-Padded; one the client or the upstream sent under
+// that name crosses in it too), in request heads and in response heads and
+// trailers, so that they arrive as sent. A request's trailers are not
+// wrapped (they may be set only as its body ends), and are trimmed.
 //
 // Known differences from a local HTTP/2 exchange, for a sibling's: the unix
 // stream of an exchange whose response head went out before its request

@@ -328,6 +328,9 @@ func (x *exchange) writeRequest(r *http.Request) error {
 		if err := x.o.leg.writePreamble(c.bw); err != nil {
 			return err
 		}
+		// Trailers are not wrapped: the caller's may be filled in only
+		// as its body ends, after this head has gone.
+		r = wrapRequest(r)
 	}
 	err := r.Write(c.bw)
 	if err == nil {
@@ -501,6 +504,11 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		if err != nil {
 			return nil, x.readError(err, true)
 		}
+		if x.o.leg != nil {
+			if err := unwrapPadded(resp.Header); err != nil {
+				return nil, x.readError(err, true)
+			}
+		}
 		code := resp.StatusCode
 		if code == http.StatusContinue && x.continueCh != nil {
 			if x.trace != nil && x.trace.Got100Continue != nil {
@@ -566,9 +574,9 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		x.finishRead(keep)
 		return resp, nil
 	}
-	b := &body{rc: resp.Body, x: x, keep: keep}
-	if h2 {
-		b.h2 = resp
+	b := &body{rc: resp.Body, x: x, keep: keep, h2: h2}
+	if x.o.leg != nil {
+		b.relayed = resp
 	}
 	resp.Body = b
 	return resp, nil

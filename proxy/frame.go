@@ -26,10 +26,11 @@ import (
 // (RST_STREAM) mid-body; version 4 the error codes of a request head the
 // owner refused (errCodeReqHeaderTooLarge, errCodeReqMalformed), which an
 // earlier build would take for a malformed frame, and the error frame's
-// flagConnGone. The processes of one
-// fleet must run builds that speak the same unix leg: one of another
-// version cannot join the fleet's segment (Protocol), and a frame of
-// another version is refused with an error that names both versions.
+// flagConnGone; version 5 the field paddedField, in request heads and in
+// response heads and trailers. The processes of one fleet must run builds
+// that speak the same unix leg: one of another version cannot join the
+// fleet's segment (Protocol), and a frame of another version is refused
+// with an error that names both versions.
 // Integers are big-endian. Every field is checked strictly: unknown types or
 // flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
 // that sends one loses its stream (and only its stream).
@@ -41,7 +42,7 @@ const (
 
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 4
+	frameVersion  = 5
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 

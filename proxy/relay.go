@@ -123,7 +123,7 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	}
 	r.bw.Write(appendHead(nil, 0))
 	fmt.Fprintf(r.bw, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
-	http.Header(h).Write(r.bw)
+	wrapPadded(http.Header(h), nil).Write(r.bw)
 	r.bw.WriteString("\r\n")
 	r.err = r.bw.Flush()
 	return r.err
@@ -205,7 +205,7 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		bw.Write(appendHead(r.scratch[:0], hf))
 	}
 	writeStatusLine(bw, resp)
-	resp.Header.Write(bw)
+	wrapPadded(resp.Header, nil).Write(bw)
 	if chunked {
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
 		if len(resp.Trailer) > 0 {
@@ -334,7 +334,7 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 		if resp.ProtoMajor == 2 {
 			resp.Trailer.Del(streamResetTrailer)
 		}
-		resp.Trailer.Write(bw)
+		wrapPadded(resp.Trailer, nil).Write(bw)
 		bw.WriteString("\r\n")
 	}
 	if err := bw.Flush(); err != nil {

@@ -468,6 +468,9 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 	req, err := http.ReadRequest(br)
 	lr.n = math.MaxInt64
 	nc.SetReadDeadline(deadline)
+	if err == nil {
+		err = unwrapPadded(req.Header)
+	}
 	return req, err
 }
 

@@ -119,7 +119,7 @@ func (b *body) spliceTo(stream net.Conn, bw *bufio.Writer, n int64) (handled boo
 	c := b.x.c
 	src, ok := c.nc.(*net.TCPConn)
 	dst, ok2 := stream.(*net.UnixConn)
-	if !ok || !ok2 || b.h2 != nil || n < spliceMinBody {
+	if !ok || !ok2 || b.relayed != nil || n < spliceMinBody {
 		return false, nil
 	}
 	// The pipe before anything goes out: a process with no descriptor to

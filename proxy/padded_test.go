@@ -1,0 +1,207 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/textproto"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestPaddedFieldsCrossTheLeg: whatever values a header holds, wrapping it,
+// writing it as HTTP/1.1 and reading it back gives the same header, and
+// wrapping leaves the header it was given alone.
+func TestPaddedFieldsCrossTheLeg(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	names := []string{"X-A", "X-B", paddedField, "Accept", "Trailer"}
+	parts := []string{"", " ", "\t", "a", "a b", "  ", "é", "|", " | "}
+	for i := range 2000 {
+		h := http.Header{}
+		for range rng.IntN(5) {
+			k := names[rng.IntN(len(names))]
+			v := parts[rng.IntN(len(parts))] + parts[rng.IntN(len(parts))] + parts[rng.IntN(len(parts))]
+			h[k] = append(h[k], v)
+		}
+		orig := h.Clone()
+		w := wrapPadded(h, nil)
+		if !reflect.DeepEqual(h, orig) {
+			t.Fatalf("case %d: wrapPadded changed its argument: %q, was %q", i, h, orig)
+		}
+		var buf bytes.Buffer
+		w.Write(&buf)
+		buf.WriteString("\r\n")
+		got, err := textproto.NewReader(bufio.NewReader(&buf)).ReadMIMEHeader()
+		if err != nil {
+			t.Fatalf("case %d: reading %q: %v", i, buf.String(), err)
+		}
+		gh := http.Header(got)
+		if err := unwrapPadded(gh); err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		// What HTTP/1.1 itself keeps of a field: an empty value is kept,
+		// and values keep their order.
+		if len(gh) == 0 && len(orig) == 0 {
+			continue
+		}
+		if !reflect.DeepEqual(gh, orig) {
+			t.Fatalf("case %d: %q crossed as %q", i, orig, gh)
+		}
+	}
+	plain := http.Header{"X-A": {"a b"}, "Accept": {"*/*", "x"}}
+	if w := wrapPadded(plain, nil); reflect.ValueOf(w).Pointer() != reflect.ValueOf(plain).Pointer() {
+		t.Errorf("a header with nothing to wrap was copied: %q", w)
+	}
+}
+
+// TestUnwrapPaddedRefusesMalformed: a value of the leg's own field that no
+// build of it writes is an error, not a field made up from it.
+func TestUnwrapPaddedRefusesMalformed(t *testing.T) {
+	for _, v := range []string{"X-A", "X-A |a", "X-A a|", " |a|", "X-A |", "X-A"} {
+		h := http.Header{paddedField: {v}}
+		if err := unwrapPadded(h); err == nil || !strings.Contains(err.Error(), paddedField) {
+			t.Errorf("%q: %v, header %q; want an error naming %s", v, err, h, paddedField)
+		}
+	}
+	h := http.Header{paddedField: {"X-A |  a |", "X-A ||"}, "X-B": {"b"}}
+	if err := unwrapPadded(h); err != nil {
+		t.Fatal(err)
+	}
+	if want := (http.Header{"X-A": {"  a ", ""}, "X-B": {"b"}}); !reflect.DeepEqual(h, want) {
+		t.Errorf("got %q; want %q", h, want)
+	}
+}
+
+// TestPaddedRequestFieldsLikeNetHTTP: request header values that begin or
+// end with spaces or tabs reach an HTTP/2 upstream through a sibling as
+// they reach it through the owner's own exchange and through net/http's
+// HTTP/2 client: as the caller set them. So does a field that happens to
+// bear the leg's own name, and a User-Agent that moved.
+func TestPaddedRequestFieldsLikeNetHTTP(t *testing.T) {
+	var mu sync.Mutex
+	var seen []http.Header
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/fields" {
+			mu.Lock()
+			seen = append(seen, r.Header.Clone())
+			mu.Unlock()
+		}
+		w.Write([]byte("ok"))
+	})
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: &p}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	url := "http://" + ln.Addr().String()
+
+	owner, client := h2Pair(t, url)
+	ref := refH2C()
+	defer ref.CloseIdleConnections()
+	sent := http.Header{
+		"X-Sp":        {"  a b  "},
+		"X-Tab":       {"\tq\t"},
+		"X-Multi":     {"one", " two "},
+		"User-Agent":  {" agent "},
+		paddedField:   {"as the client named it"},
+		"X-Plain":     {"plain"},
+		"Content-Md5": {" c "},
+	}
+	for _, name := range []string{"x/net", "owner", "sibling"} {
+		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/fields", nil)
+		req.Header = sent.Clone()
+		o := roundTripOutcome(rt, req)
+		cancel()
+		if o.err != "" || o.status != 200 || o.body != "ok" {
+			t.Fatalf("%s: %+v", name, o)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 {
+		t.Fatalf("upstream saw %d requests; want 3", len(seen))
+	}
+	for k, want := range sent {
+		if got := seen[0][k]; !reflect.DeepEqual(got, want) {
+			t.Errorf("x/net sent %s as %q; set %q", k, got, want)
+		}
+	}
+	for i, name := range []string{"owner", "sibling"} {
+		for k, want := range seen[0] {
+			if k == "Accept-Encoding" {
+				continue
+			}
+			if got := seen[i+1][k]; !reflect.DeepEqual(got, want) {
+				t.Errorf("%s sent %s as %q; x/net sent %q", name, k, got, want)
+			}
+		}
+		if v, ok := seen[i+1][paddedField]; !ok || len(v) != 1 {
+			t.Errorf("%s: %s %q; want the client's one value", name, paddedField, v)
+		}
+	}
+	if n := client.node.Stats().ReusedRemote; n == 0 {
+		t.Errorf("the sibling's request did not go through the owner (%+v)", client.node.Stats())
+	}
+}
+
+// TestPaddedFieldNameThroughHTTP1: an HTTP/1.1 upstream's response field,
+// and a client's request field, named as the leg's own field cross the leg
+// as they are, both ways, as they do through net/http.
+func TestPaddedFieldNameThroughHTTP1(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, strings.Join(r.Header[paddedField], ","))
+		mu.Unlock()
+		w.Header()[paddedField] = []string{"X-Evil |injected|", "second"}
+		w.Header().Set("Trailer", paddedField)
+		w.Write([]byte("ok"))
+		w.Header()[paddedField] = []string{"X-Evil |in trailer|"}
+	}))
+	defer up.Close()
+	owner, client := remotePair(t, nil)
+	warm(t, owner, up.URL+"/warm")
+	for _, name := range []string{"net/http", "sibling"} {
+		rt := map[string]http.RoundTripper{"net/http": http.DefaultTransport, "sibling": client.tr}[name]
+		req, _ := http.NewRequest("GET", up.URL+"/", nil)
+		req.Header[paddedField] = []string{"X-Forged |x|"}
+		o := roundTripOutcome(rt, req)
+		if o.err != "" || o.status != 200 || o.body != "ok" {
+			t.Fatalf("%s: %+v", name, o)
+		}
+		if v := o.header[paddedField]; !reflect.DeepEqual(v, []string{"X-Evil |injected|", "second"}) {
+			t.Errorf("%s: response %s %q; want the upstream's two values", name, paddedField, v)
+		}
+		if v := o.header["X-Evil"]; v != nil {
+			t.Errorf("%s: response grew X-Evil %q", name, v)
+		}
+		if v := o.trailer[paddedField]; !reflect.DeepEqual(v, []string{"X-Evil |in trailer|"}) {
+			t.Errorf("%s: trailer %s %q; want the upstream's value", name, paddedField, v)
+		}
+		if v := o.trailer["X-Evil"]; v != nil {
+			t.Errorf("%s: trailers grew X-Evil %q", name, v)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"X-Forged |x|", "X-Forged |x|"}; !reflect.DeepEqual(got[len(got)-2:], want) {
+		t.Errorf("upstream saw %s %q; want %q from both", paddedField, got, want)
+	}
+	if n := client.node.Stats().ReusedRemote; n == 0 {
+		t.Errorf("the sibling's request did not go through the owner (%+v)", client.node.Stats())
+	}
+}
