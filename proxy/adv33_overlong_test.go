@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"testing"
-	"time"
 )
 
 // TestAdv33H2OverlongBodyLikeNetHTTP: an HTTP/2 upstream that sends more
@@ -25,14 +24,12 @@ func TestAdv33H2OverlongBodyLikeNetHTTP(t *testing.T) {
 		s.data(true, []byte("part"))
 	})
 	owner, client := h2Pair(t, up.url)
-	ref := refH2C()
-	defer ref.CloseIdleConnections()
-	for _, name := range []string{"x/net", "owner", "sibling"} {
-		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
 		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/long", nil)
-		o := roundTripOutcome(rt, req)
-		cancel()
+		return req
+	})
+	for _, name := range h2Paths {
+		o := outs[name]
 		if o.status != 200 || o.length != 2 || o.body != "pa" || o.err == "" {
 			t.Errorf("%s: status %d length %d body %q err %q; want 200, 2, \"pa\" and an error, as net/http", name, o.status, o.length, o.body, o.err)
 		}

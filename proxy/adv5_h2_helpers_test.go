@@ -286,6 +286,25 @@ func roundTripOutcome(rt http.RoundTripper, req *http.Request) h2Outcome {
 	return o
 }
 
+// h2Paths are the ways eachH2Path sends a request, in its order.
+var h2Paths = []string{"x/net", "owner", "sibling"}
+
+// eachH2Path sends the request newReq makes through net/http's own HTTP/2
+// client, the owner's exchange and the sibling's (see h2Pair), one after
+// another, each within 5s, and returns what each saw, by name.
+func eachH2Path(owner, client *member, newReq func(ctx context.Context) *http.Request) map[string]h2Outcome {
+	ref := refH2C()
+	defer ref.CloseIdleConnections()
+	out := map[string]h2Outcome{}
+	for _, name := range h2Paths {
+		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		out[name] = roundTripOutcome(rt, newReq(ctx))
+		cancel()
+	}
+	return out
+}
+
 // refH2C is net/http's own HTTP/2 client (x/net/http2) for h2c upstreams.
 func refH2C() *http2.Transport {
 	return &http2.Transport{AllowHTTP: true, DisableCompression: true,
