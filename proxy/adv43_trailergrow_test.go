@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
-	"time"
 )
 
 // TestAdv43PaddedTrailersWithinReaderLikeNetHTTP: an HTTP/2 upstream ends
@@ -37,14 +36,12 @@ func TestAdv43PaddedTrailersWithinReaderLikeNetHTTP(t *testing.T) {
 		s.headers(true, tr...)
 	})
 	owner, client := h2Pair(t, up.url)
-	ref := refH2C()
-	defer ref.CloseIdleConnections()
-	for _, name := range []string{"x/net", "owner", "sibling"} {
-		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
 		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/trailers", nil)
-		o := roundTripOutcome(rt, req)
-		cancel()
+		return req
+	})
+	for _, name := range h2Paths {
+		o := outs[name]
 		if o.err != "" || o.status != 200 || o.body != "ok" {
 			t.Errorf("%s: err %q status %d body %q; want 200 \"ok\" with its trailers, as net/http", name, o.err, o.status, o.body)
 			continue

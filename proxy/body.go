@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"net/textproto"
 	"sync"
 	"sync/atomic"
 
@@ -92,11 +94,41 @@ func (b *body) relayedTrailers() error {
 		if err := takeStreamReset(b.relayed); err != nil {
 			return err
 		}
+		if err := b.readTrailerBlock(); err != nil {
+			return err
+		}
 	}
 	if err := unwrapPadded(b.relayed.Trailer); err != nil {
 		return &Error{Op: "read body", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
 	}
 	return io.EOF
+}
+
+// readTrailerBlock reads the trailers of a relayed HTTP/2 response, which
+// the relay sends after the chunked body's end as a block of their own,
+// bounded as a head is. In the chunked body's own trailer section net/http's
+// reader would take no more than its read buffer holds (4 KiB, "suspiciously
+// long trailer"), where x/net/http2 takes them up to the header limit: a
+// gRPC status with rich details would fail through a sibling alone.
+func (b *body) readTrailerBlock() error {
+	c := b.x.c
+	c.lr.n = b.x.headLimit()
+	h, err := textproto.NewReader(c.br).ReadMIMEHeader()
+	over := c.lr.n <= 0
+	c.lr.n = math.MaxInt64
+	switch {
+	case over:
+		return &Error{Op: "read body", Err: fmt.Errorf("%w: trailers over the header limit", ErrBadResponse)}
+	case err != nil:
+		return &Error{Op: "read body", Err: fmt.Errorf("%w: trailers: %w", ErrBadResponse, err)}
+	}
+	if len(h) > 0 && b.relayed.Trailer == nil {
+		b.relayed.Trailer = make(http.Header, len(h))
+	}
+	for k, v := range h {
+		b.relayed.Trailer[k] = v
+	}
+	return nil
 }
 
 // errResetFromPeer is the cause of a stream error the upstream sent, as

@@ -233,7 +233,11 @@
 // field of its own (Orbit-Padded; one the client or the upstream sent under
 // that name crosses in it too), in request heads and in response heads and
 // trailers, so that they arrive as sent. A request's trailers are not
-// wrapped (they may be set only as its body ends), and are trimmed.
+// wrapped (they may be set only as its body ends), and are trimmed. An
+// HTTP/2 response's trailers cross after its chunked body, as a block
+// bounded as a head is, for net/http's chunked reader takes trailers only
+// up to its 4 KiB read buffer. A request without a User-Agent field gets
+// the owner's client's default, HTTP/2's to an HTTP/2 upstream.
 //
 // Known differences from a local HTTP/2 exchange, for a sibling's: the unix
 // stream of an exchange whose response head went out before its request

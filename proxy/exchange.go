@@ -466,13 +466,7 @@ func (x *exchange) writeError(err error) error {
 
 func (x *exchange) readResponse() (*http.Response, error) {
 	c, req := x.c, x.req
-	maxHeader := x.o.maxHeaderBytes
-	if maxHeader <= 0 {
-		maxHeader = defaultMaxHeaderBytes
-	}
-	if x.o.leg != nil {
-		maxHeader = relayedHeadLimit(maxHeader)
-	}
+	maxHeader := x.headLimit()
 	c.lr.n = maxHeader
 	if x.o.leg != nil {
 		if err := x.o.leg.readPreamble(c.br); err != nil {
@@ -580,6 +574,18 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// headLimit bounds the bytes x reads of each response head.
+func (x *exchange) headLimit() int64 {
+	limit := x.o.maxHeaderBytes
+	if limit <= 0 {
+		limit = defaultMaxHeaderBytes
+	}
+	if x.o.leg != nil {
+		limit = relayedHeadLimit(limit)
+	}
+	return limit
 }
 
 // relayedHeadLimit bounds what a sibling reads of the heads an owner

@@ -27,7 +27,8 @@ import (
 // owner refused (errCodeReqHeaderTooLarge, errCodeReqMalformed), which an
 // earlier build would take for a malformed frame, and the error frame's
 // flagConnGone; version 5 the field paddedField, in request heads and in
-// response heads and trailers. The processes of one fleet must run builds
+// response heads and trailers, an HTTP/2 response's trailers after its
+// chunked body (see body.readTrailerBlock), and flagNoUserAgent. The processes of one fleet must run builds
 // that speak the same unix leg: one of another version cannot join the
 // fleet's segment (Protocol), and a frame of another version is refused
 // with an error that names both versions.
@@ -92,8 +93,15 @@ const (
 	// and trailers; it is sent chunked on the unix leg, which alone can
 	// carry its trailers, and the owner restores the length.
 	flagLength
+	// flagNoUserAgent: the request has no User-Agent field, so the
+	// owner's exchange sends its own client's default, HTTP/1.1's or
+	// HTTP/2's, as a local exchange does. The head on the unix leg carries
+	// HTTP/1.1's (http.Request.Write adds it), which the owner drops.
+	// Without the flag a head without the field means the caller chose to
+	// send none.
+	flagNoUserAgent
 
-	reqFlagsKnown = flagBodyOnAccept | flagLength
+	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent
 )
 
 // Reject reasons.

@@ -38,7 +38,9 @@ func isSpaceOrTab(b byte) bool { return b == ' ' || b == '\t' }
 func wrapPadded(h http.Header, except map[string]bool) http.Header {
 	var names []string
 	for k, vs := range h {
-		if k == paddedField || !except[k] && slices.ContainsFunc(vs, isPadded) {
+		// Any spelling of the leg's own name: the reader canonicalizes
+		// the field's name before it looks for paddedField.
+		if strings.EqualFold(k, paddedField) || !except[k] && slices.ContainsFunc(vs, isPadded) {
 			names = append(names, k)
 		}
 	}

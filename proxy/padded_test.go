@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/textproto"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -119,18 +120,15 @@ func TestPaddedResponseFieldsLikeNetHTTP(t *testing.T) {
 	}
 }
 
-// TestPaddedRequestFieldsLikeNetHTTP: request header values that begin or
-// end with spaces or tabs reach an HTTP/2 upstream through a sibling as
-// they reach it through the owner's own exchange and through net/http's
-// HTTP/2 client: as the caller set them. So does a field that happens to
-// bear the leg's own name, and a User-Agent that moved.
-func TestPaddedRequestFieldsLikeNetHTTP(t *testing.T) {
+// h2cRecorder runs an h2c upstream for the test that answers "ok" and
+// records the header of each request but the first (h2Pair's warm-up).
+func h2cRecorder(t *testing.T) (url string, seen func() []http.Header) {
 	var mu sync.Mutex
-	var seen []http.Header
+	var hs []http.Header
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/fields" {
+		if r.URL.Path != "/" {
 			mu.Lock()
-			seen = append(seen, r.Header.Clone())
+			hs = append(hs, r.Header.Clone())
 			mu.Unlock()
 		}
 		w.Write([]byte("ok"))
@@ -143,9 +141,21 @@ func TestPaddedRequestFieldsLikeNetHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	go srv.Serve(ln)
-	defer srv.Close()
-	url := "http://" + ln.Addr().String()
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String(), func() []http.Header {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(hs)
+	}
+}
 
+// TestPaddedRequestFieldsLikeNetHTTP: request header values that begin or
+// end with spaces or tabs reach an HTTP/2 upstream through a sibling as
+// they reach it through the owner's own exchange and through net/http's
+// HTTP/2 client: as the caller set them. So does a field that happens to
+// bear the leg's own name, and a User-Agent that moved.
+func TestPaddedRequestFieldsLikeNetHTTP(t *testing.T) {
+	url, seen := h2cRecorder(t)
 	owner, client := h2Pair(t, url)
 	sent := http.Header{
 		"X-Sp":        {"  a b  "},
@@ -166,26 +176,25 @@ func TestPaddedRequestFieldsLikeNetHTTP(t *testing.T) {
 			t.Fatalf("%s: %+v", name, o)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != 3 {
-		t.Fatalf("upstream saw %d requests; want 3", len(seen))
+	hs := seen()
+	if len(hs) != 3 {
+		t.Fatalf("upstream saw %d requests; want 3", len(hs))
 	}
 	for k, want := range sent {
-		if got := seen[0][k]; !reflect.DeepEqual(got, want) {
+		if got := hs[0][k]; !reflect.DeepEqual(got, want) {
 			t.Errorf("x/net sent %s as %q; set %q", k, got, want)
 		}
 	}
-	for i, name := range []string{"owner", "sibling"} {
-		for k, want := range seen[0] {
+	for i, name := range h2Paths[1:] {
+		for k, want := range hs[0] {
 			if k == "Accept-Encoding" {
 				continue
 			}
-			if got := seen[i+1][k]; !reflect.DeepEqual(got, want) {
+			if got := hs[i+1][k]; !reflect.DeepEqual(got, want) {
 				t.Errorf("%s sent %s as %q; x/net sent %q", name, k, got, want)
 			}
 		}
-		if v, ok := seen[i+1][paddedField]; !ok || len(v) != 1 {
+		if v, ok := hs[i+1][paddedField]; !ok || len(v) != 1 {
 			t.Errorf("%s: %s %q; want the client's one value", name, paddedField, v)
 		}
 	}
@@ -240,5 +249,43 @@ func TestPaddedFieldNameThroughHTTP1(t *testing.T) {
 	}
 	if n := client.node.Stats().ReusedRemote; n == 0 {
 		t.Errorf("the sibling's request did not go through the owner (%+v)", client.node.Stats())
+	}
+}
+
+// TestRelayedLargeTrailersLikeNetHTTP: an HTTP/2 upstream's trailers larger
+// than the sibling's read buffer (a gRPC status with rich details, 12 KB)
+// reach the sibling's caller whole, as x/net/http2 and the owner's own
+// exchange give them; in the chunked body's own trailer section, net/http's
+// reader would refuse them ("suspiciously long trailer").
+func TestRelayedLargeTrailersLikeNetHTTP(t *testing.T) {
+	details := strings.Repeat("QUJD", 3000)
+	up := newRawH2(t, func(s *rawStream) {
+		if s.path == "/" {
+			s.headers(false, ":status", "200", "content-length", "2")
+			s.data(true, []byte("ok"))
+			return
+		}
+		s.headers(false, ":status", "200", "content-type", "application/grpc", "trailer", "grpc-status")
+		s.data(false, []byte("ok"))
+		s.headers(true, "grpc-status", "3", "grpc-status-details-bin", details)
+	})
+	owner, client := h2Pair(t, up.url)
+	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, "POST", up.url+"/svc/Method", nil)
+		return req
+	})
+	for _, name := range h2Paths {
+		o := outs[name]
+		if o.err != "" || o.status != 200 || o.body != "ok" {
+			t.Errorf("%s: err %q status %d body %q; want 200 \"ok\"", name, o.err, o.status, o.body)
+			continue
+		}
+		if !reflect.DeepEqual(o.trailer, outs["x/net"].trailer) || o.trailer.Get("Grpc-Status-Details-Bin") != details {
+			t.Errorf("%s: trailers %d fields, details %d bytes; want x/net's (%d fields), details %d bytes",
+				name, len(o.trailer), len(o.trailer.Get("Grpc-Status-Details-Bin")), len(outs["x/net"].trailer), len(details))
+		}
+	}
+	if st := client.node.Stats(); st.ReusedRemote == 0 {
+		t.Errorf("the sibling's request did not go through the owner (%+v)", st)
 	}
 }

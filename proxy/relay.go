@@ -332,7 +332,10 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 	if chunked {
 		bw.WriteString("0\r\n")
 		if resp.ProtoMajor == 2 {
+			// The trailers follow the chunked body's end, as a block of
+			// their own (see body.readTrailerBlock).
 			resp.Trailer.Del(streamResetTrailer)
+			bw.WriteString("\r\n")
 		}
 		wrapPadded(resp.Trailer, nil).Write(bw)
 		bw.WriteString("\r\n")

@@ -161,6 +161,9 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 	if withHead {
 		flags = 0
 	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		flags |= flagNoUserAgent
+	}
 	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1, flags: flags}}
 	lg := &rx.leg
 	if len(req.Trailer) > 0 && req.ContentLength > 0 {

@@ -837,8 +837,11 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	rl.bw, rl.log, rl.bufs, rl.stopWatch = bw, s.log, bufs, func() { s.watcher.remove(w) }
 	// What the peer wrote is exactly what it wants sent: Request.Write adds
 	// a default User-Agent only when the header is absent, and an absent
-	// header here means the peer chose to send none.
-	if _, ok := req.Header["User-Agent"]; !ok {
+	// header here means the peer chose to send none, unless the frame says
+	// the request had none (see flagNoUserAgent).
+	if f.flags&flagNoUserAgent != 0 {
+		delete(req.Header, "User-Agent")
+	} else if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""}
 	}
 	req.RequestURI = ""
