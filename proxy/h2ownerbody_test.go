@@ -205,9 +205,10 @@ func TestH2FailedExchangeAfterBodyKeepsStream(t *testing.T) {
 			t.Fatalf("round %d: frame %+v, %v: want the error frame of the reset exchange, on a stream the owner keeps", round, f, err)
 		}
 		send("GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n")
-		// The answer ends with its chunked body's last chunk.
+		// The answer ends with its chunked body's last chunk and its
+		// (empty) block of trailers.
 		var got []byte
-		for !bytes.HasSuffix(got, []byte("ok\r\n0\r\n\r\n")) {
+		for !bytes.HasSuffix(got, []byte("ok\r\n0\r\n\r\n\r\n")) {
 			b, err := br.ReadByte()
 			if err != nil {
 				t.Fatalf("round %d: the next exchange on the stream: %q, %v: the owner ended the stream, taking the failed exchange's stop for the sibling gone", round, got, err)
