@@ -65,7 +65,7 @@ func (b *body) Read(p []byte) (int, error) {
 	if !eof {
 		err = b.mapErr(err)
 	} else if b.relayed != nil {
-		err = b.relayedTrailers()
+		eof, err = b.relayedTrailers()
 	}
 	b.stop(err, eof)
 	return n, err
@@ -87,21 +87,22 @@ func (b *body) stop(err error, eof bool) {
 const streamResetTrailer = "Orbit-Stream-Reset"
 
 // relayedTrailers restores the trailers of a relayed response whose body
-// has ended, and returns the error its reader gets: io.EOF, or the stream
-// error of an upstream's reset.
-func (b *body) relayedTrailers() error {
+// has ended, and returns whether the unix stream is still in step (not
+// after trailers it could not read, of which some may be left) and the
+// error its reader gets: io.EOF, or the stream error of an upstream's reset.
+func (b *body) relayedTrailers() (inStep bool, err error) {
 	if b.h2 {
 		if err := takeStreamReset(b.relayed); err != nil {
-			return err
+			return true, err
 		}
 		if err := b.readTrailerBlock(); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if err := unwrapPadded(b.relayed.Trailer); err != nil {
-		return &Error{Op: "read body", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
+		return false, &Error{Op: "read body", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
 	}
-	return io.EOF
+	return true, io.EOF
 }
 
 // readTrailerBlock reads the trailers of a relayed HTTP/2 response, which
@@ -144,6 +145,11 @@ func takeStreamReset(resp *http.Response) error {
 		return nil
 	}
 	resp.Trailer.Del(streamResetTrailer)
+	if len(resp.Trailer) == 0 {
+		// net/http's reader made the map for the reset alone; x/net's
+		// client leaves none where no trailer was announced.
+		resp.Trailer = nil
+	}
 	var id, code uint32
 	if len(v) != 1 {
 		return &Error{Op: "read body", Err: fmt.Errorf("%w: %d stream reset trailers", ErrBadResponse, len(v))}

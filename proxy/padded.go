@@ -17,8 +17,8 @@ import (
 //
 // Each value of such a field, and each value of a field the upstream or the
 // client itself named paddedField, crosses as one value of paddedField:
-// "<name> |<value>|", in order, and the reader of the head puts them back
-// (unwrapPadded). The bars keep the value's ends from the trim. A field
+// "<name> |<value>|", in order, or "<name>" for a field without a value,
+// and the reader of the head puts them back (unwrapPadded). The bars keep the value's ends from the trim. A field
 // value has no CR or LF (HTTP/2 refuses them, and HTTP/1.1's reader ends
 // the line there), so the value needs no escaping.
 const paddedField = "Orbit-Padded"
@@ -30,17 +30,14 @@ func isPadded(v string) bool {
 
 func isSpaceOrTab(b byte) bool { return b == ' ' || b == '\t' }
 
-// wrapPadded returns h, or, if a field of h needs it (see paddedField), a
-// copy of h in which that field's values have moved to paddedField. Fields
-// named in except stay: the writer of the head takes them from elsewhere
-// (see requestWriteFields). h is not changed: it is the caller's, or the
-// response the owner's exchange holds.
-func wrapPadded(h http.Header, except map[string]bool) http.Header {
+// wrapPadded returns h, or, if move says a field of h needs it, a copy of h
+// in which the values of the fields it names have moved to paddedField. h
+// is not changed: it is the caller's, or the response the owner's exchange
+// holds.
+func wrapPadded(h http.Header, move func(name string, values []string) bool) http.Header {
 	var names []string
 	for k, vs := range h {
-		// Any spelling of the leg's own name: the reader canonicalizes
-		// the field's name before it looks for paddedField.
-		if strings.EqualFold(k, paddedField) || !except[k] && slices.ContainsFunc(vs, isPadded) {
+		if move(k, vs) {
 			names = append(names, k)
 		}
 	}
@@ -51,6 +48,10 @@ func wrapPadded(h http.Header, except map[string]bool) http.Header {
 	out := h.Clone()
 	var moved []string
 	for _, k := range names {
+		if len(h[k]) == 0 {
+			// Named, without a value: a trailer announced and not sent.
+			moved = append(moved, k)
+		}
 		for _, v := range h[k] {
 			moved = append(moved, k+" |"+v+"|")
 		}
@@ -60,16 +61,39 @@ func wrapPadded(h http.Header, except map[string]bool) http.Header {
 	return out
 }
 
-// requestWriteFields are the fields http.Request.Write takes from the
-// request's other fields, never from its header map.
-var requestWriteFields = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
+// responseMoves says which fields of a response head or trailers cross in
+// paddedField: those with a padded value, and any spelling of the leg's
+// own name, for the reader canonicalizes a name before it looks for
+// paddedField.
+func responseMoves(name string, values []string) bool {
+	return strings.EqualFold(name, paddedField) || slices.ContainsFunc(values, isPadded)
+}
+
+// requestMoves says which fields of a request head cross in paddedField:
+// as responseMoves, but for the fields http.Request.Write takes from the
+// request's other fields, never from its header map; and any spelling of
+// User-Agent but the canonical one, which Request.Write writes as any
+// other field and x/net/http2 takes for the User-Agent, so that the owner
+// sees it spelled as the caller did.
+func requestMoves(name string, values []string) bool {
+	switch name {
+	case "Host", "Content-Length", "Transfer-Encoding", "Trailer":
+		return false
+	case "User-Agent":
+	default:
+		if strings.EqualFold(name, "User-Agent") {
+			return true
+		}
+	}
+	return responseMoves(name, values)
+}
 
 // wrapRequest returns r, or a shallow copy of it whose header wrapPadded
 // changed. http.Request.Write writes a default User-Agent when the header
 // has none: one that moved stays as an empty value, which it writes as
 // none, and the owner takes the moved one.
 func wrapRequest(r *http.Request) *http.Request {
-	h := wrapPadded(r.Header, requestWriteFields)
+	h := wrapPadded(r.Header, requestMoves)
 	if h[paddedField] == nil {
 		return r
 	}
@@ -94,10 +118,18 @@ func unwrapPadded(h http.Header) error {
 	delete(h, paddedField)
 	for _, m := range moved {
 		k, v, ok := strings.Cut(m, " ")
-		if !ok || k == "" || len(v) < 2 || v[0] != '|' || v[len(v)-1] != '|' {
-			return fmt.Errorf("malformed %s field %q", paddedField, m)
+		switch {
+		case k == "":
+		case !ok:
+			if _, ok := h[k]; !ok {
+				h[k] = nil
+			}
+			continue
+		case len(v) >= 2 && v[0] == '|' && v[len(v)-1] == '|':
+			h[k] = append(h[k], v[1:len(v)-1])
+			continue
 		}
-		h[k] = append(h[k], v[1:len(v)-1])
+		return fmt.Errorf("malformed %s field %q", paddedField, m)
 	}
 	return nil
 }

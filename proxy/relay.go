@@ -123,7 +123,7 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	}
 	r.bw.Write(appendHead(nil, 0))
 	fmt.Fprintf(r.bw, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
-	wrapPadded(http.Header(h), nil).Write(r.bw)
+	wrapPadded(http.Header(h), responseMoves).Write(r.bw)
 	r.bw.WriteString("\r\n")
 	r.err = r.bw.Flush()
 	return r.err
@@ -167,9 +167,15 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		hf |= headStreamEnds
 	}
 	chunked := len(resp.TransferEncoding) > 0
-	hasBody := req.Method != http.MethodHead && resp.ContentLength != 0 && resp.Body != http.NoBody &&
-		code != http.StatusSwitchingProtocols && code != http.StatusNoContent && code != http.StatusNotModified
+	// An HTTP/2 answer that declares a length of 0 may still end with
+	// trailers after its head (net/http's server sends a declared trailer
+	// of an empty answer so): x/net gives it a body, and so does the relay.
+	// One that ended with its head declares none, and x/net gives it
+	// length 0 and no body.
 	h2 := resp.ProtoMajor == 2
+	_, declared := resp.Header["Content-Length"]
+	hasBody := req.Method != http.MethodHead && (resp.ContentLength != 0 || h2 && declared) && resp.Body != http.NoBody &&
+		code != http.StatusSwitchingProtocols && code != http.StatusNoContent && code != http.StatusNotModified
 	switch {
 	case h2:
 		// The name is the unix leg's own (streamReset): never the
@@ -205,14 +211,19 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		bw.Write(appendHead(r.scratch[:0], hf))
 	}
 	writeStatusLine(bw, resp)
-	wrapPadded(resp.Header, nil).Write(bw)
+	wrapPadded(resp.Header, responseMoves).Write(bw)
 	if chunked {
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
-		if len(resp.Trailer) > 0 {
-			keys := make([]string, 0, len(resp.Trailer))
-			for k := range resp.Trailer {
-				switch k {
-				case "Content-Length", "Transfer-Encoding", "Trailer":
+	}
+	// x/net/http2 takes an HTTP/2 answer's announced trailer keys out of
+	// its header, whatever its body: they cross announced, and without a
+	// body the sibling takes them out again (remoteLeg.fixResponse).
+	if len(resp.Trailer) > 0 && (chunked || h2) {
+		keys := make([]string, 0, len(resp.Trailer))
+		for k := range resp.Trailer {
+			switch k {
+			case "Content-Length", "Transfer-Encoding", "Trailer":
+				if chunked {
 					// An HTTP/2 upstream may announce these, and
 					// x/net/http2 takes them; net/http's HTTP/1.1
 					// reader refuses the whole response for them
@@ -220,11 +231,11 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 					// sent still arrives.
 					continue
 				}
-				keys = append(keys, k)
 			}
-			if len(keys) > 0 {
-				bw.WriteString("Trailer: " + strings.Join(keys, ", ") + "\r\n")
-			}
+			keys = append(keys, k)
+		}
+		if len(keys) > 0 {
+			bw.WriteString("Trailer: " + strings.Join(keys, ", ") + "\r\n")
 		}
 	}
 	bw.WriteString("\r\n")
@@ -337,7 +348,7 @@ func (r *relay) copyBody(resp *http.Response, chunked bool) error {
 			resp.Trailer.Del(streamResetTrailer)
 			bw.WriteString("\r\n")
 		}
-		wrapPadded(resp.Trailer, nil).Write(bw)
+		wrapPadded(resp.Trailer, responseMoves).Write(bw)
 		bw.WriteString("\r\n")
 	}
 	if err := bw.Flush(); err != nil {

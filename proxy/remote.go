@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -302,6 +304,12 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/2.0", 2, 0
 		resp.TransferEncoding = nil
 		resp.Close = false
+		if resp.Trailer == nil {
+			// x/net/http2 takes the keys a head announces whatever the
+			// body; net/http's reader only for a chunked one.
+			announceTrailers(resp)
+			delete(resp.Header, "Trailer")
+		}
 		switch {
 		case f&headLength != 0:
 			resp.ContentLength = l.length
@@ -316,6 +324,21 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 			// be a body running to the unix stream's close.
 			resp.ContentLength = 0
 			resp.Body = http.NoBody
+		}
+	}
+}
+
+// announceTrailers puts in resp.Trailer, without values, the keys its
+// Trailer field names, as x/net/http2 does.
+func announceTrailers(resp *http.Response) {
+	for _, v := range resp.Header["Trailer"] {
+		for k := range strings.SplitSeq(v, ",") {
+			if k = textproto.TrimString(k); k != "" {
+				if resp.Trailer == nil {
+					resp.Trailer = make(http.Header)
+				}
+				resp.Trailer[http.CanonicalHeaderKey(k)] = nil
+			}
 		}
 	}
 }
