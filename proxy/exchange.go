@@ -529,9 +529,6 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		t.Stop()
 	}
 	c.lr.n = math.MaxInt64
-	// A relayed HTTP/2 body crosses chunked, whatever its length, and a
-	// body of length 0 may end with trailers (see relay.response).
-	relayedH2Body := x.o.leg != nil && hf&headProto2 != 0 && len(resp.TransferEncoding) > 0
 	if x.o.leg != nil {
 		x.o.leg.fixResponse(resp, hf)
 	}
@@ -557,7 +554,7 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		x.finish(true)
 		return resp, nil
 	}
-	if req.Method == http.MethodHead || resp.ContentLength == 0 && !relayedH2Body || resp.Body == http.NoBody {
+	if req.Method == http.MethodHead || resp.ContentLength == 0 || resp.Body == http.NoBody {
 		x.finishRead(keep)
 		return resp, nil
 	}

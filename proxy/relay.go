@@ -167,14 +167,8 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		hf |= headStreamEnds
 	}
 	chunked := len(resp.TransferEncoding) > 0
-	// An HTTP/2 answer that declares a length of 0 may still end with
-	// trailers after its head (net/http's server sends a declared trailer
-	// of an empty answer so): x/net gives it a body, and so does the relay.
-	// One that ended with its head declares none, and x/net gives it
-	// length 0 and no body.
 	h2 := resp.ProtoMajor == 2
-	_, declared := resp.Header["Content-Length"]
-	hasBody := req.Method != http.MethodHead && (resp.ContentLength != 0 || h2 && declared) && resp.Body != http.NoBody &&
+	hasBody := req.Method != http.MethodHead && resp.ContentLength != 0 && resp.Body != http.NoBody &&
 		code != http.StatusSwitchingProtocols && code != http.StatusNoContent && code != http.StatusNotModified
 	switch {
 	case h2:
