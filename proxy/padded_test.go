@@ -289,3 +289,42 @@ func TestRelayedLargeTrailersLikeNetHTTP(t *testing.T) {
 		t.Errorf("the sibling's request did not go through the owner (%+v)", st)
 	}
 }
+
+// TestUserAgentLikeNetHTTP: the User-Agent an HTTP/2 upstream gets through
+// a sibling is the one x/net/http2 and the owner's own exchange send. With
+// no User-Agent field x/net sends its default, "Go-http-client/2.0", where
+// the head on the unix leg (http.Request.Write) carries HTTP/1.1's: the
+// frame tells the owner (flagNoUserAgent). A key spelled otherwise than
+// canonically is x/net's User-Agent too, and Request.Write's any field: it
+// crosses spelled as the caller did (requestMoves).
+func TestUserAgentLikeNetHTTP(t *testing.T) {
+	for _, h := range []http.Header{
+		{"X-P": {" padded"}},
+		{"user-agent": {"my-agent/1"}},
+	} {
+		url, seen := h2cRecorder(t)
+		owner, client := h2Pair(t, url)
+		outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
+			req, _ := http.NewRequestWithContext(ctx, "GET", url+"/ua", nil)
+			req.Header = h.Clone()
+			return req
+		})
+		for name, o := range outs {
+			if o.err != "" || o.status != 200 {
+				t.Fatalf("%q %s: %+v", h, name, o)
+			}
+		}
+		hs := seen()
+		if len(hs) != 3 {
+			t.Fatalf("%q: upstream saw %d requests; want 3", h, len(hs))
+		}
+		for i, name := range h2Paths[1:] {
+			if got, want := hs[i+1]["User-Agent"], hs[0]["User-Agent"]; !reflect.DeepEqual(got, want) {
+				t.Errorf("%q %s: upstream got User-Agent %q; net/http's HTTP/2 client sends %q", h, name, got, want)
+			}
+		}
+		if n := client.node.Stats().ReusedRemote; n == 0 {
+			t.Errorf("%q: the sibling's request did not go through the owner (%+v)", h, client.node.Stats())
+		}
+	}
+}
