@@ -28,10 +28,11 @@ import (
 // earlier build would take for a malformed frame, and the error frame's
 // flagConnGone; version 5 the field paddedField, in request heads and in
 // response heads and trailers, an HTTP/2 response's trailers after its
-// chunked body (see body.readTrailerBlock), and flagNoUserAgent. The processes of one fleet must run builds
-// that speak the same unix leg: one of another version cannot join the
-// fleet's segment (Protocol), and a frame of another version is refused
-// with an error that names both versions.
+// chunked body (see body.readTrailerBlock), and flagNoUserAgent. The
+// processes of one fleet must run builds that speak the same unix leg: one
+// of another version cannot join the fleet's segment (Protocol), and a
+// frame of another version is refused with an error that names both
+// versions.
 // Integers are big-endian. Every field is checked strictly: unknown types or
 // flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
 // that sends one loses its stream (and only its stream).

@@ -18,9 +18,10 @@ import (
 // Each value of such a field, and each value of a field the upstream or the
 // client itself named paddedField, crosses as one value of paddedField:
 // "<name> |<value>|", in order, or "<name>" for a field without a value,
-// and the reader of the head puts them back (unwrapPadded). The bars keep the value's ends from the trim. A field
-// value has no CR or LF (HTTP/2 refuses them, and HTTP/1.1's reader ends
-// the line there), so the value needs no escaping.
+// and the reader of the head puts them back (unwrapPadded). The bars keep
+// the value's ends from the trim. A field value has no CR or LF (HTTP/2
+// refuses them, and HTTP/1.1's reader ends the line there), so the value
+// needs no escaping.
 const paddedField = "Orbit-Padded"
 
 // isPadded reports whether HTTP/1.1's text would trim v.
