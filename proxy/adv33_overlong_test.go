@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"net/http"
 	"testing"
 )
 
@@ -14,19 +12,9 @@ import (
 // the owner's relay had them in its buffer and returned the read's error
 // without flushing them (copyBody), and the stream was closed.
 func TestAdv33H2OverlongBodyLikeNetHTTP(t *testing.T) {
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/" {
-			s.headers(false, ":status", "200", "content-length", "2")
-			s.data(true, []byte("ok"))
-			return
-		}
+	outs, _ := rawH2Outcomes(t, "GET", "/long", func(s *rawStream) {
 		s.headers(false, ":status", "200", "content-length", "2")
 		s.data(true, []byte("part"))
-	})
-	owner, client := h2Pair(t, up.url)
-	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
-		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/long", nil)
-		return req
 	})
 	for _, name := range h2Paths {
 		o := outs[name]

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
-	"net/http"
 	"testing"
 )
 
@@ -25,20 +23,10 @@ func TestAdv43PaddedTrailersWithinReaderLikeNetHTTP(t *testing.T) {
 	for i := range n {
 		tr = append(tr, fmt.Sprintf("x-t-%03d", i), " v")
 	}
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/" {
-			s.headers(false, ":status", "200", "content-length", "2")
-			s.data(true, []byte("ok"))
-			return
-		}
+	outs, client := rawH2Outcomes(t, "GET", "/trailers", func(s *rawStream) {
 		s.headers(false, ":status", "200")
 		s.data(false, []byte("ok"))
 		s.headers(true, tr...)
-	})
-	owner, client := h2Pair(t, up.url)
-	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
-		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/trailers", nil)
-		return req
 	})
 	for _, name := range h2Paths {
 		o := outs[name]

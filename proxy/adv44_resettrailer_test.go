@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"net/http"
 	"testing"
 	"time"
 
@@ -20,21 +18,11 @@ import (
 // resp.Trailer != nil (or ranges over a map it expects nil) sees another
 // answer than net/http gives.
 func TestAdv44ResetLeavesTrailerNilLikeNetHTTP(t *testing.T) {
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/" {
-			s.headers(false, ":status", "200", "content-length", "2")
-			s.data(true, []byte("ok"))
-			return
-		}
+	outs, client := rawH2Outcomes(t, "GET", "/reset", func(s *rawStream) {
 		s.headers(false, ":status", "200")
 		s.data(false, []byte("part"))
 		time.Sleep(20 * time.Millisecond)
 		s.rst(http2.ErrCodeInternal)
-	})
-	owner, client := h2Pair(t, up.url)
-	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
-		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/reset", nil)
-		return req
 	})
 	ref := outs["x/net"]
 	if ref.err == "" || ref.trailer != nil {

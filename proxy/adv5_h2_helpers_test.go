@@ -305,6 +305,26 @@ func eachH2Path(owner, client *member, newReq func(ctx context.Context) *http.Re
 	return out
 }
 
+// rawH2Outcomes serves answer as an HTTP/2 upstream (h2Pair's warm-up at
+// "/" is answered "ok"), sends method path through each of h2Paths
+// (eachH2Path), and returns what each saw, and the sibling.
+func rawH2Outcomes(t *testing.T, method, path string, answer func(s *rawStream)) (map[string]h2Outcome, *member) {
+	t.Helper()
+	up := newRawH2(t, func(s *rawStream) {
+		if s.path == "/" {
+			s.headers(false, ":status", "200", "content-length", "2")
+			s.data(true, []byte("ok"))
+			return
+		}
+		answer(s)
+	})
+	owner, client := h2Pair(t, up.url)
+	return eachH2Path(owner, client, func(ctx context.Context) *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, method, up.url+path, nil)
+		return req
+	}), client
+}
+
 // refH2C is net/http's own HTTP/2 client (x/net/http2) for h2c upstreams.
 func refH2C() *http2.Transport {
 	return &http2.Transport{AllowHTTP: true, DisableCompression: true,

@@ -87,20 +87,10 @@ func TestUnwrapPaddedRefusesMalformed(t *testing.T) {
 // got other bytes than net/http's (and the owner's) for the same answer, in
 // a header and in a trailer, until such fields crossed in paddedField.
 func TestPaddedResponseFieldsLikeNetHTTP(t *testing.T) {
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/" {
-			s.headers(false, ":status", "200", "content-length", "2")
-			s.data(true, []byte("ok"))
-			return
-		}
+	outs, _ := rawH2Outcomes(t, "GET", "/spaces", func(s *rawStream) {
 		s.headers(false, ":status", "200", "x-sp", "  a b  ", "x-tab", "\tq\t", "trailer", "x-tr")
 		s.data(false, []byte("ok"))
 		s.headers(true, "x-tr", " t ")
-	})
-	owner, client := h2Pair(t, up.url)
-	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
-		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/spaces", nil)
-		return req
 	})
 	for _, name := range h2Paths {
 		o := outs[name]
@@ -259,20 +249,10 @@ func TestPaddedFieldNameThroughHTTP1(t *testing.T) {
 // reader would refuse them ("suspiciously long trailer").
 func TestRelayedLargeTrailersLikeNetHTTP(t *testing.T) {
 	details := strings.Repeat("QUJD", 3000)
-	up := newRawH2(t, func(s *rawStream) {
-		if s.path == "/" {
-			s.headers(false, ":status", "200", "content-length", "2")
-			s.data(true, []byte("ok"))
-			return
-		}
+	outs, client := rawH2Outcomes(t, "POST", "/svc/Method", func(s *rawStream) {
 		s.headers(false, ":status", "200", "content-type", "application/grpc", "trailer", "grpc-status")
 		s.data(false, []byte("ok"))
 		s.headers(true, "grpc-status", "3", "grpc-status-details-bin", details)
-	})
-	owner, client := h2Pair(t, up.url)
-	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
-		req, _ := http.NewRequestWithContext(ctx, "POST", up.url+"/svc/Method", nil)
-		return req
 	})
 	for _, name := range h2Paths {
 		o := outs[name]
