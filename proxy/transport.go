@@ -619,12 +619,16 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		switch plan.Kind {
 		case orbitpool.PlanReuseLocal:
 			id := plan.Execution.ID()
-			oc, hc := n.lookup(id), n.lookupH2(id)
-			if oc == nil && hc == nil {
-				// An HTTP/2 connection is in the pool before it is here
-				// (see awaitH2); an HTTP/1.1 one that is in neither has
-				// left this process and is leaving the pool.
-				hc = n.awaitH2(id)
+			var oc *owned
+			hc := n.lookupH2(id)
+			if hc == nil {
+				if oc = n.lookup(id); oc == nil {
+					// An HTTP/2 connection is in the pool before it is
+					// here (see awaitH2); an HTTP/1.1 one that is in
+					// neither has left this process and is leaving the
+					// pool.
+					hc = n.awaitH2(id)
+				}
 			}
 			if hc != nil {
 				if !n.usableH2(hc) {
