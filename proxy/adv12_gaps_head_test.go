@@ -85,7 +85,10 @@ func TestAdv12GapHeadTooLargeFailsFast(t *testing.T) {
 func TestAdv13RefusedHeadStreamNotPooled(t *testing.T) {
 	refusedHeadThroughSibling(t, "/x", func(req *http.Request) {
 		req.URL.Opaque = "/a b"
-	}, func(_ error, client *member, _ *adv10Upstream) {
+	}, func(err error, client *member, _ *adv10Upstream) {
+		if !errors.Is(err, errMalformedRequestHead) || strings.Count(err.Error(), errMalformedRequestHead.Error()) != 1 {
+			t.Errorf("err %q; want it to name errMalformedRequestHead, once", err)
+		}
 		client.node.peers.mu.Lock()
 		idle := 0
 		for _, l := range client.node.peers.idle {

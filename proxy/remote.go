@@ -269,7 +269,10 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 	default:
 		err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
 		if s := errCodeSentinels[f.code]; s != nil {
-			err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, f.msg)
+			// The owner's message begins with the sentinel's own words
+			// when its error wrapped it, as it usually did: said once.
+			msg := strings.TrimPrefix(strings.TrimPrefix(f.msg, s.Error()), ": ")
+			err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, msg)
 		}
 		return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
 			connGone: f.flags&flagConnGone != 0, beforeAccept: true, Err: err}
