@@ -108,6 +108,22 @@ func wrapRequest(r *http.Request) *http.Request {
 	return &wr
 }
 
+// wrapGrowth is how many bytes of an HTTP/1.1 head the moved values of
+// paddedField take beyond what their fields would have taken unwrapped: a
+// value's line "Orbit-Padded: <name> |<value>|" against "<name>: <value>",
+// and all of a bare name's line.
+func wrapGrowth(moved []string) int64 {
+	var n int64
+	for _, m := range moved {
+		if strings.Contains(m, " ") {
+			n += int64(len(paddedField) + 3)
+		} else {
+			n += int64(len(paddedField) + 4 + len(m))
+		}
+	}
+	return n
+}
+
 // unwrapPadded puts back in h the fields wrapPadded moved. A value of
 // paddedField it cannot read is an error: the peer is not a build of this
 // unix leg, or its head was damaged.

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -306,5 +308,61 @@ func TestUserAgentLikeNetHTTP(t *testing.T) {
 		if n := client.node.Stats().ReusedRemote; n == 0 {
 			t.Errorf("%q: the sibling's request did not go through the owner (%+v)", h, client.node.Stats())
 		}
+	}
+}
+
+// TestPaddedRequestHeadHeldToItsOwnSize: the owner holds a sibling's request
+// head to its limit (here peerHeadLimit's floor, 1 MiB) as the caller wrote
+// it, not as the wrap made it. A head of 0.87 MB made of fields named as the
+// leg's own, which the wrap makes 1.15 MB, reaches the upstream whole, as
+// through net/http; one of 1.2 MB is still refused.
+func TestPaddedRequestHeadHeldToItsOwnSize(t *testing.T) {
+	var mu sync.Mutex
+	var got [][]string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header[paddedField])
+		mu.Unlock()
+	}))
+	up.Config.MaxHeaderBytes = 4 << 20
+	defer up.Close()
+	owner, client := remotePair(t, func(tr *Transport) { tr.MaxResponseHeaderBytes = 64 << 10 })
+	warm(t, owner, up.URL+"/warm")
+	values := func(n int) []string {
+		vs := make([]string, n)
+		for i := range vs {
+			vs[i] = fmt.Sprintf("v%029d", i) // a line of 46 bytes, 61 wrapped
+		}
+		return vs
+	}
+
+	within := values(19000)
+	for _, name := range []string{"net/http", "sibling"} {
+		rt := map[string]http.RoundTripper{"net/http": http.DefaultTransport, "sibling": client.tr}[name]
+		req, _ := http.NewRequest("GET", up.URL+"/", nil)
+		req.Header[paddedField] = within
+		o := roundTripOutcome(rt, req)
+		if o.err != "" || o.status != 200 {
+			t.Fatalf("%s: %+v; want the head served", name, o)
+		}
+		mu.Lock()
+		last := got[len(got)-1]
+		mu.Unlock()
+		if !slices.Equal(last, within) {
+			t.Fatalf("%s: the upstream saw %d values of %s; want the %d sent, in order", name, len(last), paddedField, len(within))
+		}
+	}
+	if n := client.node.Stats().ReusedRemote; n == 0 {
+		t.Errorf("the sibling's request did not go through the owner (%+v)", client.node.Stats())
+	}
+
+	req, _ := http.NewRequest("GET", up.URL+"/over", nil)
+	req.Header[paddedField] = values(26000)
+	resp, err := client.tr.RoundTrip(req)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	if !errors.Is(err, ErrRequestHeaderTooLarge) {
+		t.Errorf("a 1.2 MB head through the sibling: %v; want ErrRequestHeaderTooLarge", err)
 	}
 }

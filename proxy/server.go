@@ -464,10 +464,19 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 		}
 		nc.SetReadDeadline(headBy)
 	}
-	lr.n = limit + int64(br.Size())
+	// The limit is a head's as its caller wrote it: fields that crossed in
+	// paddedField make it longer, up to about twice for any head an
+	// HTTP/1.1 or HTTP/2 server lets through, and are counted as they were.
+	allowed := limit + int64(br.Size())
+	start := br.Buffered()
+	lr.n = 2 * allowed
 	req, err := http.ReadRequest(br)
+	size := int64(start) + 2*allowed - lr.n - int64(br.Buffered())
 	lr.n = math.MaxInt64
 	nc.SetReadDeadline(deadline)
+	if err == nil && size-wrapGrowth(req.Header[paddedField]) > allowed {
+		err = errHeaderLimit
+	}
 	if err == nil {
 		err = unwrapPadded(req.Header)
 	}
