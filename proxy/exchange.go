@@ -328,8 +328,6 @@ func (x *exchange) writeRequest(r *http.Request) error {
 		if err := x.o.leg.writePreamble(c.bw); err != nil {
 			return err
 		}
-		// Trailers are not wrapped: the caller's may be filled in only
-		// as its body ends, after this head has gone.
 		r = wrapRequest(r)
 	}
 	err := r.Write(c.bw)

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -90,22 +92,53 @@ func requestMoves(name string, values []string) bool {
 }
 
 // wrapRequest returns r, or a shallow copy of it whose header wrapPadded
-// changed. http.Request.Write writes a default User-Agent when the header
-// has none: one that moved stays as an empty value, which it writes as
-// none, and the owner takes the moved one.
+// changed, or whose trailers it wraps as the body ends. http.Request.Write
+// writes a default User-Agent when the header has none: one that moved
+// stays as an empty value, which it writes as none, and the owner takes the
+// moved one.
 func wrapRequest(r *http.Request) *http.Request {
 	h := wrapPadded(r.Header, requestMoves)
-	if h[paddedField] == nil {
+	wrapHead := h[paddedField] != nil
+	wrapTrailer := len(r.Trailer) > 0 && r.Body != nil && r.Body != http.NoBody
+	if !wrapHead && !wrapTrailer {
 		return r
 	}
-	if _, ok := r.Header["User-Agent"]; ok {
-		if _, kept := h["User-Agent"]; !kept {
-			h["User-Agent"] = []string{""}
-		}
-	}
 	wr := *r
-	wr.Header = h
+	if wrapHead {
+		if _, ok := r.Header["User-Agent"]; ok {
+			if _, kept := h["User-Agent"]; !kept {
+				h["User-Agent"] = []string{""}
+			}
+		}
+		wr.Header = h
+	}
+	if wrapTrailer {
+		// The caller may fill its trailers in until its body ends, and
+		// Request.Write reads them once it has: the copy announces the
+		// same keys, and takes their wrapped values at the body's end.
+		wr.Trailer = make(http.Header, len(r.Trailer))
+		for k := range r.Trailer {
+			wr.Trailer[k] = nil
+		}
+		wr.Body = &trailerWrapBody{ReadCloser: r.Body, from: r.Trailer, to: wr.Trailer}
+	}
 	return &wr
+}
+
+// trailerWrapBody is a request body that, at its end, sets to the trailers
+// from, wrapped.
+type trailerWrapBody struct {
+	io.ReadCloser
+	from, to http.Header
+}
+
+func (b *trailerWrapBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		clear(b.to)
+		maps.Copy(b.to, wrapPadded(b.from, responseMoves))
+	}
+	return n, err
 }
 
 // wrapGrowth is how many bytes of an HTTP/1.1 head the moved values of

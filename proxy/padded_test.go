@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -364,5 +366,103 @@ func TestPaddedRequestHeadHeldToItsOwnSize(t *testing.T) {
 	}
 	if !errors.Is(err, ErrRequestHeaderTooLarge) {
 		t.Errorf("a 1.2 MB head through the sibling: %v; want ErrRequestHeaderTooLarge", err)
+	}
+}
+
+// TestPaddedRequestTrailersLikeNetHTTP: request trailers, set by the caller
+// only as its body ends, reach an HTTP/2 upstream through a sibling as
+// through net/http's HTTP/2 client and the owner's own exchange: values
+// that begin or end with spaces, and a field bearing the leg's own name,
+// as the caller set them; and the caller's trailers are left as it set
+// them.
+func TestPaddedRequestTrailersLikeNetHTTP(t *testing.T) {
+	var mu sync.Mutex
+	var seen []http.Header
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path != "/" {
+			mu.Lock()
+			seen = append(seen, r.Trailer.Clone())
+			mu.Unlock()
+		}
+		w.Write([]byte("ok"))
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	url := "http://" + ln.Addr().String()
+	owner, client := h2Pair(t, url)
+
+	want := http.Header{"X-Sp": {" t "}, "X-Plain": {"p"}, paddedField: {"named |x|"}}
+	var last *http.Request
+	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/trailers", nil)
+		req.Trailer = http.Header{"X-Sp": nil, "X-Plain": nil, paddedField: nil}
+		req.Body = io.NopCloser(&fillAtEOF{r: strings.NewReader("body"), fill: func() {
+			maps.Copy(req.Trailer, want)
+		}})
+		req.ContentLength = -1
+		last = req
+		return req
+	})
+	for name, o := range outs {
+		if o.err != "" || o.status != 200 || o.body != "ok" {
+			t.Fatalf("%s: %+v", name, o)
+		}
+	}
+	if !reflect.DeepEqual(last.Trailer, want) {
+		t.Errorf("the sibling changed its caller's trailers to %q", last.Trailer)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != len(h2Paths) {
+		t.Fatalf("upstream saw %d requests; want %d", len(seen), len(h2Paths))
+	}
+	for i, name := range h2Paths {
+		if !reflect.DeepEqual(seen[i], want) {
+			t.Errorf("%s: upstream saw trailers %q; want %q", name, seen[i], want)
+		}
+	}
+	if n := client.node.Stats().ReusedRemote; n == 0 {
+		t.Errorf("the sibling's request did not go through the owner (%+v)", client.node.Stats())
+	}
+}
+
+// fillAtEOF reads r, and runs fill once r is at its end, before it says so.
+type fillAtEOF struct {
+	r    io.Reader
+	fill func()
+}
+
+func (f *fillAtEOF) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err == io.EOF && f.fill != nil {
+		f.fill()
+		f.fill = nil
+	}
+	return n, err
+}
+
+// TestRelayedRequestTrailersRefuseMalformed: a request trailer section whose
+// paddedField the owner cannot read fails the body at its end, and nothing
+// of it is left for the upstream's writer.
+func TestRelayedRequestTrailersRefuseMalformed(t *testing.T) {
+	tr := http.Header{paddedField: {"X-A no-bars"}, "X-B": {"b"}}
+	b := &bodyDone{ReadCloser: io.NopCloser(strings.NewReader("x")), trailer: tr}
+	if _, err := io.ReadAll(b); err == nil || !strings.Contains(err.Error(), "malformed request trailers") {
+		t.Errorf("read: %v; want the malformed trailers refused", err)
+	}
+	if len(tr) != 0 {
+		t.Errorf("trailers %q left for the upstream; want none", tr)
+	}
+	ok := http.Header{paddedField: {"X-A | a|"}}
+	b = &bodyDone{ReadCloser: io.NopCloser(strings.NewReader("x")), trailer: ok}
+	if _, err := io.ReadAll(b); err != nil || !reflect.DeepEqual(ok, http.Header{"X-A": {" a"}}) {
+		t.Errorf("read: %v, trailers %q; want X-A put back", err, ok)
 	}
 }

@@ -861,7 +861,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.TransferEncoding = nil
 	}
 	reqDone := &ox.body
-	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, rl.acceptBody
+	reqDone.ReadCloser, reqDone.onFirstRead, reqDone.trailer = req.Body, rl.acceptBody, req.Trailer
 	if ahead != nil {
 		// Sent with the head, read, and written with it upstream. The
 		// caller does not wait for the accept, which goes with the
