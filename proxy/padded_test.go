@@ -321,12 +321,13 @@ func TestUserAgentLikeNetHTTP(t *testing.T) {
 func TestPaddedRequestHeadHeldToItsOwnSize(t *testing.T) {
 	var mu sync.Mutex
 	var got [][]string
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		got = append(got, r.Header[paddedField])
 		mu.Unlock()
 	}))
 	up.Config.MaxHeaderBytes = 4 << 20
+	up.Start()
 	defer up.Close()
 	owner, client := remotePair(t, func(tr *Transport) { tr.MaxResponseHeaderBytes = 64 << 10 })
 	warm(t, owner, up.URL+"/warm")
