@@ -232,12 +232,15 @@
 // HTTP/1.1's text trims: the fields that hold one cross the unix leg in a
 // field of its own (Orbit-Padded; one the client or the upstream sent under
 // that name crosses in it too), in request heads and in response heads and
-// trailers, so that they arrive as sent. A request's trailers are not
-// wrapped (they may be set only as its body ends), and are trimmed. An
+// trailers, and in request trailers, wrapped as the body ends (the caller
+// may set them until then), so that they arrive as sent. The owner holds a
+// request head to its limit as the caller wrote it, before the wrap. An
 // HTTP/2 response's trailers cross after its chunked body, as a block
 // bounded as a head is, for net/http's chunked reader takes trailers only
-// up to its 4 KiB read buffer. A request without a User-Agent field gets
-// the owner's client's default, HTTP/2's to an HTTP/2 upstream.
+// up to its 4 KiB read buffer; for the same reason the owner reads a
+// sibling's chunked request body itself, and its trailers bounded as the
+// head is. A request without a User-Agent field gets the owner's client's
+// default, HTTP/2's to an HTTP/2 upstream.
 //
 // Known differences from a local HTTP/2 exchange, for a sibling's: the unix
 // stream of an exchange whose response head went out before its request

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/textproto"
 	"reflect"
 	"slices"
@@ -373,9 +375,9 @@ func TestPaddedRequestHeadHeldToItsOwnSize(t *testing.T) {
 // TestPaddedRequestTrailersLikeNetHTTP: request trailers, set by the caller
 // only as its body ends, reach an HTTP/2 upstream through a sibling as
 // through net/http's HTTP/2 client and the owner's own exchange: values
-// that begin or end with spaces, and a field bearing the leg's own name,
-// as the caller set them; and the caller's trailers are left as it set
-// them.
+// that begin or end with spaces, a field bearing the leg's own name, and
+// 12 KB of trailers, past net/http's 4 KiB trailer reader, as the caller
+// set them; and the caller's trailers are left as it set them.
 func TestPaddedRequestTrailersLikeNetHTTP(t *testing.T) {
 	var mu sync.Mutex
 	var seen []http.Header
@@ -399,11 +401,11 @@ func TestPaddedRequestTrailersLikeNetHTTP(t *testing.T) {
 	url := "http://" + ln.Addr().String()
 	owner, client := h2Pair(t, url)
 
-	want := http.Header{"X-Sp": {" t "}, "X-Plain": {"p"}, paddedField: {"named |x|"}}
+	want := http.Header{"X-Sp": {" t "}, "X-Plain": {"p"}, paddedField: {"named |x|"}, "X-Big": {strings.Repeat("b", 12000)}}
 	var last *http.Request
 	outs := eachH2Path(owner, client, func(ctx context.Context) *http.Request {
 		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/trailers", nil)
-		req.Trailer = http.Header{"X-Sp": nil, "X-Plain": nil, paddedField: nil}
+		req.Trailer = http.Header{"X-Sp": nil, "X-Plain": nil, paddedField: nil, "X-Big": nil}
 		req.Body = io.NopCloser(&fillAtEOF{r: strings.NewReader("body"), fill: func() {
 			maps.Copy(req.Trailer, want)
 		}})
@@ -426,7 +428,7 @@ func TestPaddedRequestTrailersLikeNetHTTP(t *testing.T) {
 	}
 	for i, name := range h2Paths {
 		if !reflect.DeepEqual(seen[i], want) {
-			t.Errorf("%s: upstream saw trailers %q; want %q", name, seen[i], want)
+			t.Errorf("%s: upstream saw trailers %.200q; want %.200q", name, seen[i], want)
 		}
 	}
 	if n := client.node.Stats().ReusedRemote; n == 0 {
@@ -449,21 +451,33 @@ func (f *fillAtEOF) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// TestRelayedRequestTrailersRefuseMalformed: a request trailer section whose
-// paddedField the owner cannot read fails the body at its end, and nothing
-// of it is left for the upstream's writer.
-func TestRelayedRequestTrailersRefuseMalformed(t *testing.T) {
-	tr := http.Header{paddedField: {"X-A no-bars"}, "X-B": {"b"}}
-	b := &bodyDone{ReadCloser: io.NopCloser(strings.NewReader("x")), trailer: tr}
-	if _, err := io.ReadAll(b); err == nil || !strings.Contains(err.Error(), "malformed request trailers") {
-		t.Errorf("read: %v; want the malformed trailers refused", err)
+// TestPeerChunkedBodyTrailers: the owner's reader of a sibling's chunked
+// request body puts the wrapped trailer fields back, takes trailers past
+// net/http's 4 KiB up to its limit, and, for a section over the limit or
+// garbled, fails the body and leaves nothing of it for the upstream.
+func TestPeerChunkedBodyTrailers(t *testing.T) {
+	read := func(trailers string, limit int64) (http.Header, string, error) {
+		src := "4\r\nbody\r\n0\r\n" + trailers + "\r\n"
+		lr := &limitReader{r: strings.NewReader(src), n: math.MaxInt64}
+		br := bufio.NewReaderSize(lr, readBufSize)
+		req := &http.Request{}
+		b := &peerChunkedBody{cr: httputil.NewChunkedReader(br), br: br, lr: lr, limit: limit, req: req}
+		got, err := io.ReadAll(b)
+		if _, again := b.Read(make([]byte, 1)); again != err && !(err == nil && again == io.EOF) {
+			t.Errorf("a read after the end gave %v; want %v again", again, err)
+		}
+		return req.Trailer, string(got), err
 	}
-	if len(tr) != 0 {
-		t.Errorf("trailers %q left for the upstream; want none", tr)
+	big := strings.Repeat("d", 12000)
+	tr, body, err := read("X-A: a\r\n"+paddedField+": X-Sp | t |\r\nX-Big: "+big+"\r\n", 1<<20)
+	if err != nil || body != "body" || !reflect.DeepEqual(tr, http.Header{"X-A": {"a"}, "X-Sp": {" t "}, "X-Big": {big}}) {
+		t.Errorf("read %q, %v, trailers %q; want the body and the three trailers as sent", body, err, tr)
 	}
-	ok := http.Header{paddedField: {"X-A | a|"}}
-	b = &bodyDone{ReadCloser: io.NopCloser(strings.NewReader("x")), trailer: ok}
-	if _, err := io.ReadAll(b); err != nil || !reflect.DeepEqual(ok, http.Header{"X-A": {" a"}}) {
-		t.Errorf("read: %v, trailers %q; want X-A put back", err, ok)
+	// The bound is the limit and what the read buffer holds, as a head's.
+	if tr, _, err := read("X-Big: "+big+"\r\n", 1024); err == nil || !strings.Contains(err.Error(), "over the owner's limit") || tr != nil {
+		t.Errorf("trailers over the limit: %v, %d trailers; want them refused, none kept", err, len(tr))
+	}
+	if tr, _, err := read(paddedField+": X-A no-bars\r\nX-B: b\r\n", 1<<20); err == nil || tr != nil {
+		t.Errorf("garbled trailers: %v, trailers %q; want them refused, none kept", err, tr)
 	}
 }

@@ -11,7 +11,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/http/httputil"
+	"net/textproto"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -448,6 +451,62 @@ func readBodyWithHead(nc net.Conn, br *bufio.Reader, f *requestFrame, req *http.
 	return b, nil
 }
 
+// peerChunkedBody reads a sibling's chunked request body from the stream,
+// and at its end the trailers, bounded as the head is. net/http's reader of
+// a chunked body takes trailers only up to its read buffer (4 KiB here,
+// "suspiciously long trailer"), where a local exchange sends them whole and
+// x/net/http2's server takes them up to its header limit.
+type peerChunkedBody struct {
+	cr    io.Reader // the chunked body's data, up to its last chunk
+	br    *bufio.Reader
+	lr    *limitReader
+	limit int64
+	req   *http.Request // whose trailers the exchange's writer sends
+	err   error         // once the body has ended, or failed
+}
+
+func (b *peerChunkedBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.cr.Read(p)
+	if err == io.EOF {
+		err = b.readTrailers()
+	}
+	b.err = err
+	return n, err
+}
+
+// readTrailers reads the trailer section after the last chunk into the
+// request's trailers, putting back the fields the sibling wrapped (see
+// wrapRequest), and returns io.EOF, or why it cannot. Nothing of a section
+// it cannot read goes upstream.
+func (b *peerChunkedBody) readTrailers() error {
+	b.lr.n = b.limit + int64(b.br.Size())
+	h, err := textproto.NewReader(b.br).ReadMIMEHeader()
+	over := b.lr.n <= 0
+	b.lr.n = math.MaxInt64
+	switch {
+	case over:
+		return fmt.Errorf("request trailers over the owner's limit of %d bytes", b.limit)
+	case err != nil:
+		return fmt.Errorf("request trailers: %w", err)
+	}
+	if err := unwrapPadded(http.Header(h)); err != nil {
+		return fmt.Errorf("request trailers: %w", err)
+	}
+	if len(h) > 0 && b.req.Trailer == nil {
+		b.req.Trailer = make(http.Header, len(h))
+	}
+	for k, v := range h {
+		b.req.Trailer[k] = v
+	}
+	return io.EOF
+}
+
+// Close does not close the peer stream: the body is a window on it.
+func (b *peerChunkedBody) Close() error { return nil }
+
 // readPeerHead reads a request head from a peer, bounded in size by limit
 // (what br had read ahead aside) and in time by deadline, or peerHeadTimeout
 // if that is sooner or deadline is zero. It leaves deadline as the stream's
@@ -861,7 +920,12 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.TransferEncoding = nil
 	}
 	reqDone := &ox.body
-	reqDone.ReadCloser, reqDone.onFirstRead, reqDone.trailer = req.Body, rl.acceptBody, req.Trailer
+	var chunked *peerChunkedBody
+	if req.Body != http.NoBody && slices.Equal(req.TransferEncoding, []string{"chunked"}) {
+		chunked = &peerChunkedBody{cr: httputil.NewChunkedReader(br), br: br, lr: lr, limit: limit}
+		req.Body = chunked
+	}
+	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, rl.acceptBody
 	if ahead != nil {
 		// Sent with the head, read, and written with it upstream. The
 		// caller does not wait for the accept, which goes with the
@@ -877,6 +941,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	ox.trace.Got1xxResponse = rl.relay1xx
 	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
 	req = req.WithContext(ctx)
+	if chunked != nil {
+		chunked.req = req
+	}
 
 	if reqDone.done {
 		w.bodyDone()

@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"sync"
 	"time"
 )
@@ -158,11 +156,6 @@ type bodyDone struct {
 	io.ReadCloser
 	onFirstRead func() // run before the first Read, then cleared
 
-	// trailer, if not nil, is the request's trailers, whose fields the
-	// sibling wrapped (see wrapRequest) and the end of the body unwraps,
-	// before the exchange's writer sends them.
-	trailer http.Header
-
 	mu    sync.Mutex
 	done  bool
 	onEOF func()
@@ -174,14 +167,6 @@ func (b *bodyDone) Read(p []byte) (int, error) {
 		fn()
 	}
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF && b.trailer != nil {
-		if uerr := unwrapPadded(b.trailer); uerr != nil {
-			// Nothing of a trailer section the sibling garbled goes
-			// upstream: the body fails, as a malformed one does.
-			clear(b.trailer)
-			return n, fmt.Errorf("malformed request trailers: %w", uerr)
-		}
-	}
 	if err == io.EOF {
 		b.mu.Lock()
 		first := !b.done
