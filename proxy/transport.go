@@ -314,17 +314,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody()
 		return nil, errors.New("proxy: can't write control character in Request.URL")
 	}
-	for k, vv := range req.Header {
-		if !httpguts.ValidHeaderFieldName(k) {
+	// Trailers too: a sibling's unix leg would otherwise carry a name with
+	// a space in it as another field (see paddedField).
+	for _, f := range [...]struct {
+		what string
+		h    http.Header
+	}{{"header", req.Header}, {"trailer", req.Trailer}} {
+		if msg := invalidField(f.h); msg != "" {
 			closeBody()
-			return nil, fmt.Errorf("proxy: invalid header field name %q", k)
-		}
-		for _, v := range vv {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				closeBody()
-				// Not the value, which may be sensitive.
-				return nil, fmt.Errorf("proxy: invalid header field value for %q", k)
-			}
+			return nil, fmt.Errorf("proxy: invalid %s %s", f.what, msg)
 		}
 	}
 	e, err := t.upstream(req)
@@ -427,6 +425,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		returned = true
 		return nil, err
 	}
+}
+
+// invalidField names the first field of h whose name or value a request may
+// not carry, or is empty. Not the value, which may be sensitive.
+func invalidField(h http.Header) string {
+	for k, vv := range h {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return fmt.Sprintf("field name %q", k)
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Sprintf("field value for %q", k)
+			}
+		}
+	}
+	return ""
 }
 
 // exchangeBudget is what a request holds for its exchange: a permit of the
