@@ -530,6 +530,10 @@ func readPeerHead(nc net.Conn, lr *limitReader, br *bufio.Reader, deadline time.
 	start := br.Buffered()
 	lr.n = 2 * allowed
 	req, err := http.ReadRequest(br)
+	if err != nil && lr.n <= 0 {
+		// Cut at the bound, the head's last line may read as malformed.
+		err = errHeaderLimit
+	}
 	size := int64(start) + 2*allowed - lr.n - int64(br.Buffered())
 	lr.n = math.MaxInt64
 	nc.SetReadDeadline(deadline)
