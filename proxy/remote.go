@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/textproto"
 	"strconv"
@@ -174,6 +175,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		// whose values the caller may set until the body ends.
 		r2 := *req
 		r2.ContentLength = -1
+		r2.Body = &lengthBody{ReadCloser: req.Body, want: req.ContentLength}
 		lg.reqLength = req.ContentLength
 		req = &r2
 	}
@@ -354,4 +356,22 @@ func bodyAllowedForStatus(code int) bool {
 		return false
 	}
 	return true
+}
+
+// lengthBody holds a body sent chunked to the length its request declared,
+// as Request.Write holds one it sends with that length: a body that ends at
+// another length fails the request, and the owner, which would find it so
+// only as the chunked body ended, is not left to close the stream mid-body.
+type lengthBody struct {
+	io.ReadCloser
+	want, n int64
+}
+
+func (b *lengthBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	if err == io.EOF && b.n != b.want {
+		err = fmt.Errorf("http: ContentLength=%d with Body length %d", b.want, b.n)
+	}
+	return n, err
 }
