@@ -121,6 +121,14 @@ func wrapRequest(r *http.Request) *http.Request {
 			wr.Trailer[k] = nil
 		}
 		wr.Body = &trailerWrapBody{ReadCloser: r.Body, from: r.Trailer, to: wr.Trailer}
+		if wr.ContentLength <= 0 && len(wr.TransferEncoding) == 0 {
+			// Chunked, as it would be but for Request.Write's probe of a
+			// body of unknown length whose method usually has none (a
+			// GET): the probe reads on a goroutine of its own, whose
+			// read of the body's end would set the trailers while the
+			// writer reads their keys for the head.
+			wr.TransferEncoding = []string{"chunked"}
+		}
 	}
 	return &wr
 }
