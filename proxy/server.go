@@ -917,6 +917,11 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.Header["User-Agent"] = []string{""}
 	}
 	req.RequestURI = ""
+	var chunked *peerChunkedBody
+	if req.Body != http.NoBody && slices.Equal(req.TransferEncoding, []string{"chunked"}) {
+		chunked = &peerChunkedBody{cr: httputil.NewChunkedReader(br), br: br, lr: lr, limit: limit}
+		req.Body = chunked
+	}
 	if f.flags&flagLength != 0 && req.Body != http.NoBody {
 		// Chunked only to carry the trailers: the request the caller
 		// made declared this length, and goes upstream with it.
@@ -924,11 +929,6 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.TransferEncoding = nil
 	}
 	reqDone := &ox.body
-	var chunked *peerChunkedBody
-	if req.Body != http.NoBody && slices.Equal(req.TransferEncoding, []string{"chunked"}) {
-		chunked = &peerChunkedBody{cr: httputil.NewChunkedReader(br), br: br, lr: lr, limit: limit}
-		req.Body = chunked
-	}
 	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, rl.acceptBody
 	if ahead != nil {
 		// Sent with the head, read, and written with it upstream. The
