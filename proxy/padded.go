@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // paddedField carries across the unix leg the header fields whose values
@@ -120,15 +122,7 @@ func wrapRequest(r *http.Request) *http.Request {
 		for k := range r.Trailer {
 			wr.Trailer[k] = nil
 		}
-		wr.Body = &trailerWrapBody{ReadCloser: r.Body, from: r.Trailer, to: wr.Trailer}
-		if wr.ContentLength <= 0 && len(wr.TransferEncoding) == 0 {
-			// Chunked, as it would be but for Request.Write's probe of a
-			// body of unknown length whose method usually has none (a
-			// GET): the probe reads on a goroutine of its own, whose
-			// read of the body's end would set the trailers while the
-			// writer reads their keys for the head.
-			wr.TransferEncoding = []string{"chunked"}
-		}
+		wr.Body = &trailerWrapBody{ReadCloser: r.Body, from: r.Trailer, to: wr.Trailer, probed: probedBody(&wr)}
 	}
 	return &wr
 }
@@ -138,15 +132,44 @@ func wrapRequest(r *http.Request) *http.Request {
 type trailerWrapBody struct {
 	io.ReadCloser
 	from, to http.Header
+	// probed: Request.Write's first read is its probe (see probedBody),
+	// on a goroutine of its own, while the writer may be reading the
+	// trailers' keys for the head. The trailers are set at a later read
+	// of the end: if the probe found the body empty, nothing sends them.
+	probed bool
+	reads  int
 }
 
 func (b *trailerWrapBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
+	b.reads++
+	if err == io.EOF && (!b.probed || b.reads > 1) {
 		clear(b.to)
-		maps.Copy(b.to, wrapPadded(b.from, responseMoves))
+		maps.Copy(b.to, wrapPadded(b.from, trailerMoves))
 	}
 	return n, err
+}
+
+// probedBody reports whether http.Request.Write probes r's body for whether
+// it is empty, reading its first byte on a goroutine of its own: a body of
+// unknown length whose method usually has none.
+func probedBody(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > 0 || len(r.TransferEncoding) > 0 {
+		return false
+	}
+	switch r.Method {
+	case "", "GET", "HEAD", "DELETE", "OPTIONS", "PROPFIND", "SEARCH":
+		return true
+	}
+	return false
+}
+
+// trailerMoves is responseMoves for a request's trailers, which the caller
+// may set until its body ends, after RoundTrip checked them: a name that
+// is not a field's, which Request.Write drops, stays out of paddedField,
+// where the owner would read a name with a space in it as another field.
+func trailerMoves(name string, values []string) bool {
+	return httpguts.ValidHeaderFieldName(name) && responseMoves(name, values)
 }
 
 // wrapGrowth is how many bytes of an HTTP/1.1 head the moved values of
