@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -113,23 +114,36 @@ func (b *body) relayedTrailers() (inStep bool, err error) {
 // gRPC status with rich details would fail through a sibling alone.
 func (b *body) readTrailerBlock() error {
 	c := b.x.c
-	c.lr.n = b.x.headLimit()
-	h, err := textproto.NewReader(c.br).ReadMIMEHeader()
-	over := c.lr.n <= 0
-	c.lr.n = math.MaxInt64
+	h, over, err := readFieldBlock(c.br, &c.lr, b.x.headLimit())
 	switch {
 	case over:
 		return &Error{Op: "read body", Err: fmt.Errorf("%w: trailers over the header limit", ErrBadResponse)}
 	case err != nil:
 		return &Error{Op: "read body", Err: fmt.Errorf("%w: trailers: %w", ErrBadResponse, err)}
 	}
-	if len(h) > 0 && b.relayed.Trailer == nil {
-		b.relayed.Trailer = make(http.Header, len(h))
+	setFields(&b.relayed.Trailer, h)
+	return nil
+}
+
+// readFieldBlock reads a block of header fields, up to its empty line, from
+// br, which lr feeds: over says it did not end within limit bytes read.
+func readFieldBlock(br *bufio.Reader, lr *limitReader, limit int64) (h http.Header, over bool, err error) {
+	lr.n = limit
+	mh, err := textproto.NewReader(br).ReadMIMEHeader()
+	over = lr.n <= 0
+	lr.n = math.MaxInt64
+	return http.Header(mh), over, err
+}
+
+// setFields sets the fields of h in *dst, making it if it is nil and h is
+// not empty.
+func setFields(dst *http.Header, h http.Header) {
+	if len(h) > 0 && *dst == nil {
+		*dst = make(http.Header, len(h))
 	}
 	for k, v := range h {
-		b.relayed.Trailer[k] = v
+		(*dst)[k] = v
 	}
-	return nil
 }
 
 // errResetFromPeer is the cause of a stream error the upstream sent, as

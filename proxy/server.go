@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
-	"net/textproto"
 	"os"
 	"slices"
 	"strconv"
@@ -482,25 +481,17 @@ func (b *peerChunkedBody) Read(p []byte) (int, error) {
 // wrapRequest), and returns io.EOF, or why it cannot. Nothing of a section
 // it cannot read goes upstream.
 func (b *peerChunkedBody) readTrailers() error {
-	b.lr.n = b.limit + int64(b.br.Size())
-	h, err := textproto.NewReader(b.br).ReadMIMEHeader()
-	over := b.lr.n <= 0
-	b.lr.n = math.MaxInt64
+	h, over, err := readFieldBlock(b.br, b.lr, b.limit+int64(b.br.Size()))
 	switch {
 	case over:
 		return fmt.Errorf("request trailers over the owner's limit of %d bytes", b.limit)
 	case err != nil:
 		return fmt.Errorf("request trailers: %w", err)
 	}
-	if err := unwrapPadded(http.Header(h)); err != nil {
+	if err := unwrapPadded(h); err != nil {
 		return fmt.Errorf("request trailers: %w", err)
 	}
-	if len(h) > 0 && b.req.Trailer == nil {
-		b.req.Trailer = make(http.Header, len(h))
-	}
-	for k, v := range h {
-		b.req.Trailer[k] = v
-	}
+	setFields(&b.req.Trailer, h)
 	return io.EOF
 }
 
