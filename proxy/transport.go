@@ -314,16 +314,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody()
 		return nil, errors.New("proxy: can't write control character in Request.URL")
 	}
+	if msg := invalidField(req.Header); msg != "" {
+		closeBody()
+		return nil, fmt.Errorf("proxy: invalid header %s", msg)
+	}
 	// Trailers too: a sibling's unix leg would otherwise carry a name with
 	// a space in it as another field (see paddedField).
-	for _, f := range [...]struct {
-		what string
-		h    http.Header
-	}{{"header", req.Header}, {"trailer", req.Trailer}} {
-		if msg := invalidField(f.h); msg != "" {
-			closeBody()
-			return nil, fmt.Errorf("proxy: invalid %s %s", f.what, msg)
-		}
+	if msg := invalidField(req.Trailer); msg != "" {
+		closeBody()
+		return nil, fmt.Errorf("proxy: invalid trailer %s", msg)
 	}
 	e, err := t.upstream(req)
 	if err != nil {
