@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -14,23 +11,13 @@ import (
 // with a body of unknown length that is empty, and trailers. net/http's
 // Request.Write probes such a body, finds it empty, and sends the request
 // without one: no Transfer-Encoding, and no trailers (they have no chunked
-// body to ride in); the owner's own exchange does the same. Through a
-// sibling, wrapRequest (96cba37) forces the copy chunked to skip the probe,
-// and the owner forwards a chunked body upstream: an HTTP/1.1 upstream gets
-// "GET ... Transfer-Encoding: chunked", which servers that refuse a body on
-// a GET (or treat its framing differently) see only through a sibling.
+// body to ride in); the owner's own exchange does the same, and so must a
+// sibling. A wrap that forced the copy chunked to skip the probe (96cba37)
+// had the owner forward a chunked body: an HTTP/1.1 upstream got "GET ...
+// Transfer-Encoding: chunked", which servers that refuse a body on a GET
+// (or treat its framing differently) saw only through a sibling.
 func TestAdv47EmptyBodyGetWithTrailersFramedAsNetHTTP(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]string{}
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		if key := r.URL.Query().Get("k"); key != "" {
-			mu.Lock()
-			seen[key] = fmt.Sprintf("TE=%q CL=%d body=%q trailer=%q", r.TransferEncoding, r.ContentLength, b, r.Trailer)
-			mu.Unlock()
-		}
-	}))
-	defer up.Close()
+	up, seen := framingRecorder(t)
 	owner, client := remotePair(t, nil)
 	warm(t, owner, up.URL+"/warm")
 
@@ -50,13 +37,11 @@ func TestAdv47EmptyBodyGetWithTrailersFramedAsNetHTTP(t *testing.T) {
 				t.Fatalf("%s: the sibling's request did not go through the owner (%+v)", method, client.node.Stats())
 			}
 		}
-		mu.Lock()
-		want := seen[method+"-net/http"]
+		want := seen(method + "-net/http")
 		for _, name := range []string{"owner", "sibling"} {
-			if got := seen[method+"-"+name]; got != want {
+			if got := seen(method + "-" + name); got != want {
 				t.Errorf("%s through %s: upstream saw %s; net/http sends %s", method, name, got, want)
 			}
 		}
-		mu.Unlock()
 	}
 }

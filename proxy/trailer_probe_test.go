@@ -31,6 +31,28 @@ func (b *timedBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// framingRecorder runs an HTTP/1.1 upstream that records, under the value of
+// each request's query parameter k, its framing, body and trailers as the
+// upstream read them; seen returns what it recorded under a key.
+func framingRecorder(t *testing.T) (up *httptest.Server, seen func(key string) string) {
+	var mu sync.Mutex
+	rec := map[string]string{}
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if key := r.URL.Query().Get("k"); key != "" {
+			mu.Lock()
+			rec[key] = fmt.Sprintf("TE=%q CL=%d body=%q trailer=%q", r.TransferEncoding, r.ContentLength, b, r.Trailer)
+			mu.Unlock()
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up, func(key string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return rec[key]
+	}
+}
+
 // TestProbedBodyTrailersLikeNetHTTP: a GET with a body of unknown length and
 // trailers, whose body net/http's Request.Write probes on a goroutine of
 // its own, and a POST, whose body it does not: whether the body is empty or
@@ -39,17 +61,7 @@ func (b *timedBody) Read(p []byte) (int, error) {
 // as through net/http. Run with -race: the trailers must be set on the
 // writer's side only.
 func TestProbedBodyTrailersLikeNetHTTP(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]string{}
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		if key := r.URL.Query().Get("k"); key != "" {
-			mu.Lock()
-			seen[key] = fmt.Sprintf("TE=%q CL=%d body=%q trailer=%q", r.TransferEncoding, r.ContentLength, b, r.Trailer)
-			mu.Unlock()
-		}
-	}))
-	defer up.Close()
+	up, seen := framingRecorder(t)
 	owner, client := remotePair(t, nil)
 	warm(t, owner, up.URL+"/warm")
 
@@ -78,11 +90,9 @@ func TestProbedBodyTrailersLikeNetHTTP(t *testing.T) {
 					t.Fatalf("%s through %s: %+v", name, path, o)
 				}
 			}
-			mu.Lock()
-			if got, want := seen[name+"-sibling"], seen[name+"-net/http"]; got != want {
+			if got, want := seen(name+"-sibling"), seen(name+"-net/http"); got != want {
 				t.Errorf("%s: the upstream saw %s through the sibling; %s through net/http", name, got, want)
 			}
-			mu.Unlock()
 		}
 	}
 	if n := client.node.Stats().ReusedRemote; n < uint64(2*len(cases)) {
