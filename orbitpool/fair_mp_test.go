@@ -31,7 +31,10 @@ func init() { mpMoreRoles["fair"] = mpRoleFair }
 
 // mpRoleFair runs Workers goroutines that acquire the key's budget until Dur
 // has passed, and reports each acquisition as (arrival, service) instants of
-// the host's monotonic clock, service 0 for one that timed out.
+// the host's monotonic clock, service 0 for one that timed out, and the p99
+// of how late its goroutines woke from their holds: a service instant is
+// recorded late by as much, which a loaded machine, or a virtual one whose
+// idle CPUs halt, makes milliseconds.
 func mpRoleFair(c *mpChildCtx) error {
 	p, err := c.joinUntilGo()
 	if err != nil {
@@ -45,11 +48,15 @@ func mpRoleFair(c *mpChildCtx) error {
 		recs []int64
 		bad  error
 		wg   sync.WaitGroup
+		late []time.Duration
 	)
 	for w := range c.args.Workers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(c.args.Seed, uint64(w)))
-			var mine []int64
+			var (
+				mine []int64
+				woke []time.Duration
+			)
 			for mpMono() < end {
 				// One acquisition in ten gives up after a few
 				// milliseconds, as a request whose deadline is near.
@@ -77,11 +84,15 @@ func mpRoleFair(c *mpChildCtx) error {
 					return
 				}
 				mine = append(mine, arrive, served)
-				time.Sleep(time.Duration(500+rng.IntN(2000)) * time.Microsecond)
+				d = time.Duration(500+rng.IntN(2000)) * time.Microsecond
+				start := mpMono()
+				time.Sleep(d)
+				woke = append(woke, time.Duration(mpMono()-start)-d)
 				plan.Permit.Close()
 			}
 			mu.Lock()
 			recs = append(recs, mine...)
+			late = append(late, woke...)
 			mu.Unlock()
 		})
 	}
@@ -89,7 +100,8 @@ func mpRoleFair(c *mpChildCtx) error {
 	if bad != nil {
 		return bad
 	}
-	c.send(mpMsg{Type: "records", Nanos: recs})
+	slices.Sort(late)
+	c.send(mpMsg{Type: "records", Nanos: recs, Waited: late[len(late)*99/100]})
 	c.untilParentLeaves()
 	return nil
 }
@@ -114,10 +126,12 @@ type fairStats struct {
 	served, timedOut int
 	p50, p99, max    time.Duration // wait of the served acquisitions
 	dispP99, dispMax int           // |service rank - arrival rank|
-	overtaken        float64       // share served after one that arrived 5 ms later
+	overtaken        float64       // share served after one that arrived slack later
 }
 
-func fairSummary(recs []int64) fairStats {
+// fairSummary summarises a run's records; an acquisition counts as
+// overtaken if one that arrived more than slack after it was served first.
+func fairSummary(recs []int64, slack time.Duration) fairStats {
 	type rec struct{ arrive, served int64 }
 	var rs []rec
 	var st fairStats
@@ -158,10 +172,9 @@ func fairSummary(recs []int64) fairStats {
 	for j := len(rs) - 1; j >= 0; j-- {
 		later[j] = min(later[j+1], rs[j].served)
 	}
-	const slack = int64(5 * time.Millisecond)
 	over, j := 0, 0
 	for i, r := range rs {
-		for j < len(rs) && rs[j].arrive <= r.arrive+slack {
+		for j < len(rs) && rs[j].arrive <= r.arrive+int64(slack) {
 			j++
 		}
 		_ = i
@@ -174,8 +187,9 @@ func fairSummary(recs []int64) fairStats {
 }
 
 // mpFairRun runs the scenario with procs children of workers goroutines each
-// on a key capped at cap units, for d, and returns every child's records.
-func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration) []int64 {
+// on a key capped at cap units, for d, and returns every child's records and
+// the longest of their p99 wake-up delays (see mpRoleFair).
+func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration) (recs []int64, wake time.Duration) {
 	p, spec := mpOpenParent(t, Options{ReconcileInterval: 100 * time.Millisecond})
 	_ = p
 	var kids []*mpChild
@@ -188,10 +202,10 @@ func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration) []int64 {
 	for _, c := range kids {
 		c.send(mpMsg{Type: "go"})
 	}
-	var recs []int64
 	for _, c := range kids {
 		m := c.expect("records", d+60*time.Second)
 		recs = append(recs, m.Nanos...)
+		wake = max(wake, m.Waited)
 	}
 	for _, c := range kids {
 		c.finish(10 * time.Second)
@@ -199,25 +213,34 @@ func mpFairRun(t testing.TB, procs, workers, cap int, d time.Duration) []int64 {
 	if _, ok := mpWaitSnap(p, 5*time.Second, func(s Snapshot) bool { return mpKS(s, mpKeyFair).Creating == 0 }); !ok {
 		t.Errorf("the key's budget did not come back after the run")
 	}
-	return recs
+	return recs, wake
 }
+
+// fairSlack is how much later than a waiter an arrival must be for serving
+// it first to count as overtaking: 5ms, and the run's p99 wake-up delay, by
+// which a waiter's service instant may be recorded late. On this 2-core
+// virtual machine a process woken on an idle CPU ran 10ms late at p99 (and
+// 0.15ms with both CPUs busy; BenchmarkMultiProcWakeLatency), which made
+// up to 10% of the acquisitions look overtaken at 5ms.
+func fairSlack(wake time.Duration) time.Duration { return 5*time.Millisecond + wake }
 
 // TestMultiProcessFairOrder: waiters of four processes are served in the
 // order they arrived, whichever process they are in, while one acquisition in
 // ten times out in the queue.
 func TestMultiProcessFairOrder(t *testing.T) {
-	st := fairSummary(mpFairRun(t, 4, 12, 16, mpScale(3*time.Second, 2*time.Second)))
-	t.Logf("served %d, timed out %d; wait p50 %v p99 %v max %v; order displacement p99 %d max %d; overtaken by a 5ms-later arrival %.2f%%",
-		st.served, st.timedOut, st.p50, st.p99, st.max, st.dispP99, st.dispMax, 100*st.overtaken)
+	recs, wake := mpFairRun(t, 4, 12, 16, mpScale(3*time.Second, 2*time.Second))
+	slack := fairSlack(wake)
+	st := fairSummary(recs, slack)
+	t.Logf("served %d, timed out %d; wait p50 %v p99 %v max %v; order displacement p99 %d max %d; overtaken by an arrival %v later (wake-up p99 %v) %.2f%%",
+		st.served, st.timedOut, st.p50, st.p99, st.max, st.dispP99, st.dispMax, slack, wake, 100*st.overtaken)
 	if st.served < 500 {
 		t.Fatalf("only %d acquisitions served", st.served)
 	}
 	// The base commit, which wakes a waiter per process and lets
-	// newcomers take what comes back, had 23% here. Below 1% on a quiet
-	// machine; a process descheduled for longer than 5ms on a loaded one
-	// can lose its turn once.
+	// newcomers take what comes back, had 23% here at 5ms. Below 1% with
+	// the CPUs awake; late wake-ups are in the slack.
 	if st.overtaken > 0.05 {
-		t.Errorf("%.2f%% of the served acquisitions were overtaken by one that arrived 5ms after them, want at most 5%%", 100*st.overtaken)
+		t.Errorf("%.2f%% of the served acquisitions were overtaken by one that arrived %v after them, want at most 5%%", 100*st.overtaken, slack)
 	}
 }
 
@@ -226,7 +249,8 @@ func TestMultiProcessFairOrder(t *testing.T) {
 // key capped at 16 units, each held 0.5 to 2.5 ms.
 func BenchmarkMultiProcessFairness(b *testing.B) {
 	for b.Loop() {
-		st := fairSummary(mpFairRun(b, 4, 16, 16, *mpFairDuration))
+		recs, wake := mpFairRun(b, 4, 16, 16, *mpFairDuration)
+		st := fairSummary(recs, fairSlack(wake))
 		b.ReportMetric(float64(st.served)/mpFairDuration.Seconds(), "served/s")
 		b.ReportMetric(float64(st.p50.Microseconds()), "wait-p50-µs")
 		b.ReportMetric(float64(st.p99.Microseconds()), "wait-p99-µs")
