@@ -217,6 +217,9 @@ type countWriter struct {
 	// bufs is how many exchange buffers the exchange under way was granted;
 	// set by whoever holds the conn before the exchange starts.
 	bufs int
+	// failed is set once a write to the peer failed: a request write that
+	// failed without it failed for its body.
+	failed atomic.Bool
 }
 
 // Write counts p before it goes and takes back what did not: whoever finds
@@ -228,6 +231,9 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	if n < len(p) {
 		c.n.Add(int64(n - len(p)))
+	}
+	if err != nil {
+		c.failed.Store(true)
 	}
 	return n, err
 }

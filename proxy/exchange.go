@@ -366,13 +366,21 @@ func (x *exchange) writeLoop(r *http.Request) {
 			x.finish(false)
 			return
 		}
-		if !x.headDone.Load() {
+		switch c, werr := x.c, x.writeError(err); {
+		case x.headDone.Load():
+		case !c.cw.failed.Load():
+			// The request failed, not the peer: its body's read did,
+			// or the body was longer than its declared length. What
+			// went out is not the caller's request, and the answer to
+			// it is not to be taken: the connection goes at once, as
+			// net/http closes its own, and the reader reports this.
+			c.abort(werr)
+		default:
 			// A peer that answers without reading the whole body (an
 			// upstream refusing it, or an owner relaying that refusal)
 			// may close before the body is out. Its answer is then
 			// already on the way: give the reader maxWriteWait to take
 			// it, as net/http does, before tearing the connection down.
-			c, werr := x.c, x.writeError(err)
 			time.AfterFunc(maxWriteWait, func() {
 				if !x.headDone.Load() {
 					c.abort(werr)
