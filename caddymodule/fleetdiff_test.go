@@ -185,6 +185,9 @@ var exchangeMatrix = []exchange{
 	{name: "ok", path: "/ok"},
 	{name: "echo-post", method: "POST", path: "/echo", body: strings.Repeat("p", 256<<10)},
 	{name: "echo-chunked-trailer", method: "POST", path: "/echo", body: "streamed", chunked: true},
+	// More than request_body's max_size: the body's error is the client's
+	// (413), not the upstream's.
+	{name: "over-max-size", method: "POST", path: "/limited/echo", body: strings.Repeat("m", 100<<10), chunked: true},
 	{name: "trailers", path: "/trailers"},
 	{name: "early-hints", path: "/early-hints"},
 	{name: "big", path: "/big"},
@@ -331,13 +334,21 @@ func diffSite(port int, plain, tlsUp, transport string) string {
 			}
 		}
 	}
+	handle_path /limited/* {
+		request_body {
+			max_size 64KiB
+		}
+		reverse_proxy %s {
+			transport %s
+		}
+	}
 	handle {
 		reverse_proxy %s {
 			transport %s
 		}
 	}
 }
-`, port, tlsUp, transport, plain, transport)
+`, port, tlsUp, transport, plain, transport, plain, transport)
 }
 
 // startStock runs stock Caddy with the http transport, stopped when the test

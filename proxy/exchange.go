@@ -452,6 +452,13 @@ func (x *exchange) writeError(err error) error {
 	if errors.As(err, &pe) {
 		return err
 	}
+	if !x.c.cw.failed.Load() {
+		// No write to the peer failed: the request did, its body's Read
+		// or Close, or a body longer than it declared, whatever kind of
+		// error that body returns. The peer is not to blame, and what
+		// went out of the request is not to be sent again.
+		return &Error{Op: "write", Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+	}
 	if x.o.leg != nil && isIOError(err) {
 		// The owner exited or was killed with part of the request
 		// sent (the head, or the final flush: net/http wraps a failure

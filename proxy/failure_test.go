@@ -459,6 +459,7 @@ func TestOwnerKilledMidWriteIsReplayable(t *testing.T) {
 	} {
 		x := &exchange{c: newConn(a, a), o: &exchangeOpts{leg: tc.leg}}
 		x.c.cw.n.Add(10) // part of the request went out
+		x.c.cw.failed.Store(true)
 		err := x.writeError(&net.OpError{Op: "write", Net: "unix", Err: syscall.EPIPE})
 		var pe *Error
 		if !errors.As(err, &pe) || pe.RetrySafe || pe.idleClosed != tc.replayable ||

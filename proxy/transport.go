@@ -409,9 +409,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			release()
 		}
 		if tb != nil {
+			// The body panicked or failed (a client that sent too much,
+			// say, http.MaxBytesReader's *MaxBytesError): that, rather
+			// than what it did to the exchange, is the request's error,
+			// as net/http returns it.
 			if p := tb.perr.Load(); p != nil {
-				// The body panicked: that, rather than what it did to
-				// the exchange, is the request's error.
+				err = &Error{Op: "write", Err: *p}
+			} else if p := tb.rerr.Load(); p != nil {
 				err = &Error{Op: "write", Err: *p}
 			}
 		}
@@ -805,9 +809,11 @@ type trackBody struct {
 	used   atomic.Bool
 	closed atomic.Bool
 	// log receives the stack of a panic in rc's Read, and perr is that
-	// panic as an error (see read).
+	// panic as an error (see read); rerr is rc's first Read error, other
+	// than io.EOF, before the body was closed.
 	log  *zap.Logger
 	perr atomic.Pointer[error]
+	rerr atomic.Pointer[error]
 	// ahead is what readAhead took of the body before any attempt read
 	// it; attempts read it first (from off), then rc. whole: it is all of
 	// the body, rc is closed, and every attempt may send it again.
@@ -854,7 +860,11 @@ func (b *trackBody) read(p []byte) (n int, err error) {
 			n, err = 0, perr
 		}
 	}()
-	return b.rc.Read(p)
+	n, err = b.rc.Read(p)
+	if err != nil && err != io.EOF && !b.closed.Load() {
+		b.rerr.CompareAndSwap(nil, &err)
+	}
+	return n, err
 }
 
 // unread gives back p, which an attempt read of the body and sent nowhere
