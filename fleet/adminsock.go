@@ -66,10 +66,31 @@ func (a adminSockets) point(i int) error {
 }
 
 // unpoint removes worker i's stable name if it still leads to this run's
-// socket: a fleet started since in the run directory may have taken it.
+// socket: a fleet started since in the run directory may have taken it. It
+// removes the socket too if nothing listens there: a worker stopped while it
+// reloaded can exit without closing its admin listener, which would have
+// unlinked it.
 func (a adminSockets) unpoint(i int) {
 	if target, err := os.Readlink(a.link(i)); err == nil && target == filepath.Base(a.path(i)) {
 		os.Remove(a.link(i))
+	}
+	removeUnserved(a.path(i))
+}
+
+// removeUnserved removes the unix socket at p if nothing listens on it: its
+// process exited or was killed, which leaves the file. One still served is
+// left, as is anything else at p.
+func removeUnserved(p string) {
+	if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
+		return
+	}
+	c, err := net.DialTimeout("unix", p, time.Second)
+	if err == nil {
+		c.Close()
+		return
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		os.Remove(p)
 	}
 }
 
@@ -80,19 +101,8 @@ func (a adminSockets) unpoint(i int) {
 func (a adminSockets) removeStale() {
 	names, _ := filepath.Glob(filepath.Join(a.dir, "worker-*.*.sock"))
 	for _, p := range names {
-		if strings.HasSuffix(p, "."+a.run+".sock") {
-			continue
-		}
-		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
-			continue
-		}
-		c, err := net.DialTimeout("unix", p, time.Second)
-		if err == nil {
-			c.Close()
-			continue
-		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			os.Remove(p)
+		if !strings.HasSuffix(p, "."+a.run+".sock") {
+			removeUnserved(p)
 		}
 	}
 	a.removeDangling()
