@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -19,10 +18,7 @@ import (
 // (ErrOwnerGone), for an owner that is alive, and on a fresh stream marks
 // it down.
 func TestAdv46KnownLengthTrailersShortBodyNotOwnerGone(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-	}))
-	defer up.Close()
+	up := discardUpstream(t)
 	owner, client := remotePair(t, nil)
 	for _, withTrailers := range []bool{false, true} {
 		warm(t, owner, up.URL+"/warm") // the failure before broke its connection

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -27,10 +26,7 @@ import (
 // read ahead before any connection, does keep the error: orbit is not even
 // consistent with itself.)
 func TestAdv48BodyReadErrorKeptAsNetHTTP(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-	}))
-	defer up.Close()
+	up := discardUpstream(t)
 	owner, client := remotePair(t, nil)
 	const limit = 64 << 10
 	for _, cl := range []int64{-1, 100000} {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -180,6 +181,16 @@ func remotePair(t testing.TB, conf func(*Transport)) (owner, client *member) {
 		}
 	})
 	return ms[0], ms[1]
+}
+
+// discardUpstream is an upstream that reads each request's body and answers
+// 200 with none, stopped when the test ends.
+func discardUpstream(t testing.TB) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+	}))
+	t.Cleanup(up.Close)
+	return up
 }
 
 // warm makes owner create its connection to url.

@@ -413,9 +413,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// say, http.MaxBytesReader's *MaxBytesError): that, rather
 			// than what it did to the exchange, is the request's error,
 			// as net/http returns it.
-			if p := tb.perr.Load(); p != nil {
-				err = &Error{Op: "write", Err: *p}
-			} else if p := tb.rerr.Load(); p != nil {
+			if p := tb.failure.Load(); p != nil {
 				err = &Error{Op: "write", Err: *p}
 			}
 		}
@@ -808,12 +806,11 @@ type trackBody struct {
 	rc     io.ReadCloser
 	used   atomic.Bool
 	closed atomic.Bool
-	// log receives the stack of a panic in rc's Read, and perr is that
-	// panic as an error (see read); rerr is rc's first Read error, other
-	// than io.EOF, before the body was closed.
-	log  *zap.Logger
-	perr atomic.Pointer[error]
-	rerr atomic.Pointer[error]
+	// log receives the stack of a panic in rc's Read. failure is rc's
+	// first failure (see read): a panic, as an error, or a Read error
+	// other than io.EOF before the body was closed.
+	log     *zap.Logger
+	failure atomic.Pointer[error]
 	// ahead is what readAhead took of the body before any attempt read
 	// it; attempts read it first (from off), then rc. whole: it is all of
 	// the body, rc is closed, and every attempt may send it again.
@@ -856,13 +853,13 @@ func (b *trackBody) read(p []byte) (n int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			perr := recovered(b.log, "request body", r)
-			b.perr.CompareAndSwap(nil, &perr)
+			b.failure.CompareAndSwap(nil, &perr)
 			n, err = 0, perr
 		}
 	}()
 	n, err = b.rc.Read(p)
 	if err != nil && err != io.EOF && !b.closed.Load() {
-		b.rerr.CompareAndSwap(nil, &err)
+		b.failure.CompareAndSwap(nil, &err)
 	}
 	return n, err
 }
