@@ -216,7 +216,7 @@ func converse(t *testing.T, path string, in string, keepOpen bool) (answers []ow
 		}
 		a := ownerAnswer{typ: f.typ, flags: f.flags}
 		if f.typ == frameAccept {
-			if _, _, err := readHead(br); err != nil {
+			if _, _, _, err := readHead(br); err != nil {
 				t.Fatalf("after an accept: %v", err)
 			}
 			resp, err := http.ReadResponse(br, nil)

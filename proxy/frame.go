@@ -18,7 +18,7 @@ import (
 //	           followed by one HTTP/1.1 request
 //	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
 //	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
-//	head     = 'H' flags(1) [length(8) if flags has headLength]
+//	head     = 'H' flags(1) [length(8) if flags has headLength] [status(2) if flags has headStatus]
 //
 // Version 2 added the HTTP/2 head flags (headProto2, headLength) and the
 // request's flagLength; version 3 the trailer streamResetTrailer, which ends
@@ -28,11 +28,12 @@ import (
 // earlier build would take for a malformed frame, and the error frame's
 // flagConnGone; version 5 the field paddedField, in request heads and in
 // response heads and trailers, an HTTP/2 response's trailers after its
-// chunked body (see body.readTrailerBlock), and flagNoUserAgent. The
-// processes of one fleet must run builds that speak the same unix leg: one
-// of another version cannot join the fleet's segment (Protocol), and a
-// frame of another version is refused with an error that names both
-// versions.
+// chunked body (see body.readTrailerBlock), and flagNoUserAgent; version 6
+// the head flag headStatus, for an HTTP/2 answer without a body that may
+// end with trailers. The processes of one fleet must run builds that speak
+// the same unix leg: one of another version cannot join the fleet's
+// segment (Protocol), and a frame of another version is refused with an
+// error that names both versions.
 // Integers are big-endian. Every field is checked strictly: unknown types or
 // flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
 // that sends one loses its stream (and only its stream).
@@ -44,7 +45,7 @@ const (
 
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 5
+	frameVersion  = 6
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
@@ -175,8 +176,14 @@ const (
 	// the body as chunked (an HTTP/2 body may end with trailers whatever
 	// its length).
 	headLength
+	// headStatus: the upstream's HTTP/2 answer has a status that allows
+	// no body (204, 304) and a stream that may still end with trailers:
+	// the relay sent its head as a 200 with a chunked body, which
+	// net/http's HTTP/1.1 reader would not read for the real status, and
+	// that status follows the head flags (and the length) in 2 bytes.
+	headStatus
 
-	headFlagsKnown = headProto10 | headCloseDelimited | headClose | headStreamEnds | headProto2 | headLength
+	headFlagsKnown = headProto10 | headCloseDelimited | headClose | headStreamEnds | headProto2 | headLength | headStatus
 	headMarker     = 'H'
 )
 
@@ -401,33 +408,55 @@ func readFrame[F any](br *bufio.Reader, headerLen int, decode func([]byte) (F, i
 
 func appendHead(b []byte, f headFlags) []byte { return append(b, headMarker, byte(f)) }
 
-// appendHeadLength is appendHead for a head with headLength and its length.
-func appendHeadLength(b []byte, f headFlags, n int64) []byte {
-	return binary.BigEndian.AppendUint64(append(b, headMarker, byte(f|headLength)), uint64(n))
+// appendHeadFields is appendHead followed by the fields f's flags announce:
+// length with headLength, status with headStatus.
+func appendHeadFields(b []byte, f headFlags, length int64, status int) []byte {
+	b = appendHead(b, f)
+	if f&headLength != 0 {
+		b = binary.BigEndian.AppendUint64(b, uint64(length))
+	}
+	if f&headStatus != 0 {
+		b = binary.BigEndian.AppendUint16(b, uint16(status))
+	}
+	return b
 }
 
-// readHead reads a head marker and, with headLength, the length after it
-// (-1 without).
-func readHead(br *bufio.Reader) (headFlags, int64, error) {
+// readHead reads a head marker and the fields its flags announce: the
+// length (-1 without headLength) and the status (0 without headStatus).
+func readHead(br *bufio.Reader) (f headFlags, length int64, status int, err error) {
 	b, err := br.Peek(2)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if b[0] != headMarker || headFlags(b[1])&^headFlagsKnown != 0 {
-		return 0, 0, fmt.Errorf("%w: bad head marker %q", ErrBadFrame, b)
+		return 0, 0, 0, fmt.Errorf("%w: bad head marker %q", ErrBadFrame, b)
 	}
-	f := headFlags(b[1])
-	if f&headLength == 0 {
-		br.Discard(2)
-		return f, -1, nil
+	f = headFlags(b[1])
+	size := 2
+	if f&headLength != 0 {
+		size += 8
 	}
-	if b, err = br.Peek(10); err != nil {
-		return 0, 0, err
+	if f&headStatus != 0 {
+		size += 2
 	}
-	n := binary.BigEndian.Uint64(b[2:])
-	if n > 1<<62 {
-		return 0, 0, fmt.Errorf("%w: head length %d", ErrBadFrame, n)
+	if b, err = br.Peek(size); err != nil {
+		return 0, 0, 0, err
 	}
-	br.Discard(10)
-	return f, int64(n), nil
+	length, b = -1, b[2:]
+	if f&headLength != 0 {
+		n := binary.BigEndian.Uint64(b)
+		if n > 1<<62 {
+			return 0, 0, 0, fmt.Errorf("%w: head length %d", ErrBadFrame, n)
+		}
+		length, b = int64(n), b[8:]
+	}
+	if f&headStatus != 0 {
+		// Only a status that allows no body needs carrying (see
+		// headStatus).
+		if status = int(binary.BigEndian.Uint16(b)); bodyAllowedForStatus(status) || status < 200 {
+			return 0, 0, 0, fmt.Errorf("%w: head status %d", ErrBadFrame, status)
+		}
+	}
+	br.Discard(size)
+	return f, length, status, nil
 }

@@ -118,6 +118,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flagNothingSent, code: errCodeConnBroken, msg: "x"}))
 	f.Add([]byte("OR"))
 	f.Add([]byte{'H', 3})
+	f.Add(appendHeadFields(appendHead(nil, headProto2), headProto2|headLength|headStatus, 0, 204))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if rf, n, err := decodeRequestFrame(b); err == nil {
 			if n > len(b) {
@@ -144,11 +145,18 @@ func FuzzDecodeFrame(f *testing.F) {
 		} else if !errors.Is(err, ErrBadFrame) {
 			t.Fatalf("response error %v is not ErrBadFrame", err)
 		}
-		br := bufio.NewReaderSize(bytes.NewReader(b), 16)
-		for range 4 {
-			if _, _, err := readHead(br); err != nil {
+		src := bytes.NewReader(b)
+		br := bufio.NewReaderSize(src, 16)
+		for off := 0; ; {
+			f, length, status, err := readHead(br)
+			if err != nil {
 				break
 			}
+			end := len(b) - src.Len() - br.Buffered()
+			if enc := appendHeadFields(nil, f, length, status); !bytes.Equal(enc, b[off:end]) {
+				t.Fatalf("head re-encodes to %x, want %x", enc, b[off:end])
+			}
+			off = end
 		}
 		br = bufio.NewReaderSize(bytes.NewReader(b), 128)
 		readFrame(br, respHeaderLen, decodeResponseFrame)

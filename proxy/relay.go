@@ -178,6 +178,21 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		// An HTTP/2 body of any length may end with trailers: chunked
 		// carries them, and the head carries the declared length.
 		hf |= headProto2
+		_, declared := resp.Header["Content-Length"]
+		if !hasBody && req.Method != http.MethodHead && code != http.StatusSwitchingProtocols &&
+			(resp.ContentLength != 0 || declared) {
+			// An empty body, or none for its status: unless the HEADERS
+			// ended the stream (x/net/http2 then gives length 0 without
+			// a declared one), the stream may still end with trailers,
+			// which only a chunked body carries. For a status that
+			// allows no body, net/http's HTTP/1.1 reader reads none,
+			// chunked or not: the head crosses as a 200 and tells the
+			// real status (headStatus).
+			if !bodyAllowedForStatus(code) {
+				hf |= headStatus
+			}
+			hasBody = true
+		}
 		if hasBody && resp.ContentLength < 0 {
 			hf |= headCloseDelimited
 		}
@@ -199,12 +214,15 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 	}
 	bw := r.bw
 	if h2 && resp.ContentLength >= 0 && hasBody {
-		bw.Write(appendHeadLength(r.scratch[:0], hf, resp.ContentLength))
+		hf |= headLength
 		resp.Header.Del("Content-Length")
-	} else {
-		bw.Write(appendHead(r.scratch[:0], hf))
 	}
-	writeStatusLine(bw, resp)
+	bw.Write(appendHeadFields(r.scratch[:0], hf, resp.ContentLength, code))
+	if hf&headStatus != 0 {
+		bw.WriteString("HTTP/1.1 200 OK\r\n")
+	} else {
+		writeStatusLine(bw, resp)
+	}
 	wrapPadded(resp.Header, responseMoves).Write(bw)
 	if chunked {
 		bw.WriteString("Transfer-Encoding: chunked\r\n")

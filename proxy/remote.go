@@ -230,6 +230,7 @@ type remoteLeg struct {
 	deadline time.Time
 	flags    uint16 // the request frame's flags, but flagLength
 	length   int64  // the head's declared length (headLength), or -1
+	status   int    // the head's status (headStatus), or 0
 	// reqLength is the request's Content-Length when it is sent chunked
 	// for its trailers (flagLength), or -1.
 	reqLength int64
@@ -282,8 +283,8 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 }
 
 func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) {
-	f, n, err := readHead(br)
-	l.length = n
+	f, n, status, err := readHead(br)
+	l.length, l.status = n, status
 	return f, err
 }
 
@@ -309,6 +310,11 @@ func (l *remoteLeg) fixResponse(resp *http.Response, f headFlags) {
 		resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/2.0", 2, 0
 		resp.TransferEncoding = nil
 		resp.Close = false
+		if f&headStatus != 0 {
+			// As x/net/http2 words it.
+			resp.StatusCode = l.status
+			resp.Status = strconv.Itoa(l.status) + " " + http.StatusText(l.status)
+		}
 		if resp.Trailer == nil {
 			// x/net/http2 takes the keys a head announces whatever the
 			// body; net/http's reader only for a chunked one.
