@@ -144,6 +144,7 @@ func (p *Pool) join() error {
 				continue
 			}
 			p.reclaimLane(l)
+			p.finishDeadSteps()
 		}
 		if err := s.holdLane(l); err != nil {
 			continue // a process between joining and publishing; not ours
@@ -365,6 +366,106 @@ func (p *Pool) recount() {
 			p.wake(k, uint64(freed))
 		}
 	}
+}
+
+// finishDeadSteps puts right what a process killed between two steps of an
+// operation left that recount does not: counters it already set right, but
+// the hints that go with them it never wrote. The structure lock is held
+// exclusively, so no live process is half-way through collecting a key, and
+// every hint it restores costs at most a look that finds nothing:
+//   - a collector killed after marking an idle key's entry and before
+//     re-reading its waiter mask: the mark is undone if a waiter registered
+//     in between (it would wait on a dead entry), as the collector would
+//     have done, and the collection finished otherwise;
+//   - a room bit cleared by a scanner killed before its second look, or
+//     never set by a process killed after giving back a unit of a resource:
+//     each lane with room on a key gets its bit;
+//   - a unit of a resource given back by a process killed before it woke
+//     the key's waiters: a key with waiters and room on its resources, and
+//     no units on their way to its waiters, has that room handed out, in
+//     ticket order as ever.
+//
+// A unit of a key's budget given back (by Unregister, or a creation permit's
+// Close) by a process killed before its wake-up is not found: whether a
+// waiter may use it depends on the Limits it waits under, which only it
+// knows. Its waiters are served as the key's other units come back, and the
+// unit is taken once no one waits.
+func (p *Pool) finishDeadSteps() {
+	s := p.seg
+	swept := false
+	for k := range p.l.nkeys {
+		ctl := s.u64(s.keyOff(k) + kfCtl)
+		c := atomic.LoadUint64(ctl)
+		if kState(c) != keyTomb {
+			continue
+		}
+		key := Key{atomic.LoadUint64(s.u64(s.keyOff(k) + kfHi)), atomic.LoadUint64(s.u64(s.keyOff(k) + kfLo))}
+		if !p.indexed(key, k) {
+			continue // collected, or its index entry reused since
+		}
+		if p.queued(k) {
+			atomic.CompareAndSwapUint64(ctl, c, keyCtl(kGen(c), keyLive))
+		} else {
+			p.unindex(key, k)
+			swept = true
+		}
+	}
+	if swept {
+		p.sweepTombs()
+	}
+	room := make(map[int]uint64)
+	for l := range p.l.nlanes {
+		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
+			continue
+		}
+		for i := range p.l.perLane {
+			off := s.slotOff(l, i)
+			w := atomic.LoadUint64(s.u64(off + slWord))
+			free := int(atomic.LoadUint32(s.u32(off+slCapacity))) - wUse(w) - wPendN(w)
+			if wState(w) != StateLive || free <= 0 {
+				continue
+			}
+			if k, kg, ok := p.slotKey(off); ok && kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) == kg {
+				p.setRoom(l, k)
+				room[k] += uint64(free)
+			}
+		}
+	}
+	for k, n := range room {
+		if p.queued(k) && !p.granting(k) {
+			p.wake(k, n)
+		}
+	}
+}
+
+// granting reports whether units of key k are on their way to waiters: not
+// yet delivered to a lane's waiters, or unclaimed.
+func (p *Pool) granting(k int) bool {
+	s := p.seg
+	if atomic.LoadUint64(s.u64(s.keyOff(k)+kfUnclaimed)) != 0 {
+		return true
+	}
+	for l := range p.l.nlanes {
+		if qGrants(atomic.LoadUint64(s.u64(s.queueOff(l, k)))) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// indexed reports whether the key index still names entry idx for k.
+func (p *Pool) indexed(k Key, idx int) bool {
+	s := p.seg
+	h, m := s.keyHash(k), uint64(p.l.nindex-1)
+	for i := range uint64(maxProbe) {
+		switch v := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m)))); {
+		case v == 0:
+			return false
+		case v != idxTomb && int(uint32(v)) == idx+1:
+			return true
+		}
+	}
+	return false
 }
 
 // slotKey reads which key a slot belongs to, bounds-checked.

@@ -206,6 +206,7 @@ func (p *Pool) reclaimDead() error {
 					}
 				}
 				p.reclaimLane(l)
+				p.finishDeadSteps()
 				if p.opts.OnReclaim != nil {
 					p.opts.OnReclaim(info)
 				}
