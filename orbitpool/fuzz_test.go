@@ -10,7 +10,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc64"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -96,7 +95,7 @@ func fzBuildImage() ([]byte, error) {
 // judged by its value and not only refused for its checksum.
 func fzSum(img []byte) {
 	if len(img) >= headerSize {
-		binary.LittleEndian.PutUint64(img[hdrChecksum:], crc64.Checksum(img[hdrABI:hdrChecksum], crcTable))
+		binary.LittleEndian.PutUint64(img[hdrChecksum:], headerSum(img))
 	}
 }
 

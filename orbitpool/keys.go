@@ -54,10 +54,9 @@ func indexSize(keys int) int {
 	return n
 }
 
-// keyHash spreads a key's 128 bits over 64: the caller's digest is meant to be
-// uniform, but nothing forbids keys that differ in a few bits only.
-func keyHash(k Key) uint64 { return mix64(k.Hi + mix64(k.Lo)) }
-
+// mix64 spreads a word's bits over all of it (see segment.keyHash): the
+// caller's digest is meant to be uniform, but nothing forbids keys that differ
+// in a few bits only.
 func mix64(h uint64) uint64 {
 	h ^= h >> 30
 	h *= 0xbf58476d1ce4e5b9
@@ -75,7 +74,7 @@ func (s *segment) indexOff(i int) int { return s.l.index + i*8 }
 // the entry is never taken for a match.
 func (p *Pool) lookupKey(k Key) (keyRef, bool) {
 	s := p.seg
-	h := keyHash(k)
+	h := s.keyHash(k)
 	tag, m := idxTag(h), uint64(p.l.nindex-1)
 	for i := range uint64(maxProbe) {
 		e := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m))))
@@ -126,7 +125,7 @@ func (p *Pool) internKey(k Key) (keyRef, error) {
 			atomic.StoreUint64(s.u64(off+kfLo), k.Lo)
 			p.resetKeyEntry(idx)
 			atomic.StoreUint64(s.u64(off+kfCtl), keyCtl(gen, keyLive))
-			atomic.StoreUint64(s.u64(s.indexOff(pos)), idxTag(keyHash(k))|uint64(idx+1))
+			atomic.StoreUint64(s.u64(s.indexOff(pos)), idxTag(s.keyHash(k))|uint64(idx+1))
 			return keyRef{idx, gen & kGenMask}, nil
 		}
 		if attempt > 0 || p.collectKeys() == 0 {
@@ -170,7 +169,7 @@ func (p *Pool) freeKeyEntry() (int, bool) {
 // held, and k is not in the index.
 func (p *Pool) freeIndexEntry(k Key) (int, bool) {
 	s := p.seg
-	h, m := keyHash(k), uint64(p.l.nindex-1)
+	h, m := s.keyHash(k), uint64(p.l.nindex-1)
 	for i := range uint64(maxProbe) {
 		pos := int((h + i) & m)
 		if e := atomic.LoadUint64(s.u64(s.indexOff(pos))); e == 0 || e == idxTomb || p.staleIndexEntry(e) {
@@ -191,7 +190,7 @@ func (p *Pool) staleIndexEntry(e uint64) bool {
 		return true
 	}
 	k := Key{atomic.LoadUint64(s.u64(off + kfHi)), atomic.LoadUint64(s.u64(off + kfLo))}
-	return idxTag(keyHash(k)) != e&^0xffffffff
+	return idxTag(s.keyHash(k)) != e&^0xffffffff
 }
 
 // collectKeys turns entries with no resources, claims or waiters into
@@ -229,7 +228,7 @@ func (p *Pool) collectKeys() int {
 // unindex turns record idx's index entry for k into a tombstone.
 func (p *Pool) unindex(k Key, idx int) {
 	s := p.seg
-	h, m := keyHash(k), uint64(p.l.nindex-1)
+	h, m := s.keyHash(k), uint64(p.l.nindex-1)
 	for i := range uint64(maxProbe) {
 		e := s.u64(s.indexOff(int((h + i) & m)))
 		if v := atomic.LoadUint64(e); v != idxTomb && int(uint32(v)) == idx+1 {

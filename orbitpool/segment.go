@@ -1,6 +1,7 @@
 package orbitpool
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/crc64"
@@ -15,7 +16,7 @@ import (
 
 // abiVersion changes whenever the segment layout or the meaning of a word
 // changes; processes of different versions must not share a segment.
-const abiVersion = 5
+const abiVersion = 6
 
 // segmentMagic marks an initialised segment; it is written last at creation.
 const segmentMagic uint64 = 0x4f52_4249_5450_4f4c // "ORBITPOL"
@@ -32,12 +33,18 @@ const (
 	hdrSize     = 32
 	hdrCreated  = 40
 	hdrProtocol = 48 // uint32
-	hdrChecksum = 56 // crc64 of bytes [8, 56)
+	hdrChecksum = 56 // crc64 of bytes [8, 56) and of the hash seed
 
 	// hdrWriterWaiting is when (CLOCK_MONOTONIC nanoseconds, system-wide) a
 	// process last said it waits to take the structure lock exclusively;
 	// 0 when none does. See lockStructure.
 	hdrWriterWaiting = 64
+
+	// hdrHashSeed keys the hash that places keys in the key index (two
+	// uint64): random for each segment, and readable only by the fleet's
+	// user, so that no one who can choose upstream names can choose them to
+	// crowd one stretch of the index and deny other keys an entry.
+	hdrHashSeed = 72
 )
 
 // A process waiting for the structure lock exclusively refreshes its intent at
@@ -66,6 +73,7 @@ type segment struct {
 	data []byte
 	base unsafe.Pointer
 	l    layout
+	seed [2]uint64 // the header's hash seed (see hdrHashSeed)
 
 	// The structure lock is a readers-writer lock across processes: an OFD
 	// lock on one byte, write for structural changes, read for the budget
@@ -100,6 +108,7 @@ func openSegment(spec PoolSpec) (*segment, error) {
 		s := &segment{data: data, base: unsafe.Pointer(&data[0]), l: l}
 		s.structMu.Lock()
 		s.initHeader()
+		s.seed = [2]uint64{*s.u64(hdrHashSeed), *s.u64(hdrHashSeed + 8)}
 		return s, nil
 	}
 
@@ -241,6 +250,7 @@ func (s *segment) mapAndValidate() error {
 	if fresh {
 		s.initHeader()
 	}
+	s.seed = [2]uint64{atomic.LoadUint64(s.u64(hdrHashSeed)), atomic.LoadUint64(s.u64(hdrHashSeed + 8))}
 	return nil
 }
 
@@ -253,7 +263,7 @@ func (s *segment) validateHeader(hdr []byte, fileSize int64) error {
 	if v := u32(hdrABI); v != abiVersion {
 		return fmt.Errorf("orbitpool: segment %s has ABI version %d, this build speaks %d; stop the fleet and remove the segment, or use another path: %w", s.path, v, abiVersion, ErrIncompatible)
 	}
-	if sum := crc64.Checksum(hdr[hdrABI:hdrChecksum], crcTable); sum != u64(hdrChecksum) {
+	if sum := headerSum(hdr); sum != u64(hdrChecksum) {
 		return fmt.Errorf("orbitpool: segment %s header checksum %#x, computed %#x: %w", s.path, u64(hdrChecksum), sum, ErrCorrupt)
 	}
 	want := s.l.spec
@@ -291,8 +301,20 @@ func (s *segment) initHeader() {
 	*s.u32(hdrProtocol) = sp.Protocol
 	*s.u64(hdrSize) = uint64(s.l.size)
 	*s.u64(hdrCreated) = uint64(time.Now().UnixNano())
-	*s.u64(hdrChecksum) = crc64.Checksum(s.data[hdrABI:hdrChecksum], crcTable)
+	rand.Read(s.data[hdrHashSeed : hdrHashSeed+16])
+	*s.u64(hdrChecksum) = headerSum(s.data)
 	atomic.StoreUint64(s.u64(hdrMagic), segmentMagic)
+}
+
+// headerSum is the checksum of a segment's header: of its fields, and of
+// its hash seed.
+func headerSum(hdr []byte) uint64 {
+	return crc64.Update(crc64.Checksum(hdr[hdrABI:hdrChecksum], crcTable), crcTable, hdr[hdrHashSeed:hdrHashSeed+16])
+}
+
+// keyHash places k in the key index, keyed by the segment's seed.
+func (s *segment) keyHash(k Key) uint64 {
+	return mix64(k.Hi ^ s.seed[0] + mix64(k.Lo^s.seed[1]))
 }
 
 // flock applies an OFD lock of typ to one byte.
