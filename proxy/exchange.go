@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 )
 
 // outcome is how an exchange left its connection.
@@ -531,7 +532,9 @@ func (x *exchange) readResponse() (*http.Response, error) {
 				}
 				// The caller saw this 1xx and limits their number itself, as
 				// in net/http; otherwise all heads share one limit.
-				c.lr.n = maxHeader
+				if req.Context().Value(interimShareLimit{}) == nil {
+					c.lr.n = maxHeader
+				}
 			}
 			continue
 		}
@@ -562,10 +565,16 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		keep = false
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		x.hijacked.Store(true)
-		resp.Body = newUpgradeBody(c, x.writeDone)
-		x.finish(true)
-		return resp, nil
+		if isProtocolSwitch(resp.Header) {
+			x.hijacked.Store(true)
+			resp.Body = newUpgradeBody(c, x.writeDone)
+			x.finish(true)
+			return resp, nil
+		}
+		// A 101 that names no protocol switches to none, as net/http
+		// has it: a final answer without a body, after which the
+		// connection is not used again, whatever follows on it.
+		keep = false
 	}
 	// A relayed HTTP/2 body is chunked whatever its declared length: an
 	// empty one may end with trailers.
@@ -589,6 +598,17 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// interimShareLimit marks the context of an owner's exchange for a sibling
+// whose caller reads no interim responses (flagNoInterim): the relay watches
+// them, yet they share one header limit with the final head.
+type interimShareLimit struct{}
+
+// isProtocolSwitch reports whether a 101's header switches protocols, as
+// net/http judges it: an Upgrade field, and Connection naming it.
+func isProtocolSwitch(h http.Header) bool {
+	return h.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade")
 }
 
 // headLimit bounds the bytes x reads of each response head.

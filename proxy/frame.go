@@ -30,7 +30,7 @@ import (
 // response heads and trailers, an HTTP/2 response's trailers after its
 // chunked body (see body.readTrailerBlock), and flagNoUserAgent; version 6
 // the head flag headStatus, for an HTTP/2 answer without a body that may
-// end with trailers. The processes of one fleet must run builds that speak
+// end with trailers, and flagNoInterim. The processes of one fleet must run builds that speak
 // the same unix leg: one of another version cannot join the fleet's
 // segment (Protocol), and a frame of another version is refused with an
 // error that names both versions.
@@ -102,8 +102,13 @@ const (
 	// Without the flag a head without the field means the caller chose to
 	// send none.
 	flagNoUserAgent
+	// flagNoInterim: the caller reads no interim responses (its trace has
+	// no Got1xxResponse), so they count with the final head against one
+	// header limit, as net/http counts them for such a caller: the owner
+	// bounds them so (see interimShareLimit), and relays only a 100.
+	flagNoInterim
 
-	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent
+	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent | flagNoInterim
 )
 
 // Reject reasons.

@@ -52,6 +52,12 @@ type relay struct {
 	mu         sync.Mutex
 	sentAccept bool
 	failed     bool
+
+	// continueOnly: the caller reads no interim responses (flagNoInterim),
+	// and the relay passes on only a 100 Continue, which the caller's
+	// writer may wait for. The exchange then bounds all heads by one limit
+	// and fails, before the accept, as net/http would for such a caller.
+	continueOnly bool
 }
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
@@ -100,13 +106,14 @@ func (r *relay) acceptBody() {
 	}
 }
 
-// relay1xx forwards an interim response as it arrives. A 101 is not
+// relay1xx forwards an interim response as it arrives (only a 100 with
+// continueOnly). A 101 is not
 // forwarded: only an HTTP/2 client hands one over as interim (HTTP/2 has no
 // upgrade, and x/net goes on to the final response), and on the unix leg,
 // which is HTTP/1.1, a 101 is final: the sibling would take it for an
 // upgrade and the real response's framing for the tunnel's bytes.
 func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
-	if code == http.StatusSwitchingProtocols {
+	if code == http.StatusSwitchingProtocols || r.continueOnly && code != http.StatusContinue {
 		return nil
 	}
 	r.mu.Lock()

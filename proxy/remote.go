@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/textproto"
 	"strconv"
 	"strings"
@@ -166,6 +167,9 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 	}
 	if _, ok := req.Header["User-Agent"]; !ok {
 		flags |= flagNoUserAgent
+	}
+	if tr := httptrace.ContextClientTrace(ctx); tr == nil || tr.Got1xxResponse == nil {
+		flags |= flagNoInterim
 	}
 	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1, flags: flags}}
 	lg := &rx.leg

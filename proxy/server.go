@@ -935,6 +935,12 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	ox.trace.Got1xxResponse = rl.relay1xx
 	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
+	if _, h1 := exec.(*ownerExec); h1 && f.flags&flagNoInterim != 0 {
+		// Over HTTP/2 the interim heads keep coming to the caller, which
+		// bounds them, as x/net/http2 bounds those nobody reads.
+		rl.continueOnly = true
+		ctx = context.WithValue(ctx, interimShareLimit{}, true)
+	}
 	req = req.WithContext(ctx)
 	if chunked != nil {
 		chunked.req = req
