@@ -53,7 +53,14 @@
 // other processes churn connections. Each process also holds an OFD lock on its lane's byte for its
 // whole life: the kernel drops it when the process dies however it dies, so the
 // survivors learn of a death from the OS, not from a missed heartbeat, and
-// reclaim everything the dead process held.
+// reclaim everything the dead process held. A process may die between two
+// steps of an operation: the reclaim recounts every key from the slots, and
+// puts right the hints it may have left unwritten (finishDeadSteps): a key
+// collection half done, room bits, and room on a key's resources that its
+// waiters were never told of. A unit of a key's budget given back just
+// before such a death is the one thing it cannot hand on, for only a waiter
+// knows its Limits: its waiters are served as the key's other units come
+// back, and the unit is taken once none waits.
 //
 // # Waiting
 //
@@ -119,7 +126,9 @@
 // A key is placed within 64 entries of its hash and a look-up never reads
 // further, so hits and misses cost a few entries at any fill the spec allows,
 // tombstones included (those an empty entry follows are swept when keys are
-// collected).
+// collected). The hash is keyed by a random seed each segment draws, which
+// only the fleet's user can read: names cannot be chosen to crowd one
+// stretch of the index.
 //
 // Each key also has a room mask: a bit per lane that may have a resource of
 // the key with room: a unit neither used nor reserved, whether or not one of

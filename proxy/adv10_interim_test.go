@@ -18,8 +18,8 @@ import (
 // TestAdv10InterimFloodBoundedThroughSibling: an HTTP/1.1 upstream that
 // answers with interim responses without end. A caller that does not look
 // at them is bounded by its header limit, as with net/http, on the local
-// path and through a sibling (whose owner relays each one as it comes, and
-// so cannot bound them itself): the request fails with ErrHeaderTooLarge
+// path and through a sibling (whose owner bounds them so over HTTP/1.1, told
+// by flagNoInterim, and relays each one over HTTP/2): the request fails with ErrHeaderTooLarge
 // well before its deadline, wherever in a head the limit falls (net/http
 // reports its limit whatever parse error the cut head gives), the flooding
 // connection leaves the pool, and the next request gets its own answer.

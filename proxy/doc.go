@@ -73,9 +73,12 @@
 // and no later than the frame's deadline, and caps the idle streams of each
 // sibling process: a stream over the cap that brings no frame within 100ms
 // is refused (as busy, unasked) and closed.
-// Interim responses are relayed as they arrive; a 101 turns the stream into a
+// Interim responses are relayed as they arrive (only a 100 to a caller that
+// reads none: flagNoInterim); a 101 that switches protocols (Upgrade, and
+// Connection naming it, as net/http requires) turns the stream into a
 // tunnel with half-close passed both ways, and both the stream and the
-// upstream connection leave their pools. A stream that sends a frame that
+// upstream connection leave their pools. Any other 101 is a final answer
+// without a body, after which neither is used again. A stream that sends a frame that
 // does not decode, or a request that does not parse, is closed; nothing else
 // is affected. A request head over the limit, or that does not parse, is
 // first answered with an error frame (ErrRequestHeaderTooLarge for the
@@ -222,7 +225,10 @@
 // A response that ends with its HEADERS (gRPC's trailers-only answer, a
 // 204) has length 0 and an empty body, here and in a sibling, and its
 // stream's unit comes back before RoundTrip returns, as for an answer to
-// HEAD.
+// HEAD. One whose body is empty but whose stream goes on (a declared length
+// of 0, a 204 or a 304 before its trailers) crosses the unix leg with an
+// empty chunked body, so that its trailers arrive too; a 204 or a 304 crosses
+// as a 200 whose head tells the real status (headStatus).
 // A request that declares both a Content-Length and trailers crosses the
 // unix leg chunked, with its length in the request frame, so that an HTTP/2
 // upstream gets both, as from a local exchange. Interim responses are
