@@ -117,8 +117,8 @@ func TestShortBodyGoesWithItsHead(t *testing.T) {
 		wait  time.Duration
 		want  ownerView
 	}{
-		{"whole", []string{"hello"}, 2 * time.Second, ownerView{flags: flagNoUserAgent, early: "hello"}},
-		{"part", []string{"he", "llo"}, 150 * time.Millisecond, ownerView{flags: flagBodyOnAccept | flagNoUserAgent, later: "hello"}},
+		{"whole", []string{"hello"}, 2 * time.Second, ownerView{flags: flagNoUserAgent | flagNoInterim, early: "hello"}},
+		{"part", []string{"he", "llo"}, 150 * time.Millisecond, ownerView{flags: flagBodyOnAccept | flagNoUserAgent | flagNoInterim, later: "hello"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sib, own := streamPair(t)
@@ -187,7 +187,7 @@ func TestRefusedShortBodyIsSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if v := <-seen2; v.flags != flagNoUserAgent || v.early != "hello" || resp.StatusCode != 201 {
+	if v := <-seen2; v.flags != flagNoUserAgent|flagNoInterim || v.early != "hello" || resp.StatusCode != 201 {
 		t.Fatalf("the second owner saw %+v and answered %d", v, resp.StatusCode)
 	}
 }

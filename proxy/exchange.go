@@ -576,13 +576,11 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		// connection is not used again, whatever follows on it.
 		keep = false
 	}
-	// A relayed HTTP/2 body is chunked whatever its declared length: an
-	// empty one may end with trailers.
-	h2 := x.o.leg != nil && hf&headProto2 != 0
-	if req.Method == http.MethodHead || resp.ContentLength == 0 && !h2 || resp.Body == http.NoBody {
+	if req.Method == http.MethodHead || resp.ContentLength == 0 || resp.Body == http.NoBody {
 		x.finishRead(keep)
 		return resp, nil
 	}
+	h2 := x.o.leg != nil && hf&headProto2 != 0
 	if n := resp.ContentLength; n > 0 && n <= maxEarlyBody && !h2 && int64(c.br.Buffered()) >= n {
 		eb, err := takeEarly(resp, n)
 		if err != nil { // the bytes were buffered: cannot happen

@@ -185,16 +185,18 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		// An HTTP/2 body of any length may end with trailers: chunked
 		// carries them, and the head carries the declared length.
 		hf |= headProto2
-		_, declared := resp.Header["Content-Length"]
-		if !hasBody && req.Method != http.MethodHead && code != http.StatusSwitchingProtocols &&
-			(resp.ContentLength != 0 || declared) {
-			// An empty body, or none for its status: unless the HEADERS
-			// ended the stream (x/net/http2 then gives length 0 without
-			// a declared one), the stream may still end with trailers,
-			// which only a chunked body carries. For a status that
-			// allows no body, net/http's HTTP/1.1 reader reads none,
-			// chunked or not: the head crosses as a 200 and tells the
-			// real status (headStatus).
+		if !hasBody && req.Method != http.MethodHead && code != http.StatusSwitchingProtocols && resp.ContentLength != 0 {
+			// A status that allows no body (a 204, a 304) whose HEADERS
+			// did not end the stream (x/net/http2 gives one that did
+			// length 0): it may still end with trailers, which only a
+			// chunked body carries. net/http's HTTP/1.1 reader reads no
+			// body for such a status, chunked or not: the head crosses
+			// as a 200 and tells the real status (headStatus). A
+			// declared length of 0 is left as it is: x/net/http2 gives
+			// it the same body whether the HEADERS ended the stream (the
+			// commonest empty answer, which a caller closes unread) or
+			// trailers follow, and only the first may keep the unix
+			// stream when closed unread.
 			if !bodyAllowedForStatus(code) {
 				hf |= headStatus
 			}
