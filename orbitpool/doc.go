@@ -55,12 +55,11 @@
 // survivors learn of a death from the OS, not from a missed heartbeat, and
 // reclaim everything the dead process held. A process may die between two
 // steps of an operation: the reclaim recounts every key from the slots, and
-// puts right the hints it may have left unwritten (finishDeadSteps): a key
-// collection half done, room bits, and room on a key's resources that its
-// waiters were never told of. A unit of a key's budget given back just
-// before such a death is the one thing it cannot hand on, for only a waiter
-// knows its Limits: its waiters are served as the key's other units come
-// back, and the unit is taken once none waits.
+// restores the hints it may have left unwritten (finishDeadSteps): room bits,
+// and room on a key's resources that its waiters were never told of. A unit
+// of a key's budget given back just before such a death is the one thing it
+// cannot hand on, for only a waiter knows its Limits: its waiters are served
+// as the key's other units come back, and the unit is taken once none waits.
 //
 // # Waiting
 //

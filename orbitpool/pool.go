@@ -371,12 +371,8 @@ func (p *Pool) recount() {
 // finishDeadSteps puts right what a process killed between two steps of an
 // operation left that recount does not: counters it already set right, but
 // the hints that go with them it never wrote. The structure lock is held
-// exclusively, so no live process is half-way through collecting a key, and
+// exclusively, so no live process is half-way through such a step, and
 // every hint it restores costs at most a look that finds nothing:
-//   - a collector killed after marking an idle key's entry and before
-//     re-reading its waiter mask: the mark is undone if a waiter registered
-//     in between (it would wait on a dead entry), as the collector would
-//     have done, and the collection finished otherwise;
 //   - a room bit cleared by a scanner killed before its second look, or
 //     never set by a process killed after giving back a unit of a resource:
 //     each lane with room on a key gets its bit;
@@ -392,27 +388,6 @@ func (p *Pool) recount() {
 // unit is taken once no one waits.
 func (p *Pool) finishDeadSteps() {
 	s := p.seg
-	swept := false
-	for k := range p.l.nkeys {
-		ctl := s.u64(s.keyOff(k) + kfCtl)
-		c := atomic.LoadUint64(ctl)
-		if kState(c) != keyTomb {
-			continue
-		}
-		key := Key{atomic.LoadUint64(s.u64(s.keyOff(k) + kfHi)), atomic.LoadUint64(s.u64(s.keyOff(k) + kfLo))}
-		if !p.indexed(key, k) {
-			continue // collected, or its index entry reused since
-		}
-		if p.queued(k) {
-			atomic.CompareAndSwapUint64(ctl, c, keyCtl(kGen(c), keyLive))
-		} else {
-			p.unindex(key, k)
-			swept = true
-		}
-	}
-	if swept {
-		p.sweepTombs()
-	}
 	room := make(map[int]uint64)
 	for l := range p.l.nlanes {
 		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
@@ -447,21 +422,6 @@ func (p *Pool) granting(k int) bool {
 	}
 	for l := range p.l.nlanes {
 		if qGrants(atomic.LoadUint64(s.u64(s.queueOff(l, k)))) != 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// indexed reports whether the key index still names entry idx for k.
-func (p *Pool) indexed(k Key, idx int) bool {
-	s := p.seg
-	h, m := s.keyHash(k), uint64(p.l.nindex-1)
-	for i := range uint64(maxProbe) {
-		switch v := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m)))); {
-		case v == 0:
-			return false
-		case v != idxTomb && int(uint32(v)) == idx+1:
 			return true
 		}
 	}
