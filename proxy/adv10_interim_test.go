@@ -50,16 +50,7 @@ func TestAdv10InterimFloodBoundedThroughSibling(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					u := mk(t, withTLS)
 					conf := u.conf(func(tr *Transport) { tr.MaxResponseHeaderBytes = limit })
-					var rt http.RoundTripper
-					var owner *member
-					if remote {
-						var client *member
-						owner, client = remotePair(t, conf)
-						rt = client.tr
-					} else {
-						owner = localTransportMember(t, conf)
-						rt = owner.tr
-					}
+					owner, rt := adv10Members(t, conf, remote)
 					warm(t, owner, u.url("/warm"))
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					defer cancel()
@@ -152,4 +143,18 @@ func TestAdv10InterimThenFinalReusedInStep(t *testing.T) {
 			}
 		}
 	})
+}
+
+// adv10Members is the member whose connection a test's request uses, and
+// the round tripper it sends through: the owner itself, or a sibling of it
+// (remote).
+func adv10Members(t *testing.T, conf func(*Transport), remote bool) (owner *member, rt http.RoundTripper) {
+	t.Helper()
+	if remote {
+		var client *member
+		owner, client = remotePair(t, conf)
+		return owner, client.tr
+	}
+	owner = localTransportMember(t, conf)
+	return owner, owner.tr
 }

@@ -63,16 +63,7 @@ func TestAdv50InterimOverLimitRefusedThroughSibling(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				u := mk(t, withTLS)
 				conf := u.conf(func(tr *Transport) { tr.MaxResponseHeaderBytes = limit })
-				var rt http.RoundTripper
-				var owner *member
-				if remote {
-					var client *member
-					owner, client = remotePair(t, conf)
-					rt = client.tr
-				} else {
-					owner = localTransportMember(t, conf)
-					rt = owner.tr
-				}
+				owner, rt := adv10Members(t, conf, remote)
 				warm(t, owner, u.url("/warm"))
 				err := do(rt, u.url("/hints"))
 				if !errors.Is(err, ErrHeaderTooLarge) {
