@@ -185,7 +185,8 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 		// An HTTP/2 body of any length may end with trailers: chunked
 		// carries them, and the head carries the declared length.
 		hf |= headProto2
-		if !hasBody && req.Method != http.MethodHead && code != http.StatusSwitchingProtocols && resp.ContentLength != 0 {
+		if (code == http.StatusNoContent || code == http.StatusNotModified) && req.Method != http.MethodHead &&
+			resp.ContentLength != 0 && resp.Body != http.NoBody {
 			// A status that allows no body (a 204, a 304) whose HEADERS
 			// did not end the stream (x/net/http2 gives one that did
 			// length 0): it may still end with trailers, which only a
@@ -197,9 +198,7 @@ func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br
 			// commonest empty answer, which a caller closes unread) or
 			// trailers follow, and only the first may keep the unix
 			// stream when closed unread.
-			if !bodyAllowedForStatus(code) {
-				hf |= headStatus
-			}
+			hf |= headStatus
 			hasBody = true
 		}
 		if hasBody && resp.ContentLength < 0 {
