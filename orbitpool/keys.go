@@ -116,6 +116,9 @@ func (p *Pool) internKey(k Key) (keyRef, error) {
 		if ref, ok := p.lookupKey(k); ok {
 			return ref, nil
 		}
+		if ref, ok := p.reviveKey(k); ok {
+			return ref, nil
+		}
 		idx, ok := p.freeKeyEntry()
 		pos, pok := p.freeIndexEntry(k)
 		if ok && pok {
@@ -151,15 +154,61 @@ func (p *Pool) resetKeyEntry(idx int) {
 	}
 }
 
-// freeKeyEntry finds a key record no key holds. The structure lock is held.
-func (p *Pool) freeKeyEntry() (int, bool) {
+// reviveKey finishes what a collector killed half-way through collecting k
+// left undone. collectKeys marks an idle entry a tombstone, then re-reads its
+// waiter mask and either takes the entry out of the index or, if a waiter
+// came in between, makes it live again. A collector killed between the two
+// leaves an indexed tombstone, perhaps over a waiter that watches that
+// generation of the entry. So when k has no live entry, an indexed tombstone
+// that holds k is made live again, in the generation its waiters watch: the
+// collector's own undo, which is always right, since the entry is idle. It is
+// done here, where k is named again, and nowhere earlier: only under the
+// structure lock and with no live entry for k can it not make two. The
+// structure lock is held.
+func (p *Pool) reviveKey(k Key) (keyRef, bool) {
 	s := p.seg
-	for idx := range p.l.nkeys {
-		if kState(atomic.LoadUint64(s.u64(s.keyOff(idx)+kfCtl))) != keyLive {
-			return idx, true
+	h := s.keyHash(k)
+	tag, m := idxTag(h), uint64(p.l.nindex-1)
+	for i := range uint64(maxProbe) {
+		e := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m))))
+		if e == 0 {
+			break
+		}
+		idx := int(uint32(e)) - 1
+		if e&^0xffffffff != tag || idx < 0 || idx >= p.l.nkeys {
+			continue
+		}
+		off := s.keyOff(idx)
+		c := atomic.LoadUint64(s.u64(off + kfCtl))
+		if kState(c) != keyTomb || atomic.LoadUint64(s.u64(off+kfHi)) != k.Hi || atomic.LoadUint64(s.u64(off+kfLo)) != k.Lo {
+			continue
+		}
+		if atomic.CompareAndSwapUint64(s.u64(off+kfCtl), c, keyCtl(kGen(c), keyLive)|c&(1<<kStShift-1)) {
+			return keyRef{idx, kGen(c)}, true
 		}
 	}
-	return 0, false
+	return keyRef{}, false
+}
+
+// freeKeyEntry finds a key record no key holds, one with no waiter's mask bit
+// if it can: a bit on a record that is not live is a waiter of its earlier
+// life that has not yet found out, and a new key there would hand it its
+// units. The structure lock is held.
+func (p *Pool) freeKeyEntry() (int, bool) {
+	s := p.seg
+	found := -1
+	for idx := range p.l.nkeys {
+		if kState(atomic.LoadUint64(s.u64(s.keyOff(idx)+kfCtl))) == keyLive {
+			continue
+		}
+		if !p.queued(idx) {
+			return idx, true
+		}
+		if found < 0 {
+			found = idx
+		}
+	}
+	return found, found >= 0
 }
 
 // freeIndexEntry finds where k's index entry goes: the first entry on its
