@@ -19,6 +19,8 @@ import (
 //	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
 //	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
 //	head     = 'H' flags(1) [length(8) if flags has headLength] [status(2) if flags has headStatus]
+//	           | an error frame, in place of a head, when the owner's exchange failed after its
+//	             accept (or a 1xx) went out; the owner ends the stream after it
 //
 // Version 2 added the HTTP/2 head flags (headProto2, headLength) and the
 // request's flagLength; version 3 the trailer streamResetTrailer, which ends
@@ -30,7 +32,8 @@ import (
 // response heads and trailers, an HTTP/2 response's trailers after its
 // chunked body (see body.readTrailerBlock), and flagNoUserAgent; version 6
 // the head flag headStatus, for an HTTP/2 answer without a body that may
-// end with trailers, and flagNoInterim. The processes of one fleet must run builds that speak
+// end with trailers, and flagNoInterim; version 7 the error frame in place
+// of a head. The processes of one fleet must run builds that speak
 // the same unix leg: one of another version cannot join the fleet's
 // segment (Protocol), and a frame of another version is refused with an
 // error that names both versions.
@@ -45,7 +48,7 @@ const (
 
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 6
+	frameVersion  = 7
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
@@ -427,11 +430,22 @@ func appendHeadFields(b []byte, f headFlags, length int64, status int) []byte {
 }
 
 // readHead reads a head marker and the fields its flags announce: the
-// length (-1 without headLength) and the status (0 without headStatus).
+// length (-1 without headLength) and the status (0 without headStatus). An
+// error frame in the head's place is returned as the owner's error.
 func readHead(br *bufio.Reader) (f headFlags, length int64, status int, err error) {
 	b, err := br.Peek(2)
 	if err != nil {
 		return 0, 0, 0, err
+	}
+	if b[0] == frameMagic0 {
+		rf, err := readFrame(br, respHeaderLen, decodeResponseFrame)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		if rf.typ != frameError {
+			return 0, 0, 0, fmt.Errorf("%w: response frame type %d in place of a head", ErrBadFrame, rf.typ)
+		}
+		return 0, 0, 0, rf.ownerError(false)
 	}
 	if b[0] != headMarker || headFlags(b[1])&^headFlagsKnown != 0 {
 		return 0, 0, 0, fmt.Errorf("%w: bad head marker %q", ErrBadFrame, b)

@@ -179,3 +179,33 @@ func TestFrameRefusesVersion2Peer(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorFrameInPlaceOfHead: after its accept, an owner reports a failed
+// exchange with an error frame where the next head would be; any other
+// frame there is garbage.
+func TestErrorFrameInPlaceOfHead(t *testing.T) {
+	b := appendHead(nil, 0)
+	b = append(b, "HTTP/1.1 103 Early Hints\r\n\r\n"...)
+	b = appendResponseFrame(b, responseFrame{typ: frameError, flags: flagIdleClosed, code: errCodeHeaderTooLarge, msg: ErrHeaderTooLarge.Error()})
+	br := bufio.NewReader(bytes.NewReader(b))
+	if _, _, _, err := readHead(br); err != nil {
+		t.Fatalf("the 1xx's head: %v", err)
+	}
+	if _, err := br.Discard(len("HTTP/1.1 103 Early Hints\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err := readHead(br)
+	var pe *Error
+	if !errors.As(err, &pe) || !errors.Is(err, ErrHeaderTooLarge) || pe.beforeAccept || !pe.idleClosed || pe.RetrySafe || errors.Is(err, ErrBadFrame) {
+		t.Fatalf("error frame in place of a head: %#v (%v); want the owner's ErrHeaderTooLarge, after the accept", pe, err)
+	}
+	if br.Buffered() != 0 {
+		t.Fatalf("%d bytes left unread after the error frame", br.Buffered())
+	}
+	for _, typ := range []frameType{frameAccept, frameReject} {
+		b := appendResponseFrame(nil, responseFrame{typ: typ})
+		if _, _, _, err := readHead(bufio.NewReader(bytes.NewReader(b))); !errors.Is(err, ErrBadFrame) {
+			t.Errorf("frame type %d in place of a head: %v, want ErrBadFrame", typ, err)
+		}
+	}
+}

@@ -55,9 +55,14 @@ type relay struct {
 
 	// continueOnly: the caller reads no interim responses (flagNoInterim),
 	// and the relay passes on only a 100 Continue, which the caller's
-	// writer may wait for. The exchange then bounds all heads by one limit
-	// and fails, before the accept, as net/http would for such a caller.
+	// writer may wait for. Over HTTP/1.1 the exchange then bounds all heads
+	// by one limit and fails, before the accept, as net/http would for
+	// such a caller.
 	continueOnly bool
+	// interimLimit, over HTTP/2 with continueOnly, bounds the interim
+	// heads as x/net/http2 bounds those of a caller without a hook: their
+	// fields' HPACK sizes, summed (interimSize), against the header limit.
+	interimLimit, interimSize int64
 }
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
@@ -113,6 +118,17 @@ func (r *relay) acceptBody() {
 // which is HTTP/1.1, a 101 is final: the sibling would take it for an
 // upgrade and the real response's framing for the tunnel's bytes.
 func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
+	if r.interimLimit > 0 {
+		r.interimSize += int64(len(":status") + 3 + hpackFieldOverhead)
+		for k, vs := range h {
+			for _, v := range vs {
+				r.interimSize += int64(len(k) + len(v) + hpackFieldOverhead)
+			}
+		}
+		if r.interimSize > r.interimLimit {
+			return fmt.Errorf("%w: interim responses over the %d-byte limit", ErrHeaderTooLarge, r.interimLimit)
+		}
+	}
 	if code == http.StatusSwitchingProtocols || r.continueOnly && code != http.StatusContinue {
 		return nil
 	}
@@ -135,6 +151,10 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	r.err = r.bw.Flush()
 	return r.err
 }
+
+// hpackFieldOverhead is what HPACK counts for a header field besides its
+// name and value (RFC 7541, section 4.1), as x/net/http2 sizes header lists.
+const hpackFieldOverhead = 32
 
 // errPeerWrite marks a failure to write to the peer stream.
 var errPeerWrite = errors.New("proxy: writing to peer failed")

@@ -274,16 +274,22 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 		}
 		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:
-		err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
-		if s := errCodeSentinels[f.code]; s != nil {
-			// The owner's message begins with the sentinel's own words
-			// when its error wrapped it, as it usually did: said once.
-			msg := strings.TrimPrefix(strings.TrimPrefix(f.msg, s.Error()), ": ")
-			err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, msg)
-		}
-		return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
-			connGone: f.flags&flagConnGone != 0, beforeAccept: true, Err: err}
+		return f.ownerError(true)
 	}
+}
+
+// ownerError is the error an owner's error frame reports, before its accept
+// or after it (in place of a head).
+func (f responseFrame) ownerError(beforeAccept bool) *Error {
+	err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
+	if s := errCodeSentinels[f.code]; s != nil {
+		// The owner's message begins with the sentinel's own words
+		// when its error wrapped it, as it usually did: said once.
+		msg := strings.TrimPrefix(strings.TrimPrefix(f.msg, s.Error()), ": ")
+		err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, msg)
+	}
+	return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
+		connGone: f.flags&flagConnGone != 0, beforeAccept: beforeAccept, Err: err}
 }
 
 func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) {

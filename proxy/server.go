@@ -935,11 +935,18 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	ox.trace.Got1xxResponse = rl.relay1xx
 	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
-	if _, h1 := exec.(*ownerExec); h1 && f.flags&flagNoInterim != 0 {
-		// Over HTTP/2 the interim heads keep coming to the caller, which
-		// bounds them, as x/net/http2 bounds those nobody reads.
+	if f.flags&flagNoInterim != 0 {
 		rl.continueOnly = true
-		ctx = context.WithValue(ctx, interimShareLimit{}, true)
+		if _, h1 := exec.(*ownerExec); h1 {
+			ctx = context.WithValue(ctx, interimShareLimit{}, true)
+		} else {
+			// x/net/http2 bounds the interim heads of a caller without
+			// a hook, but relay1xx is the hook here.
+			rl.interimLimit = exec.maxHeaderBytes()
+			if rl.interimLimit <= 0 {
+				rl.interimLimit = defaultMaxHeaderBytes
+			}
+		}
 	}
 	req = req.WithContext(ctx)
 	if chunked != nil {
@@ -975,12 +982,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	hopMark(hopUpstream)
 	if err != nil {
 		s.watcher.remove(w)
-		if rl.failBeforeAccept() {
-			// A 1xx or the accept went out, and perhaps some of the
-			// body came in: the stream cannot carry an error frame now.
-			s.log.Info("a sibling's exchange failed after its body began; closing the stream", zap.Error(err))
-			return false
-		}
+		accepted := rl.failBeforeAccept()
 		var flags uint16
 		if IsRetrySafe(err) {
 			flags |= flagNothingSent
@@ -993,17 +995,27 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 				flags |= flagConnGone
 			}
 		}
+		// Before the accept, the error frame answers the request. After
+		// it (and perhaps a 1xx, each written whole), it takes the place
+		// of the next head, so the caller reports the upstream's failure
+		// and not a dead owner.
 		bw.Write(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flags, code: errCode(err), msg: err.Error()}))
-		// Nothing was accepted, so the writer read none of the body
-		// (its first read sends the accept), and a caller that holds
-		// the body back until then sent none; a body sent with its
-		// head was read whole: either way the stream is in step. The
-		// watch has stopped, so the write deadline is this write's
+		// The watch has stopped, so the write deadline is this write's
 		// (expire may have left one in the past): bounded as a
 		// refusal's is.
 		nc.SetWriteDeadline(time.Now().Add(peerHeadTimeout))
 		flushed := bw.Flush() == nil
 		nc.SetWriteDeadline(time.Time{})
+		if accepted {
+			// Some of the body may have come in, and more may be on its
+			// way: the stream is out of step.
+			s.log.Info("a sibling's exchange failed after its body began; closing the stream", zap.Error(err))
+			return false
+		}
+		// Nothing was accepted, so the writer read none of the body
+		// (its first read sends the accept), and a caller that holds
+		// the body back until then sent none; a body sent with its
+		// head was read whole: either way the stream is in step.
 		return flushed && (f.flags&flagBodyOnAccept != 0 || ahead != nil)
 	}
 	rl.reqDone = reqDone.isDone
