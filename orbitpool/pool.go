@@ -156,6 +156,7 @@ func (p *Pool) join() error {
 		// A free lane should hold nothing; make sure of it, since its slots
 		// and lists become this process's own.
 		p.clearLane(l)
+		p.dropReturning(l, nil)
 		off := s.laneOff(l)
 		atomic.StoreUint64(s.u64(off+lnIncarnation), uint64(p.inc))
 		atomic.StoreUint64(s.u64(off+lnPID), uint64(os.Getpid()))
@@ -268,8 +269,7 @@ func (p *Pool) rlockOpen() error {
 // structure lock held exclusively, for a lane whose process is dead or
 // leaving.
 func (p *Pool) reclaimLane(l int) {
-	p.clearLane(l)
-	p.recount()
+	p.recount(p.clearLane(l))
 	// Last, so that whoever sees the lane gone also sees its units back.
 	off := p.seg.laneOff(l)
 	ctl := atomic.LoadUint64(p.seg.u64(off + lnCtl))
@@ -277,9 +277,13 @@ func (p *Pool) reclaimLane(l int) {
 }
 
 // clearLane frees every slot of lane l and drops its key lists and waiter
-// registrations. The structure lock is held exclusively.
-func (p *Pool) clearLane(l int) {
+// registrations. It returns how many resources and creations of each key
+// entry it freed (counting only slots of the entry's present life), for
+// recount. A free slot's returning mark is left for recount. The structure
+// lock is held exclusively.
+func (p *Pool) clearLane(l int) (cleared []int) {
 	s := p.seg
+	cleared = make([]int, p.l.nkeys)
 	for i := range p.l.perLane {
 		off := s.slotOff(l, i)
 		for {
@@ -290,6 +294,11 @@ func (p *Pool) clearLane(l int) {
 			if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, slotWord(nextGen(wGen(w)), StateFree, 0, 0)) {
 				for b := range PendingReservations {
 					atomic.StoreUint64(s.u64(off+slTickets+8*b), 0)
+				}
+				if st := wState(w); st == StateCreating || st == StateLive {
+					if k, kg, ok := p.slotKey(off); ok && kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) == kg {
+						cleared[k]++
+					}
 				}
 				break
 			}
@@ -321,6 +330,39 @@ func (p *Pool) clearLane(l int) {
 	for _, r := range regrants {
 		p.wake(r.k, r.n)
 	}
+	return cleared
+}
+
+// dropReturning takes lane l's returning marks (see slReturning): its free
+// slots' and its counts'. Each is added to returning, if not nil, under the
+// key entry it names, unless the entry has since gone to another key. The
+// structure lock is held exclusively, so no live process is between giving
+// a unit back and waking the waiters for it: every mark found is a dead
+// process's.
+func (p *Pool) dropReturning(l int, returning []int) {
+	s := p.seg
+	for i := range p.l.perLane {
+		off := s.slotOff(l, i)
+		w := atomic.LoadUint64(s.u64(off + slWord))
+		if wState(w) != StateFree || w&slReturning == 0 {
+			continue
+		}
+		if !atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^slReturning) || returning == nil {
+			continue
+		}
+		if k, kg, ok := p.slotKey(off); ok && kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) == kg {
+			returning[k]++
+		}
+	}
+	for k := range p.l.nkeys {
+		c := s.u32(s.returningOff(l, k))
+		if atomic.LoadUint32(c) == 0 {
+			continue
+		}
+		if n := atomic.SwapUint32(c, 0); returning != nil {
+			returning[k] += int(min(n, 1<<16))
+		}
+	}
 }
 
 // recount sets every key's counters from the slots that hold it. A process
@@ -328,15 +370,34 @@ func (p *Pool) clearLane(l int) {
 // leaves them disagreeing; the slots are the truth. It runs with the
 // structure lock held exclusively, so no live process is half-way through
 // such a change, and wakes the keys that got units back.
-func (p *Pool) recount() {
+//
+// A process killed after giving a unit back to a key's counters and before
+// waking the key's waiters for it leaves the counters right, and a
+// returning mark (see slReturning): the units the counters give back are
+// then not all the units to wake for. cleared is how many resources and
+// creations of each key the lane being reclaimed held (nil for none): the
+// counters counted them, and every unit counted beyond them and the slots
+// was given back by a dead process half-way through an operation. Each mark
+// is a unit given back, either before the counters were told (and so among
+// those) or after (and so not): a key is woken for at least its cleared
+// units plus its marks. That wakes for exactly the units given back, unless
+// a dead process also left a creation claim counted that never took a slot
+// (then it may wake for fewer, as before the marks), or was killed after
+// its wake-up and before clearing its mark (then for one more).
+func (p *Pool) recount(cleared []int) {
 	s := p.seg
 	type count struct{ total, creating int }
 	counts := make([]count, p.l.nkeys)
+	returning := make([]int, p.l.nkeys)
 	for l := range p.l.nlanes {
 		// A lane that is not live holds nothing, whatever its slots say.
 		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
 			continue
 		}
+		// Taken from every lane with the counters, whose units those
+		// marks go with: a dead lane reclaimed later has none left to
+		// wake for twice.
+		p.dropReturning(l, returning)
 		for i := range p.l.perLane {
 			off := s.slotOff(l, i)
 			st := wState(atomic.LoadUint64(s.u64(off + slWord)))
@@ -362,7 +423,14 @@ func (p *Pool) recount() {
 		atomic.StoreUint64(ctl, keyCtl(kGen(old), keyLive)|uint64(c.total)<<kTotalShift|uint64(c.creating))
 		// A creation claim freed is a unit of the budget and of the
 		// concurrent creations at once: one waiter's worth, not two.
-		if freed := max(kTotal(old)-c.total, kCreating(old)-c.creating); freed > 0 {
+		freed := max(kTotal(old)-c.total, kCreating(old)-c.creating)
+		if r := returning[k]; r > 0 {
+			if cleared != nil {
+				r += cleared[k]
+			}
+			freed = max(freed, r)
+		}
+		if freed > 0 {
 			p.wake(k, uint64(freed))
 		}
 	}
@@ -382,10 +450,10 @@ func (p *Pool) recount() {
 //     ticket order as ever.
 //
 // A unit of a key's budget given back (by Unregister, or a creation permit's
-// Close) by a process killed before its wake-up is not found: whether a
-// waiter may use it depends on the Limits it waits under, which only it
-// knows. Its waiters are served as the key's other units come back, and the
-// unit is taken once no one waits.
+// Close) by a process killed before its wake-up is not found here, where
+// whether a waiter may use it cannot be told (that depends on the Limits it
+// waits under, which only it knows): the mark the process left on its way
+// has recount wake the key's waiters for it, in ticket order.
 func (p *Pool) finishDeadSteps() {
 	s := p.seg
 	room := make(map[int]uint64)

@@ -73,7 +73,7 @@ func (p *Pool) healOwnLane() error {
 		return nil
 	}
 	atomic.StoreUint64(ctl, want)
-	p.recount()
+	p.recount(nil)
 	return fmt.Errorf("orbitpool: lane %d's record read %#x, not this process's %#x; restored: %w", p.lane, got, want, ErrCorrupt)
 }
 

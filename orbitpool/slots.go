@@ -45,14 +45,28 @@ func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool, seenLive int) (*C
 	p.laneMu.Lock()
 	if len(p.free) == 0 {
 		p.laneMu.Unlock()
+		// Marked as returning until the waiters are woken, for a recount
+		// to wake them if this process dies in between (see slReturning).
+		ret := s.u32(s.returningOff(p.lane, ref.idx))
+		atomic.AddUint32(ret, 1)
 		p.keyRelease(ref.idx, ref.gen, true)
 		p.wake(ref.idx, 1)
+		atomic.AddUint32(ret, ^uint32(0))
 		return nil, fmt.Errorf("orbitpool: all %d resource slots of lane %d are in use: %w", p.l.perLane, p.lane, ErrFull)
 	}
 	slot := int(p.free[len(p.free)-1])
 	p.free = p.free[:len(p.free)-1]
 	off := s.slotOff(p.lane, slot)
-	gen := wGen(atomic.LoadUint64(s.u64(off + slWord)))
+	w := atomic.LoadUint64(s.u64(off + slWord))
+	if w&slReturning != 0 {
+		// The goroutine that freed it has not yet woken the waiters
+		// for its unit: its mark moves to the lane's count for the key,
+		// before the slot's word is overwritten.
+		if k, _, ok := p.slotKey(off); ok && atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^slReturning) {
+			atomic.AddUint32(s.u32(s.returningOff(p.lane, k)), 1)
+		}
+	}
+	gen := wGen(w)
 	if gen == 0 {
 		gen = 1
 	}
@@ -142,7 +156,8 @@ func (cp *CreationPermit) release() error {
 	}
 	defer s.runlockStructure()
 	p.laneMu.Lock()
-	ok := atomic.CompareAndSwapUint64(s.u64(off+slWord), slotWord(cp.gen, StateCreating, 0, 0), slotWord(nextGen(cp.gen), StateFree, 0, 0))
+	freed := slotWord(nextGen(cp.gen), StateFree, 0, 0)
+	ok := atomic.CompareAndSwapUint64(s.u64(off+slWord), slotWord(cp.gen, StateCreating, 0, 0), freed|slReturning)
 	if ok {
 		p.free = append(p.free, int32(cp.slot))
 	}
@@ -150,6 +165,7 @@ func (cp *CreationPermit) release() error {
 	if ok {
 		p.keyRelease(cp.key.idx, cp.key.gen, true)
 		p.wake(cp.key.idx, 1)
+		p.returned(off, freed, cp.key.idx)
 	}
 	return nil
 }
@@ -219,14 +235,17 @@ func (p *Pool) unregister(id ResourceID, prefer int) error {
 	}
 	defer s.runlockStructure()
 	p.laneMu.Lock()
-	var w uint64
+	var w, freed uint64
 	for {
 		w = atomic.LoadUint64(s.u64(off + slWord))
 		if wGen(w) != id.Generation() || wState(w) != StateLive {
 			p.laneMu.Unlock()
 			return fmt.Errorf("orbitpool: unregister %v: %w", id, ErrStale)
 		}
-		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, slotWord(nextGen(wGen(w)), StateFree, 0, 0)) {
+		// Freed and marked as returning its unit, until the waiters are
+		// woken (see slReturning).
+		freed = slotWord(nextGen(wGen(w)), StateFree, 0, 0)
+		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, freed|slReturning) {
 			break
 		}
 	}
@@ -240,13 +259,28 @@ func (p *Pool) unregister(id ResourceID, prefer int) error {
 	p.free = append(p.free, int32(id.Slot()))
 	p.laneMu.Unlock()
 	if !ok {
+		p.returned(off, freed, k)
 		return fmt.Errorf("orbitpool: resource %v names key entry %d of %d: %w", id, k, p.l.nkeys, ErrCorrupt)
 	}
 	p.keyRelease(k, kg, false)
 	if p.queued(k) {
 		p.grant(k, 1, prefer)
 	}
+	p.returned(off, freed, k)
 	return nil
+}
+
+// returned clears the returning mark that freeing the slot at off (to the
+// word freed) set, once the waiters of key entry k have been woken for the
+// unit. If the slot was taken again for a creation meanwhile, the mark was
+// moved to the lane's returning count for k (see claimCreate), which is
+// decremented instead.
+func (p *Pool) returned(off int, freed uint64, k int) {
+	s := p.seg
+	if atomic.CompareAndSwapUint64(s.u64(off+slWord), freed|slReturning, freed) || k >= p.l.nkeys {
+		return
+	}
+	atomic.AddUint32(s.u32(s.returningOff(p.lane, k)), ^uint32(0))
 }
 
 // unlink removes slot from this lane's list for key k. laneMu is held.

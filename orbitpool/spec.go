@@ -127,6 +127,7 @@ type layout struct {
 	waits     int // lanes × keys uint32: each lane's waiter count for a key
 	queues    int // lanes × keys queueSize: each lane's part of a key's queue
 	stats     int // lanes × keys statSize: each lane's counters for a key
+	returning int // lanes × keys uint32: units a lane gives back to a key and has not yet woken its waiters for (see slReturning)
 	slots     int // lanes × resourcesPerLane slotSize
 	size      int
 	nlanes    int
@@ -158,6 +159,8 @@ func newLayout(s PoolSpec) layout {
 	off = l.queues + s.Lanes*s.Keys*queueSize
 	l.stats = align(off, 64)
 	off = l.stats + s.Lanes*s.Keys*statSize
+	l.returning = align(off, 64)
+	off = l.returning + s.Lanes*s.Keys*4
 	l.slots = align(off, 4096)
 	l.nslots = s.Lanes * s.ResourcesPerLane
 	off = l.slots + l.nslots*slotSize

@@ -22,6 +22,18 @@ const (
 	wGenShift = 28
 )
 
+// slReturning, in the word of a free slot, says that its owner freed it
+// (Unregister, or a creation permit's Close) and has not yet woken the key's
+// waiters for the unit of budget that gives back: it is set by the
+// compare-and-swap that frees the slot and cleared by one more after the
+// wake-up. A process killed in between leaves it set, and the next recount
+// wakes the key's waiters for the unit (see Pool.recount). A free slot has
+// no users, so the bit (the top one of the users field) means nothing else
+// there. When the owner takes the slot again for a creation before its
+// wake-up is done, the mark moves to the lane's returning count for the key
+// (segment.returningOff), which the goroutine that set it then decrements.
+const slReturning = 1 << (useShift + 15)
+
 func slotWord(gen uint64, st State, use int, pend uint64) uint64 {
 	return gen<<wGenShift | uint64(st)<<stShift | uint64(use)<<useShift | pend
 }
@@ -257,6 +269,9 @@ func (s *segment) headOff(l, k int) int  { return s.l.heads + (l*s.l.nkeys+k)*4 
 func (s *segment) waitOff(l, k int) int  { return s.l.waits + (l*s.l.nkeys+k)*4 }
 func (s *segment) queueOff(l, k int) int { return s.l.queues + (l*s.l.nkeys+k)*queueSize }
 func (s *segment) statOff(l, k int) int  { return s.l.stats + (l*s.l.nkeys+k)*statSize }
+func (s *segment) returningOff(l, k int) int {
+	return s.l.returning + (l*s.l.nkeys+k)*4
+}
 
 func (s *segment) count(l, k, field int, n uint64) {
 	atomic.AddUint64(s.u64(s.statOff(l, k)+field), n)
