@@ -61,9 +61,16 @@ func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool, seenLive int) (*C
 	if w&slReturning != 0 {
 		// The goroutine that freed it has not yet woken the waiters
 		// for its unit: its mark moves to the lane's count for the key,
-		// before the slot's word is overwritten.
-		if k, _, ok := p.slotKey(off); ok && atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^slReturning) {
-			atomic.AddUint32(s.u32(s.returningOff(p.lane, k)), 1)
+		// before the slot's word is overwritten. Counted first, then
+		// cleared, and uncounted if that goroutine cleared it first:
+		// returned takes from the count only a mark this cleared, so the
+		// count never goes below zero, whenever either is killed.
+		if k, _, ok := p.slotKey(off); ok {
+			ret := s.u32(s.returningOff(p.lane, k))
+			atomic.AddUint32(ret, 1)
+			if !atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^slReturning) {
+				atomic.AddUint32(ret, ^uint32(0))
+			}
 		}
 	}
 	gen := wGen(w)
