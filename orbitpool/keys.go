@@ -212,10 +212,8 @@ func (p *Pool) freeKeyEntry() (int, bool) {
 }
 
 // freeIndexEntry finds where k's index entry goes: the first entry on its
-// probe sequence that is empty, a tombstone, or stale (it names a record that
-// is not live or that holds a key of another hash, which a process that died
-// half-way through collecting a key leaves behind). The structure lock is
-// held, and k is not in the index.
+// probe sequence that is empty, a tombstone, or stale (see staleIndexEntry).
+// The structure lock is held, and k is not in the index.
 func (p *Pool) freeIndexEntry(k Key) (int, bool) {
 	s := p.seg
 	h, m := s.keyHash(k), uint64(p.l.nindex-1)
@@ -228,6 +226,12 @@ func (p *Pool) freeIndexEntry(k Key) (int, bool) {
 	return 0, false
 }
 
+// staleIndexEntry reports whether index entry e names no record that holds a
+// key of its hash: a record out of range, empty, or holding a key of another
+// hash, which a process that died half-way through naming or collecting a
+// key leaves behind. A tombstone record of e's hash is not stale: it is a key
+// half-collected by a process that died, which the key takes back when it is
+// named again (see reviveKey), through this entry.
 func (p *Pool) staleIndexEntry(e uint64) bool {
 	s := p.seg
 	idx := int(uint32(e)) - 1
@@ -235,7 +239,7 @@ func (p *Pool) staleIndexEntry(e uint64) bool {
 		return true
 	}
 	off := s.keyOff(idx)
-	if kState(atomic.LoadUint64(s.u64(off+kfCtl))) != keyLive {
+	if st := kState(atomic.LoadUint64(s.u64(off + kfCtl))); st != keyLive && st != keyTomb {
 		return true
 	}
 	k := Key{atomic.LoadUint64(s.u64(off + kfHi)), atomic.LoadUint64(s.u64(off + kfLo))}
