@@ -491,10 +491,13 @@ func (x *exchange) readResponse() (*http.Response, error) {
 			x.acceptCh = nil
 		}
 	}
-	if _, err := c.br.Peek(1); err != nil {
-		return nil, x.readError(err, false)
+	first, perr := c.br.Peek(1)
+	if perr != nil {
+		return nil, x.readError(perr, false)
 	}
-	if x.trace != nil && x.trace.GotFirstResponseByte != nil {
+	// An owner's error frame in place of the first head is no byte of a
+	// response.
+	if x.trace != nil && x.trace.GotFirstResponseByte != nil && (x.o.leg == nil || first[0] != frameMagic0) {
 		x.trace.GotFirstResponseByte()
 	}
 	var (

@@ -59,10 +59,6 @@ type relay struct {
 	// by one limit and fails, before the accept, as net/http would for
 	// such a caller.
 	continueOnly bool
-	// interimLimit, over HTTP/2 with continueOnly, bounds the interim
-	// heads as x/net/http2 bounds those of a caller without a hook: their
-	// fields' HPACK sizes, summed (interimSize), against the header limit.
-	interimLimit, interimSize int64
 }
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
@@ -111,24 +107,17 @@ func (r *relay) acceptBody() {
 	}
 }
 
+// relay100 forwards a 100 Continue that an HTTP/2 client reports without
+// its fields (Got100Continue), for a caller that reads no interim responses.
+// A failed write is the peer gone, which the exchange finds out.
+func (r *relay) relay100() { r.relay1xx(http.StatusContinue, nil) }
+
 // relay1xx forwards an interim response as it arrives (only a 100 with
-// continueOnly). A 101 is not
-// forwarded: only an HTTP/2 client hands one over as interim (HTTP/2 has no
+// continueOnly). A 101 is not forwarded: only an HTTP/2 client hands one over as interim (HTTP/2 has no
 // upgrade, and x/net goes on to the final response), and on the unix leg,
 // which is HTTP/1.1, a 101 is final: the sibling would take it for an
 // upgrade and the real response's framing for the tunnel's bytes.
 func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
-	if r.interimLimit > 0 {
-		r.interimSize += int64(len(":status") + 3 + hpackFieldOverhead)
-		for k, vs := range h {
-			for _, v := range vs {
-				r.interimSize += int64(len(k) + len(v) + hpackFieldOverhead)
-			}
-		}
-		if r.interimSize > r.interimLimit {
-			return fmt.Errorf("%w: interim responses over the %d-byte limit", ErrHeaderTooLarge, r.interimLimit)
-		}
-	}
 	if code == http.StatusSwitchingProtocols || r.continueOnly && code != http.StatusContinue {
 		return nil
 	}
@@ -151,10 +140,6 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	r.err = r.bw.Flush()
 	return r.err
 }
-
-// hpackFieldOverhead is what HPACK counts for a header field besides its
-// name and value (RFC 7541, section 4.1), as x/net/http2 sizes header lists.
-const hpackFieldOverhead = 32
 
 // errPeerWrite marks a failure to write to the peer stream.
 var errPeerWrite = errors.New("proxy: writing to peer failed")

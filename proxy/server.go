@@ -940,12 +940,13 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		if _, h1 := exec.(*ownerExec); h1 {
 			ctx = context.WithValue(ctx, interimShareLimit{}, true)
 		} else {
-			// x/net/http2 bounds the interim heads of a caller without
-			// a hook, but relay1xx is the hook here.
-			rl.interimLimit = exec.maxHeaderBytes()
-			if rl.interimLimit <= 0 {
-				rl.interimLimit = defaultMaxHeaderBytes
-			}
+			// The HTTP/2 client bounds the interim heads of a caller
+			// without a hook itself, to the byte, so it gets none: the
+			// caller's writer may wait for a 100, which the client
+			// reports without its fields, and which has none for such a
+			// caller.
+			ox.trace.Got1xxResponse = nil
+			ox.trace.Got100Continue = rl.relay100
 		}
 	}
 	req = req.WithContext(ctx)
