@@ -57,9 +57,13 @@
 // steps of an operation: the reclaim recounts every key from the slots, and
 // restores the hints it may have left unwritten (finishDeadSteps): room bits,
 // and room on a key's resources that its waiters were never told of. A unit
-// of a key's budget given back just before such a death is the one thing it
-// cannot hand on, for only a waiter knows its Limits: its waiters are served
-// as the key's other units come back, and the unit is taken once none waits.
+// of a key's budget given back just before such a death is marked as
+// returning until its waiters are woken (slReturning), and the reclaim wakes
+// them for it. A key a collector died half-way through collecting is taken
+// back, in the generation its waiters watch, when it is next named
+// (reviveKey). What a second death during the reclaim itself leaves undone
+// (a key recounted and not yet woken) is not redone: those waiters are served
+// as the key's other units come back, or at their deadline.
 //
 // # Waiting
 //
