@@ -156,7 +156,7 @@ func (p *Pool) join() error {
 		// A free lane should hold nothing; make sure of it, since its slots
 		// and lists become this process's own.
 		p.clearLane(l)
-		p.dropReturning(l, nil)
+		p.dropReturning(l)
 		off := s.laneOff(l)
 		atomic.StoreUint64(s.u64(off+lnIncarnation), uint64(p.inc))
 		atomic.StoreUint64(s.u64(off+lnPID), uint64(os.Getpid()))
@@ -333,13 +333,12 @@ func (p *Pool) clearLane(l int) (cleared []int) {
 	return cleared
 }
 
-// dropReturning takes lane l's returning marks (see slReturning): its free
-// slots' and its counts'. Each is added to returning, if not nil, under the
-// key entry it names, unless the entry has since gone to another key. The
-// structure lock is held exclusively, so no live process is between giving
-// a unit back and waking the waiters for it: every mark found is a dead
-// process's.
-func (p *Pool) dropReturning(l int, returning []int) {
+// countReturning adds lane l's returning marks (see slReturning), its free
+// slots' and its counts', to returning, under the key entry each names,
+// unless the entry has since gone to another key. The structure lock is held
+// exclusively, so no live process is between giving a unit back and waking
+// the waiters for it: every mark found is a dead process's.
+func (p *Pool) countReturning(l int, returning []int) (found bool) {
 	s := p.seg
 	for i := range p.l.perLane {
 		off := s.slotOff(l, i)
@@ -347,21 +346,33 @@ func (p *Pool) dropReturning(l int, returning []int) {
 		if wState(w) != StateFree || w&slReturning == 0 {
 			continue
 		}
-		if !atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^slReturning) || returning == nil {
-			continue
-		}
+		found = true
 		if k, kg, ok := p.slotKey(off); ok && kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) == kg {
 			returning[k]++
 		}
 	}
 	for k := range p.l.nkeys {
-		c := s.u32(s.returningOff(l, k))
-		if atomic.LoadUint32(c) == 0 {
-			continue
-		}
-		if n := atomic.SwapUint32(c, 0); returning != nil {
+		if n := atomic.LoadUint32(s.u32(s.returningOff(l, k))); n != 0 {
+			found = true
 			returning[k] += int(min(n, 1<<16))
 		}
+	}
+	return found
+}
+
+// dropReturning clears lane l's returning marks. The structure lock is held
+// exclusively.
+func (p *Pool) dropReturning(l int) {
+	s := p.seg
+	for i := range p.l.perLane {
+		off := s.slotOff(l, i)
+		w := atomic.LoadUint64(s.u64(off + slWord))
+		if wState(w) == StateFree && w&slReturning != 0 {
+			atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^slReturning)
+		}
+	}
+	for k := range p.l.nkeys {
+		atomic.StoreUint32(s.u32(s.returningOff(l, k)), 0)
 	}
 }
 
@@ -383,21 +394,28 @@ func (p *Pool) dropReturning(l int, returning []int) {
 // units plus its marks. That wakes for exactly the units given back, unless
 // a dead process also left a creation claim counted that never took a slot
 // (then it may wake for fewer, as before the marks), or was killed after
-// its wake-up and before clearing its mark (then for one more).
+// its wake-up and before clearing its mark (then for one more). The marks
+// are dropped after the wake-ups: a reclaimer killed between the two has the
+// next reclaim wake for them again, a unit too many rather than a waiter
+// left asleep.
 func (p *Pool) recount(cleared []int) {
 	s := p.seg
 	type count struct{ total, creating int }
 	counts := make([]count, p.l.nkeys)
 	returning := make([]int, p.l.nkeys)
+	var marked []int // lanes with returning marks
 	for l := range p.l.nlanes {
 		// A lane that is not live holds nothing, whatever its slots say.
 		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) != laneLive {
 			continue
 		}
 		// Taken from every lane with the counters, whose units those
-		// marks go with: a dead lane reclaimed later has none left to
-		// wake for twice.
-		p.dropReturning(l, returning)
+		// marks go with, and dropped once they are woken for: a dead
+		// lane reclaimed later has none left to wake for twice, and a
+		// reclaimer that dies before its wake-ups leaves them all.
+		if p.countReturning(l, returning) {
+			marked = append(marked, l)
+		}
 		for i := range p.l.perLane {
 			off := s.slotOff(l, i)
 			st := wState(atomic.LoadUint64(s.u64(off + slWord)))
@@ -433,6 +451,9 @@ func (p *Pool) recount(cleared []int) {
 		if freed > 0 {
 			p.wake(k, uint64(freed))
 		}
+	}
+	for _, l := range marked {
+		p.dropReturning(l)
 	}
 }
 
