@@ -94,6 +94,9 @@ type Error struct {
 	// way counts as written until it returns, so the exchange settles it
 	// again once its writer has stopped (see exchange.recount).
 	counted bool
+	// responseBegan marks an owner's error frame sent after some of the
+	// upstream's response had come (flagResponseBegan).
+	responseBegan bool
 	// beforeAccept marks an owner's reject or error frame that came before
 	// it accepted the request's body: neither end read or sent any of the
 	// body, and both keep the stream.

@@ -484,6 +484,7 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	c.lr.n = maxHeader
 	if x.o.leg != nil {
 		if err := x.o.leg.readPreamble(c.br); err != nil {
+			x.firstByteOfFailure(err)
 			return nil, x.unread(x.readError(err, false), err)
 		}
 		if x.acceptCh != nil {
@@ -496,8 +497,9 @@ func (x *exchange) readResponse() (*http.Response, error) {
 		return nil, x.readError(perr, false)
 	}
 	// An owner's error frame in place of the first head is no byte of a
-	// response.
-	if x.trace != nil && x.trace.GotFirstResponseByte != nil && (x.o.leg == nil || first[0] != frameMagic0) {
+	// response, unless it says some came (see firstByteOfFailure).
+	gotByte := x.o.leg == nil || first[0] != frameMagic0
+	if gotByte && x.trace != nil && x.trace.GotFirstResponseByte != nil {
 		x.trace.GotFirstResponseByte()
 	}
 	var (
@@ -508,6 +510,9 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	for {
 		if x.o.leg != nil {
 			if hf, err = x.o.leg.readHead(c.br); err != nil {
+				if !gotByte {
+					x.firstByteOfFailure(err)
+				}
 				return nil, x.readError(err, true)
 			}
 		}
@@ -610,6 +615,16 @@ type interimShareLimit struct{}
 // net/http judges it: an Upgrade field, and Connection naming it.
 func isProtocolSwitch(h http.Header) bool {
 	return h.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade")
+}
+
+// firstByteOfFailure tells the trace of the first response byte that an
+// owner's error frame says came before its exchange failed: an interim head
+// it did not relay, or the start of a bad head.
+func (x *exchange) firstByteOfFailure(err error) {
+	var pe *Error
+	if x.trace != nil && x.trace.GotFirstResponseByte != nil && errors.As(err, &pe) && pe.responseBegan {
+		x.trace.GotFirstResponseByte()
+	}
 }
 
 // headLimit bounds the bytes x reads of each response head.

@@ -33,7 +33,7 @@ import (
 // chunked body (see body.readTrailerBlock), and flagNoUserAgent; version 6
 // the head flag headStatus, for an HTTP/2 answer without a body that may
 // end with trailers, and flagNoInterim; version 7 the error frame in place
-// of a head. The processes of one fleet must run builds that speak
+// of a head, and its flagResponseBegan. The processes of one fleet must run builds that speak
 // the same unix leg: one of another version cannot join the fleet's
 // segment (Protocol), and a frame of another version is refused with an
 // error that names both versions.
@@ -76,8 +76,13 @@ const (
 	// flagConnGone on an error frame: the owner's HTTP/2 connection
 	// refused the stream for good as it went away (see Error.connGone).
 	flagConnGone
+	// flagResponseBegan on an error frame: some of the upstream's response
+	// had come (an interim head not relayed, the start of a bad head), so
+	// the caller's trace sees its first response byte, as on its own
+	// connection.
+	flagResponseBegan
 
-	respFlagsKnown = flagNothingSent | flagIdleClosed | flagConnGone
+	respFlagsKnown = flagNothingSent | flagIdleClosed | flagConnGone | flagResponseBegan
 )
 
 // Request frame flags.

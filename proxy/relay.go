@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,6 +60,13 @@ type relay struct {
 	// by one limit and fails, before the accept, as net/http would for
 	// such a caller.
 	continueOnly bool
+	// relayed100 is set once relay100 has relayed a 100: a caller that
+	// reads no interim responses waits for one at most.
+	relayed100 bool
+	// responseBegan is set when the exchange's first response byte came
+	// (GotFirstResponseByte), for the error frame of an exchange that then
+	// fails (flagResponseBegan).
+	responseBegan atomic.Bool
 }
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
@@ -108,9 +116,20 @@ func (r *relay) acceptBody() {
 }
 
 // relay100 forwards a 100 Continue that an HTTP/2 client reports without
-// its fields (Got100Continue), for a caller that reads no interim responses.
-// A failed write is the peer gone, which the exchange finds out.
-func (r *relay) relay100() { r.relay1xx(http.StatusContinue, nil) }
+// its fields (Got100Continue), for a caller that reads no interim responses:
+// the first only, which is all its writer waits for. The HTTP/2 client's
+// read loop calls it, and an upstream's run of 100s must not have it write
+// to a sibling that does not read. A failed write is the peer gone, which
+// the exchange finds out.
+func (r *relay) relay100() {
+	if !r.relayed100 {
+		r.relayed100 = true
+		r.relay1xx(http.StatusContinue, nil)
+	}
+}
+
+// firstByte records that the exchange's first response byte came.
+func (r *relay) firstByte() { r.responseBegan.Store(true) }
 
 // relay1xx forwards an interim response as it arrives (only a 100 with
 // continueOnly). A 101 is not forwarded: only an HTTP/2 client hands one over as interim (HTTP/2 has no

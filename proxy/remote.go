@@ -289,7 +289,7 @@ func (f responseFrame) ownerError(beforeAccept bool) *Error {
 		err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, msg)
 	}
 	return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
-		connGone: f.flags&flagConnGone != 0, beforeAccept: beforeAccept, Err: err}
+		connGone: f.flags&flagConnGone != 0, responseBegan: f.flags&flagResponseBegan != 0, beforeAccept: beforeAccept, Err: err}
 }
 
 func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) {

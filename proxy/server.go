@@ -934,6 +934,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		reqDone.done = true
 	}
 	ox.trace.Got1xxResponse = rl.relay1xx
+	ox.trace.GotFirstResponseByte = rl.firstByte
 	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
 	if f.flags&flagNoInterim != 0 {
 		rl.continueOnly = true
@@ -995,6 +996,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			if pe.connGone {
 				flags |= flagConnGone
 			}
+		}
+		if rl.responseBegan.Load() {
+			flags |= flagResponseBegan
 		}
 		// Before the accept, the error frame answers the request. After
 		// it (and perhaps a 1xx, each written whole), it takes the place
