@@ -41,22 +41,37 @@ func adv49RoleUnregisterKilled(c *mpChildCtx) error {
 	if _, err := c.expect("unregister"); err != nil {
 		return err
 	}
-	// Unregister, verbatim, to the budget's return.
-	off, err := p.ownSlot(id)
+	_, _, k, kg, err := unregisterToRelease(p, id)
 	if err != nil {
 		return err
 	}
+	p.keyRelease(k, kg, false)
+	// SIGKILL lands here, before `if p.queued(k) { p.grant(k, 1, prefer) }`
+	// and `p.returned(off, freed, k)`.
+	c.send(mpMsg{Type: "released"})
+	time.Sleep(time.Minute)
+	return fmt.Errorf("not killed")
+}
+
+// unregisterToRelease runs Unregister's steps (slots.go, unregister),
+// verbatim, up to but not including the budget's return (keyRelease), for
+// roles that are killed or interleaved from there: it returns the slot's
+// offset, its freed word (without the returning mark) and its key entry.
+// The structure lock is left held shared, as Unregister holds it.
+func unregisterToRelease(p *Pool, id ResourceID) (off int, freed uint64, k int, kg uint32, err error) {
+	if off, err = p.ownSlot(id); err != nil {
+		return
+	}
 	s := p.seg
-	if err := p.rlockOpen(); err != nil {
-		return err
+	if err = p.rlockOpen(); err != nil {
+		return
 	}
 	p.laneMu.Lock()
-	var w, freed uint64
 	for {
-		w = atomic.LoadUint64(s.u64(off + slWord))
+		w := atomic.LoadUint64(s.u64(off + slWord))
 		if wGen(w) != id.Generation() || wState(w) != StateLive {
 			p.laneMu.Unlock()
-			return fmt.Errorf("unregister %v: %w", id, ErrStale)
+			return off, 0, 0, 0, fmt.Errorf("unregister %v: %w", id, ErrStale)
 		}
 		freed = slotWord(nextGen(wGen(w)), StateFree, 0, 0)
 		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, freed|slReturning) {
@@ -73,15 +88,9 @@ func adv49RoleUnregisterKilled(c *mpChildCtx) error {
 	p.free = append(p.free, int32(id.Slot()))
 	p.laneMu.Unlock()
 	if !ok {
-		return fmt.Errorf("unregister %v: key entry %d of %d", id, k, p.l.nkeys)
+		return off, freed, k, kg, fmt.Errorf("unregister %v: key entry %d of %d", id, k, p.l.nkeys)
 	}
-	p.keyRelease(k, kg, false)
-	// SIGKILL lands here, before `if p.queued(k) { p.grant(k, 1, prefer) }`
-	// and `p.returned(off, freed, k)`.
-	_ = freed
-	c.send(mpMsg{Type: "released"})
-	time.Sleep(time.Minute)
-	return fmt.Errorf("not killed")
+	return off, freed, k, kg, nil
 }
 
 func TestAdv49KilledUnregisterLeavesWaitersAsleep(t *testing.T) {

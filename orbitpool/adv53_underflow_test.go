@@ -44,39 +44,11 @@ func adv53RoleUnderflowKilled(c *mpChildCtx) error {
 	if _, err := c.expect("go"); err != nil {
 		return err
 	}
-	off, err := p.ownSlot(id)
-	if err != nil {
-		return err
-	}
 	s := p.seg
 	// U: unregister, to its wake-up.
-	if err := p.rlockOpen(); err != nil {
+	off, freed, k, kg, err := unregisterToRelease(p, id)
+	if err != nil {
 		return err
-	}
-	p.laneMu.Lock()
-	var w, freed uint64
-	for {
-		w = atomic.LoadUint64(s.u64(off + slWord))
-		if wGen(w) != id.Generation() || wState(w) != StateLive {
-			p.laneMu.Unlock()
-			return fmt.Errorf("unregister %v: %w", id, ErrStale)
-		}
-		freed = slotWord(nextGen(wGen(w)), StateFree, 0, 0)
-		if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, freed|slReturning) {
-			break
-		}
-	}
-	for b := range PendingReservations {
-		atomic.StoreUint64(s.u64(off+slTickets+8*b), 0)
-	}
-	k, kg, ok := p.slotKey(off)
-	if ok {
-		p.unlink(k, id.Slot())
-	}
-	p.free = append(p.free, int32(id.Slot()))
-	p.laneMu.Unlock()
-	if !ok {
-		return fmt.Errorf("unregister %v: key entry %d", id, k)
 	}
 	p.keyRelease(k, kg, false)
 	if p.queued(k) {
