@@ -132,10 +132,11 @@ func (r *relay) relay100() {
 func (r *relay) firstByte() { r.responseBegan.Store(true) }
 
 // relay1xx forwards an interim response as it arrives (only a 100 with
-// continueOnly). A 101 is not forwarded: only an HTTP/2 client hands one over as interim (HTTP/2 has no
-// upgrade, and x/net goes on to the final response), and on the unix leg,
-// which is HTTP/1.1, a 101 is final: the sibling would take it for an
-// upgrade and the real response's framing for the tunnel's bytes.
+// continueOnly). A 101 is not forwarded: only an HTTP/2 client hands one
+// over as interim (HTTP/2 has no upgrade, and x/net goes on to the final
+// response), and on the unix leg, which is HTTP/1.1, a 101 is final: the
+// sibling would take it for an upgrade and the real response's framing for
+// the tunnel's bytes.
 func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	if code == http.StatusSwitchingProtocols || r.continueOnly && code != http.StatusContinue {
 		return nil
