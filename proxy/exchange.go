@@ -860,7 +860,9 @@ func (b *acceptBody) giveBack() {
 // continueBody holds the request body back until the upstream answers
 // Expect: 100-continue. Request.Write flushes the head before the first Read
 // of a body it does not know to be in memory, so blocking here is exactly
-// "write head, flush, wait".
+// "write head, flush, wait". The one Read before the head is net/http's
+// probe of a body of unknown length (see acceptBody), which net/http makes
+// whatever the request expects, and which goes through.
 type continueBody struct {
 	io.ReadCloser
 	x      *exchange
@@ -869,8 +871,11 @@ type continueBody struct {
 
 func (b *continueBody) Read(p []byte) (int, error) {
 	if !b.waited {
-		b.waited = true
 		x := b.x
+		if x.c.cw.n.Load() == x.written0 {
+			return b.ReadCloser.Read(p)
+		}
+		b.waited = true
 		if x.trace != nil && x.trace.Wait100Continue != nil {
 			x.trace.Wait100Continue()
 		}
