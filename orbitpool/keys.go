@@ -69,17 +69,24 @@ func idxTag(h uint64) uint64 { return (h>>32 | 1) << 32 }
 
 func (s *segment) indexOff(i int) int { return s.l.index + i*8 }
 
-// lookupKey finds k without taking any lock. Readers check the entry's state
-// and generation before and after reading the digest, so a concurrent reuse of
-// the entry is never taken for a match.
+// lookupKey finds k without taking any lock.
 func (p *Pool) lookupKey(k Key) (keyRef, bool) {
+	ref, _, ok := p.findEntry(k, keyLive)
+	return ref, ok
+}
+
+// findEntry finds the record in state st that holds k through the key index,
+// and returns its control word as read. Readers check the entry's state and
+// generation before and after reading the digest, so a concurrent reuse of
+// the entry is never taken for a match.
+func (p *Pool) findEntry(k Key, st int) (keyRef, uint64, bool) {
 	s := p.seg
 	h := s.keyHash(k)
 	tag, m := idxTag(h), uint64(p.l.nindex-1)
 	for i := range uint64(maxProbe) {
 		e := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m))))
 		if e == 0 {
-			return keyRef{}, false
+			break
 		}
 		if e&^0xffffffff != tag {
 			continue
@@ -90,16 +97,16 @@ func (p *Pool) lookupKey(k Key) (keyRef, bool) {
 		}
 		off := s.keyOff(idx)
 		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		if kState(c) != keyLive {
+		if kState(c) != st {
 			continue
 		}
 		hi := atomic.LoadUint64(s.u64(off + kfHi))
 		lo := atomic.LoadUint64(s.u64(off + kfLo))
 		if hi == k.Hi && lo == k.Lo && kHead(atomic.LoadUint64(s.u64(off+kfCtl))) == kHead(c) {
-			return keyRef{idx, kGen(c)}, true
+			return keyRef{idx, kGen(c)}, c, true
 		}
 	}
-	return keyRef{}, false
+	return keyRef{}, 0, false
 }
 
 // internKey finds k or gives it an entry.
@@ -166,28 +173,11 @@ func (p *Pool) resetKeyEntry(idx int) {
 // structure lock and with no live entry for k can it not make two. The
 // structure lock is held.
 func (p *Pool) reviveKey(k Key) (keyRef, bool) {
-	s := p.seg
-	h := s.keyHash(k)
-	tag, m := idxTag(h), uint64(p.l.nindex-1)
-	for i := range uint64(maxProbe) {
-		e := atomic.LoadUint64(s.u64(s.indexOff(int((h + i) & m))))
-		if e == 0 {
-			break
-		}
-		idx := int(uint32(e)) - 1
-		if e&^0xffffffff != tag || idx < 0 || idx >= p.l.nkeys {
-			continue
-		}
-		off := s.keyOff(idx)
-		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		if kState(c) != keyTomb || atomic.LoadUint64(s.u64(off+kfHi)) != k.Hi || atomic.LoadUint64(s.u64(off+kfLo)) != k.Lo {
-			continue
-		}
-		if atomic.CompareAndSwapUint64(s.u64(off+kfCtl), c, keyCtl(kGen(c), keyLive)|c&(1<<kStShift-1)) {
-			return keyRef{idx, kGen(c)}, true
-		}
+	ref, c, ok := p.findEntry(k, keyTomb)
+	if !ok || !atomic.CompareAndSwapUint64(p.seg.u64(p.seg.keyOff(ref.idx)+kfCtl), c, keyCtl(ref.gen, keyLive)|c&(1<<kStShift-1)) {
+		return keyRef{}, false
 	}
-	return keyRef{}, false
+	return ref, true
 }
 
 // freeKeyEntry finds a key record no key holds, one with no waiter's mask bit
