@@ -48,3 +48,41 @@ func peekQueued(nc net.Conn, buf []byte) (n int, ok bool, err error) {
 	}
 	return n, true, perr
 }
+
+// writeNoWait writes b to nc's socket in one non-blocking write: what the
+// socket has no room for is errPeerNotReading, and then some of b may have
+// gone.
+func writeNoWait(nc net.Conn, b []byte) error {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		_, err := nc.Write(b)
+		return err
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	err = rc.Write(func(fd uintptr) bool {
+		for len(b) > 0 {
+			n, err := unix.Write(int(fd), b)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				werr = errPeerNotReading
+			case err != nil:
+				werr = err
+			}
+			if err != nil {
+				return true
+			}
+			b = b[n:]
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return werr
+}

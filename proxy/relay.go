@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +68,13 @@ type relay struct {
 	// (GotFirstResponseByte), for the error frame of an exchange that then
 	// fails (flagResponseBegan).
 	responseBegan atomic.Bool
+	// shared is the peer's stream when relay1xx runs on the read loop of
+	// an HTTP/2 connection, which every exchange on that connection
+	// shares, across the fleet: a sibling that stops reading (its client
+	// stalled in its 1xx hook) must fail its own exchange, not block the
+	// others until its deadline. Over HTTP/1.1 the exchange's own
+	// goroutine relays, and waits for the peer as net/http's would.
+	shared net.Conn
 }
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
@@ -149,16 +157,52 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	if r.err != nil {
 		return r.err
 	}
+	if r.shared != nil {
+		return r.relay1xxNoWait(code, h)
+	}
 	if !r.sentAccept {
 		r.sentAccept = true
 		r.bw.Write(acceptFrame)
 	}
-	r.bw.Write(appendHead(nil, 0))
-	fmt.Fprintf(r.bw, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
-	wrapPadded(http.Header(h), responseMoves).Write(r.bw)
-	r.bw.WriteString("\r\n")
+	writeInterim(r.bw, code, h)
 	r.err = r.bw.Flush()
 	return r.err
+}
+
+// writeInterim writes an interim response as the unix leg carries it.
+func writeInterim(w io.Writer, code int, h textproto.MIMEHeader) {
+	w.Write(appendHead(nil, 0))
+	fmt.Fprintf(w, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
+	wrapPadded(http.Header(h), responseMoves).Write(w)
+	io.WriteString(w, "\r\n")
+}
+
+// errPeerNotReading is a 1xx that the peer's stream had no room for.
+var errPeerNotReading = errors.New("proxy: peer not reading its interim responses")
+
+// relay1xxNoWait is relay1xx on a shared HTTP/2 read loop (r.mu held): one
+// write that takes what the socket has room for and never waits. Whatever
+// it could not write fails the exchange (the HTTP/2 client resets the
+// stream upstream, and the read loop goes on) and leaves the stream out of
+// step, which the serving goroutine then closes, writing nothing more.
+func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
+	if r.bw.Buffered() > 0 {
+		// Nothing is left in bw between two holders of mu (acceptBody
+		// flushes); written first if it ever were.
+		if err := r.bw.Flush(); err != nil {
+			return r.fail(err)
+		}
+	}
+	var b bytes.Buffer
+	if !r.sentAccept {
+		r.sentAccept = true
+		b.Write(acceptFrame)
+	}
+	writeInterim(&b, code, h)
+	if err := writeNoWait(r.shared, b.Bytes()); err != nil {
+		return r.fail(err)
+	}
+	return nil
 }
 
 // errPeerWrite marks a failure to write to the peer stream.

@@ -950,6 +950,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			ox.trace.Got100Continue = rl.relay100
 		}
 	}
+	if _, h1 := exec.(*ownerExec); !h1 {
+		rl.shared = nc
+	}
 	req = req.WithContext(ctx)
 	if chunked != nil {
 		chunked.req = req
@@ -985,6 +988,13 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	if err != nil {
 		s.watcher.remove(w)
 		accepted := rl.failBeforeAccept()
+		if rl.err != nil {
+			// A relayed 1xx did not go out whole: the peer is gone, or
+			// stopped reading (relay1xxNoWait). The stream is out of
+			// step, and an error frame would be read as part of a head.
+			s.log.Info("a sibling's exchange failed relaying an interim response; closing the stream", zap.Error(rl.err))
+			return false
+		}
 		var flags uint16
 		if IsRetrySafe(err) {
 			flags |= flagNothingSent

@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestH2StalledSiblingInterimKeepsSharedConn: a sibling's caller that reads
+// interim responses (Caddy's reverse proxy always does) and stops reading
+// its stream, while the upstream sends it a run of 103s, must not block the
+// read loop of the HTTP/2 connection that every exchange on it shares: the
+// owner's own request on that connection answers at once, the stalled
+// exchange fails, and its stream ends with no final response and no error
+// frame inside a head.
+func TestH2StalledSiblingInterimKeepsSharedConn(t *testing.T) {
+	up := newRawH2(t, func(s *rawStream) {
+		if s.path != "/flood" {
+			s.headers(false, ":status", "200", "content-length", "2")
+			s.data(true, []byte("ok"))
+			return
+		}
+		for range 5000 {
+			s.headers(false, ":status", "103", "link", "</style.css>; rel=preload; as=style")
+		}
+		s.headers(false, ":status", "200", "content-length", "2")
+		s.data(true, []byte("ok"))
+	})
+	owner, client := h2Pair(t, up.url)
+	key := mustKey(t, owner.tr, up.url)
+	sc := dialOwner(t, owner)
+	host := strings.TrimPrefix(up.url, "http://")
+	frame, err := appendRequestFrame(nil, siblingLease(t, client, key, 1), time.Now().Add(30*time.Second), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(sc, string(frame)+"GET /flood HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+	time.Sleep(300 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := getOK(owner, ctx, up.url+"/"); err != nil {
+		t.Fatalf("the owner's own GET on the shared HTTP/2 connection, while a sibling that reads nothing gets 103s: %v after %v",
+			err, time.Since(start).Round(time.Millisecond))
+	}
+	if s := owner.node.Stats(); s.Created != 1 {
+		t.Fatalf("the owner's GET went on a new connection (%+v): the test did not share one", s)
+	}
+
+	// The sibling reads now: the 103s that had room, then the end of the
+	// stream.
+	sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(sc)
+	if err != nil {
+		t.Fatalf("the stalled exchange's stream did not end: %v after %d bytes", err, len(got))
+	}
+	if n := bytes.Count(got, []byte("HTTP/1.1 103 ")); n == 0 || n >= 5000 {
+		t.Errorf("the stream carried %d of the 5000 103s: want some, and not all", n)
+	}
+	if bytes.Contains(got, []byte("HTTP/1.1 200 ")) {
+		t.Error("the stalled exchange's final response went out after the 103s it could not relay")
+	}
+}
