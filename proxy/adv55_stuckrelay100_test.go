@@ -18,8 +18,8 @@ import (
 // requests and other siblings', stalls until the stuck exchange's
 // deadline. A local hookless caller's x/net client never blocks its read
 // loop on a 100. The threat model: a silent peer costs a timer, not a
-// leased upstream connection. relay100 now relays the first 100 only, all
-// such a caller's writer waits for.
+// leased upstream connection. relay100 now relays every 100 with a write
+// that never waits (relay1xxNoWait): the stuck exchange fails instead.
 func TestAdv55H2Relay100StallsSharedConn(t *testing.T) {
 	up := newRawH2(t, func(s *rawStream) {
 		if s.path != "/flood" {

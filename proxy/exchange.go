@@ -526,27 +526,29 @@ func (x *exchange) readResponse() (*http.Response, error) {
 			}
 		}
 		code := resp.StatusCode
-		if code == http.StatusContinue && x.continueCh != nil {
-			if x.trace != nil && x.trace.Got100Continue != nil {
-				x.trace.Got100Continue()
-			}
-			x.continueCh <- true
-			x.continueCh = nil
+		if code < 100 || code > 199 || code == http.StatusSwitchingProtocols {
+			break
 		}
-		if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
-			if x.trace != nil && x.trace.Got1xxResponse != nil {
-				if err := x.trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
-					return nil, err
-				}
-				// The caller saw this 1xx and limits their number itself, as
-				// in net/http; otherwise all heads share one limit.
-				if req.Context().Value(interimShareLimit{}) == nil {
-					c.lr.n = maxHeader
-				}
-			}
-			continue
+		// net/http reports a 100 the request waits for before the 1xx
+		// hook; x/net's HTTP/2 client, whose heads a relay marks,
+		// reports every 100 after it.
+		h2 := hf&headProto2 != 0
+		if code == http.StatusContinue && !h2 {
+			x.got100(false)
 		}
-		break
+		if x.trace != nil && x.trace.Got1xxResponse != nil {
+			if err := x.trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
+				return nil, err
+			}
+			// The caller saw this 1xx and limits their number itself, as
+			// in net/http; otherwise all heads share one limit.
+			if req.Context().Value(interimShareLimit{}) == nil {
+				c.lr.n = maxHeader
+			}
+		}
+		if code == http.StatusContinue && h2 {
+			x.got100(true)
+		}
 	}
 	x.headDone.Store(true)
 	if t := x.headTimer.Load(); t != nil {
@@ -672,6 +674,22 @@ func (x *exchange) unread(err, cause error) error {
 	e := *pe
 	e.RetrySafe = true
 	return &e
+}
+
+// got100 reports a 100 Continue to the trace and lets the body writer go:
+// one the request waits for, or, with every, any (as x/net's HTTP/2 client
+// reports them).
+func (x *exchange) got100(every bool) {
+	if x.continueCh == nil && !every {
+		return
+	}
+	if x.trace != nil && x.trace.Got100Continue != nil {
+		x.trace.Got100Continue()
+	}
+	if x.continueCh != nil {
+		x.continueCh <- true
+		x.continueCh = nil
+	}
 }
 
 // readError classifies a failure to read a response head.

@@ -61,9 +61,6 @@ type relay struct {
 	// by one limit and fails, before the accept, as net/http would for
 	// such a caller.
 	continueOnly bool
-	// relayed100 is set once relay100 has relayed a 100: a caller that
-	// reads no interim responses waits for one at most.
-	relayed100 bool
 	// responseBegan is set when the exchange's first response byte came
 	// (GotFirstResponseByte), for the error frame of an exchange that then
 	// fails (flagResponseBegan).
@@ -125,16 +122,11 @@ func (r *relay) acceptBody() {
 
 // relay100 forwards a 100 Continue that an HTTP/2 client reports without
 // its fields (Got100Continue), for a caller that reads no interim responses:
-// the first only, which is all its writer waits for. The HTTP/2 client's
-// read loop calls it, and an upstream's run of 100s must not have it write
-// to a sibling that does not read. A failed write is the peer gone, which
+// its writer may wait for one, and its trace counts each, as x/net's does.
+// The client bounds such heads itself, to the byte, before they come here.
+// A failed write is the peer gone, or not reading (relay1xxNoWait), which
 // the exchange finds out.
-func (r *relay) relay100() {
-	if !r.relayed100 {
-		r.relayed100 = true
-		r.relay1xx(http.StatusContinue, nil)
-	}
-}
+func (r *relay) relay100() { r.relay1xx(http.StatusContinue, nil) }
 
 // firstByte records that the exchange's first response byte came.
 func (r *relay) firstByte() { r.responseBegan.Store(true) }
@@ -164,14 +156,14 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 		r.sentAccept = true
 		r.bw.Write(acceptFrame)
 	}
-	writeInterim(r.bw, code, h)
+	writeInterim(r.bw, 0, code, h)
 	r.err = r.bw.Flush()
 	return r.err
 }
 
 // writeInterim writes an interim response as the unix leg carries it.
-func writeInterim(w io.Writer, code int, h textproto.MIMEHeader) {
-	w.Write(appendHead(nil, 0))
+func writeInterim(w io.Writer, hf headFlags, code int, h textproto.MIMEHeader) {
+	w.Write(appendHead(nil, hf))
 	fmt.Fprintf(w, "HTTP/1.1 %03d %s\r\n", code, http.StatusText(code))
 	wrapPadded(http.Header(h), responseMoves).Write(w)
 	io.WriteString(w, "\r\n")
@@ -198,7 +190,8 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 		r.sentAccept = true
 		b.Write(acceptFrame)
 	}
-	writeInterim(&b, code, h)
+	// The head says HTTP/2, so the caller reports it in x/net's order.
+	writeInterim(&b, headProto2, code, h)
 	if err := writeNoWait(r.shared, b.Bytes()); err != nil {
 		return r.fail(err)
 	}
