@@ -45,7 +45,7 @@ func (s *rawStream) bigHeaders(end bool, pairs ...string) {
 // instant. Room is a property of the socket (about 208 KiB of skb memory,
 // wmem_default), not of the peer: a 103 whose head is larger than that can
 // never go out, however fast the sibling reads. The upstream here sends one
-// 103 with a 320 KiB Link header (well under every header limit in play:
+// 103 with a 2 MiB Link header (well under every header limit in play:
 // x/net's and the Transport's are 10 MiB), then a 200. Through x/net/http2
 // and the owner's local path the caller, whose Got1xxResponse hook (Caddy's
 // reverse proxy always sets one) returns at once, gets the 103 and the 200.
@@ -59,7 +59,7 @@ func (s *rawStream) bigHeaders(end bool, pairs ...string) {
 // reading". Smaller heads hit the same thing when a burst of 1xx outruns
 // the sibling's reader by one socket buffer (see the burst test).
 func TestAdv56LargeInterimToReadingSiblingFails(t *testing.T) {
-	link := "<" + strings.Repeat("a", 320<<10) + ">; rel=preload"
+	link := "<" + strings.Repeat("a", 2<<20) + ">; rel=preload"
 	up := newRawH2(t, func(s *rawStream) {
 		if s.path != "/big" {
 			s.headers(false, ":status", "200", "content-length", "2")
