@@ -233,7 +233,12 @@
 // unix leg chunked, with its length in the request frame, so that an HTTP/2
 // upstream gets both, as from a local exchange. Interim responses are
 // bounded as on HTTP/1.1: by the header limit, unless the caller sees them
-// through httptrace's Got1xxResponse and bounds them itself.
+// through httptrace's Got1xxResponse and bounds them itself. The owner
+// relays them from the read loop of an HTTP/2 connection, which the whole
+// fleet's exchanges on it share, so it never waits there for a sibling to
+// read: heads the stream has no room for queue, up to the header limit, and
+// go out behind it; a sibling that reads none of a longer flood fails that
+// exchange, told why in an error frame.
 // HTTP/2 field values may begin or end with spaces or tabs, which
 // HTTP/1.1's text trims: the fields that hold one cross the unix leg in a
 // field of its own (Orbit-Padded; one the client or the upstream sent under

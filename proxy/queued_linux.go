@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"net"
 	"syscall"
@@ -49,40 +50,40 @@ func peekQueued(nc net.Conn, buf []byte) (n int, ok bool, err error) {
 	return n, true, perr
 }
 
-// writeNoWait writes b to nc's socket in one non-blocking write: what the
-// socket has no room for is errPeerNotReading, and then some of b may have
-// gone.
-func writeNoWait(nc net.Conn, b []byte) error {
+// errWouldBlock is a write the socket had no room for.
+var errWouldBlock = errors.New("proxy: socket full")
+
+// writeNoWait writes b to nc's socket without waiting: it returns how much
+// went, and errWouldBlock if the socket had no room for the rest.
+func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
-		_, err := nc.Write(b)
-		return err
+		return nc.Write(b)
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var werr error
 	err = rc.Write(func(fd uintptr) bool {
-		for len(b) > 0 {
-			n, err := unix.Write(int(fd), b)
+		for n < len(b) {
+			k, err := unix.Write(int(fd), b[n:])
 			switch {
 			case err == unix.EINTR:
 				continue
 			case err == unix.EAGAIN:
-				werr = errPeerNotReading
+				werr = errWouldBlock
+				return true
 			case err != nil:
 				werr = err
-			}
-			if err != nil {
 				return true
 			}
-			b = b[n:]
+			n += k
 		}
 		return true
 	})
 	if err != nil {
-		return err
+		return n, err
 	}
-	return werr
+	return n, werr
 }

@@ -67,11 +67,20 @@ type relay struct {
 	responseBegan atomic.Bool
 	// shared is the peer's stream when relay1xx runs on the read loop of
 	// an HTTP/2 connection, which every exchange on that connection
-	// shares, across the fleet: a sibling that stops reading (its client
-	// stalled in its 1xx hook) must fail its own exchange, not block the
-	// others until its deadline. Over HTTP/1.1 the exchange's own
-	// goroutine relays, and waits for the peer as net/http's would.
+	// shares, across the fleet: the relay must not wait there for a
+	// sibling to read (its client may be stalled in its 1xx hook). Over
+	// HTTP/1.1 the exchange's own goroutine relays, and waits for the peer
+	// as net/http's would.
 	shared net.Conn
+	// pending holds, in order, the interim heads the stream had no room
+	// for, which a goroutine of their own writes out (flushing, until
+	// flushed is closed). It holds at most pendingLimit bytes (the header
+	// limit) of heads: a sibling that reads none of a flood fails that
+	// exchange, with an error frame in place of the next head.
+	pending      []byte
+	pendingLimit int64
+	flushing     bool
+	flushed      chan struct{}
 }
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
@@ -169,14 +178,16 @@ func writeInterim(w io.Writer, hf headFlags, code int, h textproto.MIMEHeader) {
 	io.WriteString(w, "\r\n")
 }
 
-// errPeerNotReading is a 1xx that the peer's stream had no room for.
-var errPeerNotReading = errors.New("proxy: peer not reading its interim responses")
+// errPeerNotReading is a 1xx over the relay's limit of heads the peer has
+// not read.
+var errPeerNotReading = errors.New("proxy: sibling not reading its interim responses")
 
-// relay1xxNoWait is relay1xx on a shared HTTP/2 read loop (r.mu held): one
-// write that takes what the socket has room for and never waits. Whatever
-// it could not write fails the exchange (the HTTP/2 client resets the
-// stream upstream, and the read loop goes on) and leaves the stream out of
-// step, which the serving goroutine then closes, writing nothing more.
+// relay1xxNoWait is relay1xx on a shared HTTP/2 read loop (r.mu held). The
+// head goes in one write that takes what the socket has room for, and
+// never waits: the rest, and the heads after it, are queued for flush.
+// Queued heads over the limit fail the exchange (the HTTP/2 client resets
+// its stream upstream, and the read loop goes on); whole heads are queued
+// or none, so the stream stays in step for the error frame.
 func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 	if r.bw.Buffered() > 0 {
 		// Nothing is left in bw between two holders of mu (acceptBody
@@ -186,16 +197,62 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 		}
 	}
 	var b bytes.Buffer
-	if !r.sentAccept {
-		r.sentAccept = true
+	accept := !r.sentAccept
+	if accept {
 		b.Write(acceptFrame)
 	}
 	// The head says HTTP/2, so the caller reports it in x/net's order.
 	writeInterim(&b, headProto2, code, h)
-	if err := writeNoWait(r.shared, b.Bytes()); err != nil {
+	if r.flushing {
+		if int64(len(r.pending)+b.Len()) > r.pendingLimit {
+			return errPeerNotReading
+		}
+		r.pending = append(r.pending, b.Bytes()...)
+		r.sentAccept = true
+		return nil
+	}
+	r.sentAccept = true
+	n, err := writeNoWait(r.shared, b.Bytes())
+	switch {
+	case errors.Is(err, errWouldBlock):
+		r.pending = b.Bytes()[n:]
+		r.flushing = true
+		r.flushed = make(chan struct{})
+		go r.flush()
+	case err != nil:
 		return r.fail(err)
 	}
 	return nil
+}
+
+// flush writes the queued heads out, waiting for the peer as long as the
+// exchange's watch allows: its expiry ends the write.
+func (r *relay) flush() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.pending) > 0 && r.err == nil {
+		b := r.pending
+		r.pending = nil
+		r.mu.Unlock()
+		_, err := r.shared.Write(b)
+		r.mu.Lock()
+		if err != nil {
+			r.fail(err)
+		}
+	}
+	r.pending, r.flushing = nil, false
+	close(r.flushed)
+}
+
+// settle waits until the queued heads are out, or failed to go, before the
+// serving goroutine writes what follows them.
+func (r *relay) settle() {
+	r.mu.Lock()
+	flushed := r.flushed
+	r.mu.Unlock()
+	if flushed != nil {
+		<-flushed
+	}
 }
 
 // errPeerWrite marks a failure to write to the peer stream.
@@ -216,6 +273,7 @@ func (r *relay) fail(err error) error {
 // client to restore what the upstream actually sent.
 func (r *relay) response(resp *http.Response, req *http.Request, nc net.Conn, br *bufio.Reader) bool {
 	defer resp.Body.Close()
+	r.settle()
 	if r.err != nil {
 		return false
 	}

@@ -951,7 +951,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		}
 	}
 	if _, h1 := exec.(*ownerExec); !h1 {
-		rl.shared = nc
+		rl.shared, rl.pendingLimit = nc, exec.maxHeaderBytes()
 	}
 	req = req.WithContext(ctx)
 	if chunked != nil {
@@ -986,12 +986,15 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	resp, err := exec.roundTrip(req, stopBody)
 	hopMark(hopUpstream)
 	if err != nil {
-		s.watcher.remove(w)
 		accepted := rl.failBeforeAccept()
+		// 1xx heads queued before the failure go first, until the
+		// watch's expiry at the latest.
+		rl.settle()
+		s.watcher.remove(w)
 		if rl.err != nil {
-			// A relayed 1xx did not go out whole: the peer is gone, or
-			// stopped reading (relay1xxNoWait). The stream is out of
-			// step, and an error frame would be read as part of a head.
+			// A relayed 1xx did not go out whole: the peer is gone or
+			// expired. The stream is out of step, and an error frame
+			// would be read as part of a head.
 			s.log.Info("a sibling's exchange failed relaying an interim response; closing the stream", zap.Error(rl.err))
 			return false
 		}
