@@ -197,18 +197,17 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 		}
 	}
 	var b bytes.Buffer
-	accept := !r.sentAccept
-	if accept {
+	if !r.sentAccept {
 		b.Write(acceptFrame)
 	}
 	// The head says HTTP/2, so the caller reports it in x/net's order.
 	writeInterim(&b, headProto2, code, h)
 	if r.flushing {
+		// The queue began with a head, and the accept before it.
 		if int64(len(r.pending)+b.Len()) > r.pendingLimit {
 			return errPeerNotReading
 		}
 		r.pending = append(r.pending, b.Bytes()...)
-		r.sentAccept = true
 		return nil
 	}
 	r.sentAccept = true
