@@ -74,10 +74,12 @@ type relay struct {
 	shared net.Conn
 	// pending holds, in order, the interim heads the stream had no room
 	// for, which a goroutine of their own writes out (flushing, until
-	// flushed is closed). It holds at most pendingLimit bytes (the header
-	// limit) of heads: a sibling that reads none of a flood fails that
-	// exchange, with an error frame in place of the next head.
+	// flushed is closed); inFlight is what that goroutine has taken of
+	// them and not yet written. The two hold at most pendingLimit bytes
+	// (the header limit) of heads: a sibling that reads none of a flood
+	// fails that exchange, with an error frame in place of the next head.
 	pending      []byte
+	inFlight     int
 	pendingLimit int64
 	flushing     bool
 	flushed      chan struct{}
@@ -204,7 +206,7 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 	writeInterim(&b, headProto2, code, h)
 	if r.flushing {
 		// The queue began with a head, and the accept before it.
-		if int64(len(r.pending)+b.Len()) > r.pendingLimit {
+		if int64(r.inFlight+len(r.pending)+b.Len()) > r.pendingLimit {
 			return errPeerNotReading
 		}
 		r.pending = append(r.pending, b.Bytes()...)
@@ -231,10 +233,11 @@ func (r *relay) flush() {
 	defer r.mu.Unlock()
 	for len(r.pending) > 0 && r.err == nil {
 		b := r.pending
-		r.pending = nil
+		r.pending, r.inFlight = nil, len(b)
 		r.mu.Unlock()
 		_, err := r.shared.Write(b)
 		r.mu.Lock()
+		r.inFlight = 0
 		if err != nil {
 			r.fail(err)
 		}
