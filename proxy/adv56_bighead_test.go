@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 )
 
 // bigHeaders writes a header block on s split into a HEADERS frame and
@@ -20,11 +19,7 @@ func (s *rawStream) bigHeaders(end bool, pairs ...string) {
 	c := s.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	c.hbuf.Reset()
-	for i := 0; i+1 < len(pairs); i += 2 {
-		c.henc.WriteField(hpack.HeaderField{Name: pairs[i], Value: pairs[i+1]})
-	}
-	block := c.hbuf.Bytes()
+	block := c.encode(pairs)
 	const max = 16 << 10
 	first := block
 	if len(first) > max {
@@ -39,26 +34,16 @@ func (s *rawStream) bigHeaders(end bool, pairs ...string) {
 	}
 }
 
-// TestAdv56LargeInterimToReadingSiblingFails: relay1xxNoWait writes the
-// accept and the whole interim head in ONE non-blocking write, and fails
-// the exchange for whatever the unix socket has no room for at that
-// instant. Room is a property of the socket (about 208 KiB of skb memory,
-// wmem_default), not of the peer: a 103 whose head is larger than that can
-// never go out, however fast the sibling reads. The upstream here sends one
-// 103 with a 2 MiB Link header (well under every header limit in play:
-// x/net's and the Transport's are 10 MiB), then a 200. Through x/net/http2
-// and the owner's local path the caller, whose Got1xxResponse hook (Caddy's
-// reverse proxy always sets one) returns at once, gets the 103 and the 200.
-// Through a sibling that is reading its stream the whole time, the request
-// fails: the owner resets the upstream stream and closes the unix stream.
-// The same head as a final response (a blocking write) would pass.
-//
-// Severity MED: a legitimate response, to a legitimate, reading sibling,
-// fails only because the connection is shared; the non-blocking write
-// confuses "the socket buffer is full right now" with "the peer stopped
-// reading". Smaller heads hit the same thing when a burst of 1xx outruns
-// the sibling's reader by one socket buffer (see the burst test).
-func TestAdv56LargeInterimToReadingSiblingFails(t *testing.T) {
+// TestAdv56LargeInterimReachesReadingSibling: a 103 whose head is larger
+// than the unix socket's buffer (about 208 KiB, wmem_default), one 2 MiB
+// Link header well under every header limit in play, then a 200: through a
+// sibling that reads its stream the whole time, the caller (whose
+// Got1xxResponse hook returns at once, as Caddy's does) gets both, as
+// through x/net/http2 and the owner's local path. The first no-wait relay
+// wrote each head in one non-blocking write and failed the exchange for
+// what the socket had no room for: it took a full socket buffer for a
+// stalled peer (MED).
+func TestAdv56LargeInterimReachesReadingSibling(t *testing.T) {
 	link := "<" + strings.Repeat("a", 2<<20) + ">; rel=preload"
 	up := newRawH2(t, func(s *rawStream) {
 		if s.path != "/big" {

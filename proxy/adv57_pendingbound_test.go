@@ -11,29 +11,15 @@ import (
 	"time"
 )
 
-// TestAdv57PendingHoldsTwiceTheLimit: relay.pending is documented to hold
-// "at most pendingLimit bytes (the header limit) of heads", but the check
-// in relay1xxNoWait only counts what is still in r.pending. flush takes the
-// whole queue out of r.pending (b := r.pending; r.pending = nil) before its
-// blocking Write, so while that Write waits on a sibling the queue is empty
-// again and the HTTP/2 read loop queues another full limit behind it. A
-// sibling that reads a little, then stalls (its caller's 1xx hook writing
-// to a slow client, which is the case the queue exists for), costs the
-// owner about twice the header limit (2 × 10 MiB with the default) of heads
-// per exchange, none of it counted by the governor; each drain and stall
-// cycle repeats it.
-//
-// Here, with a 4 MiB limit: the read loop queues heads until refused, the
-// sibling reads 1 MiB (letting the flusher take the queue), and the read
-// loop queues until refused again. Bytes accepted by relay1xx and not read
-// by the sibling, less a generous 1 MiB for what the unix socket itself
-// holds, is what the owner holds in memory: about 7 MiB, over the 4 MiB
-// limit.
-//
-// Severity LOW: the bound is still finite (2× the header limit, plus
-// append's slack), but the documented per-exchange bound and the "header
-// limit" reasoning behind it do not hold.
-func TestAdv57PendingHoldsTwiceTheLimit(t *testing.T) {
+// TestAdv57PendingBoundCountsInFlight: the relay holds at most the header
+// limit of 1xx heads the sibling has not read, counting those its flush
+// has taken for a blocked write. Without them the read loop refilled the
+// queue behind that write, to twice the limit (LOW). Here, with a 4 MiB
+// limit: the read loop queues heads until refused, the sibling reads
+// 1 MiB (letting the flush take the queue), and the read loop queues until
+// refused again; what relay1xx accepted and the sibling did not read, less
+// a generous 1 MiB for the socket itself, must be within the limit.
+func TestAdv57PendingBoundCountsInFlight(t *testing.T) {
 	const limit = 4 << 20
 	a, b := unixPair(t)
 	r := &relay{bw: bufio.NewWriter(a), shared: a, pendingLimit: limit}

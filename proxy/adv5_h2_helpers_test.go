@@ -232,11 +232,17 @@ func (s *rawStream) headers(end bool, pairs ...string) {
 	c := s.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.encode(pairs), EndHeaders: true, EndStream: end})
+}
+
+// encode returns the header block of pairs (name, value), valid until the
+// next call; c.wmu is held.
+func (c *rawConn) encode(pairs []string) []byte {
 	c.hbuf.Reset()
 	for i := 0; i+1 < len(pairs); i += 2 {
 		c.henc.WriteField(hpack.HeaderField{Name: pairs[i], Value: pairs[i+1]})
 	}
-	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: c.hbuf.Bytes(), EndHeaders: true, EndStream: end})
+	return c.hbuf.Bytes()
 }
 
 func (s *rawStream) data(end bool, p []byte) error {
