@@ -11,28 +11,17 @@ import (
 	"time"
 )
 
-// TestAdv57SlowSteadyInterimReaderFails: a sibling whose caller reads
-// every interim response, steadily, a little slower than the upstream
-// sends them (its Got1xxResponse hook takes 20 ms, as Caddy's does when it
-// forwards each 1xx to a slow client), fails through the owner where the
-// same caller succeeds on x/net/http2 and on the owner's local path. The
-// upstream sends 30 103s of ~60 KiB (each well under the 256 KiB header
-// limit), then a 200. x/net and the local path deliver all 30 and the 200
-// (the hook holds the read loop, and the upstream waits on TCP). Through
-// the sibling the owner's queue (relay1xxNoWait, bounded by the header
-// limit however steadily the sibling reads) overflows as soon as the
-// upstream is more than one socket buffer plus the limit ahead, and the
-// exchange fails with "sibling not reading its interim responses": the
-// relay cannot tell a slow reader from a stalled one, because the bound is
-// on bytes queued, not on progress.
-//
-// Severity LOW: the upstream's interim heads total several times the
-// header limit, which a reasonable upstream does not send, and the queue
-// must be bounded somehow; but it is the adv56 class again (a reading
-// sibling taken for a stalled one, only because the connection is shared),
-// and the outcome differs from net/http's HTTP/1.1 relay, which waits for
-// the sibling.
-func TestAdv57SlowSteadyInterimReaderFails(t *testing.T) {
+// TestAdv57SlowSteadyInterimReaderGetsEveryHead: a sibling whose caller
+// reads every interim response, steadily, a little slower than the
+// upstream sends them (its Got1xxResponse hook takes 20 ms, as Caddy's does
+// when it forwards each 1xx to a slow client), gets them all and the final
+// response, as on x/net/http2 and the owner's local path (where the hook
+// holds the read loop, and the upstream waits on TCP). The upstream sends
+// 30 103s of ~60 KiB, each under the 256 KiB header limit, then a 200.
+// With the queue bounded on bytes alone, the relay took the slow reader for
+// a stalled one and failed the exchange once the upstream was the limit
+// ahead (LOW): now a full queue waits for the sibling's progress.
+func TestAdv57SlowSteadyInterimReaderGetsEveryHead(t *testing.T) {
 	const limit = 256 << 10
 	const n = 30
 	link := "<" + strings.Repeat("a", 60<<10) + ">; rel=preload"

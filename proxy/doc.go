@@ -237,10 +237,10 @@
 // relays them from the read loop of an HTTP/2 connection, which the whole
 // fleet's exchanges on it share, so it never waits there for a sibling to
 // read: heads the stream has no room for queue, up to the header limit, and
-// go out behind it. A longer flood fails that exchange, told why in an
-// error frame, whether the sibling reads none of it or only reads it slower
-// than it comes (where the local path, whose hook runs on the read loop,
-// would hold the connection's other exchanges back instead).
+// go out behind it. With the queue full, the read loop waits for the
+// sibling to read some, as a slow hook would hold it on the local path; a
+// sibling that reads none for 250ms fails that exchange, told why in an
+// error frame.
 // HTTP/2 field values may begin or end with spaces or tabs, which
 // HTTP/1.1's text trims: the fields that hold one cross the unix leg in a
 // field of its own (Orbit-Padded; one the client or the upstream sent under

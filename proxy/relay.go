@@ -75,15 +75,24 @@ type relay struct {
 	// pending holds, in order, the interim heads the stream had no room
 	// for, which a goroutine of their own writes out (flushing, until
 	// flushed is closed); inFlight is what that goroutine has taken of
-	// them and not yet written. The two hold at most pendingLimit bytes
-	// (the header limit) of heads: a sibling that reads none of a flood
-	// fails that exchange, with an error frame in place of the next head.
+	// them and not yet written, and moved, if set, is closed when it
+	// writes some. The two hold at most pendingLimit bytes (the header
+	// limit) of heads (see roomFor).
 	pending      []byte
 	inFlight     int
 	pendingLimit int64
 	flushing     bool
 	flushed      chan struct{}
+	moved        chan struct{}
 }
+
+// interimStall is how long the read loop waits for a sibling to read some
+// of a full queue of interim heads before it fails that exchange.
+const interimStall = 250 * time.Millisecond
+
+// flushChunk is how much of the queue the flush writes at a time: the read
+// loop, waiting for room, sees the sibling's progress by chunk.
+const flushChunk = 32 << 10
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
 // the exchange has failed: the stream carries its error frame, and perhaps
@@ -180,16 +189,16 @@ func writeInterim(w io.Writer, hf headFlags, code int, h textproto.MIMEHeader) {
 	io.WriteString(w, "\r\n")
 }
 
-// errPeerNotReading is a 1xx over the relay's limit of heads the peer has
-// not read.
+// errPeerNotReading is a 1xx that found the relay's queue full, and the
+// peer reading none of it.
 var errPeerNotReading = errors.New("proxy: sibling not reading its interim responses")
 
 // relay1xxNoWait is relay1xx on a shared HTTP/2 read loop (r.mu held). The
 // head goes in one write that takes what the socket has room for, and
-// never waits: the rest, and the heads after it, are queued for flush.
-// Queued heads over the limit fail the exchange (the HTTP/2 client resets
-// its stream upstream, and the read loop goes on); whole heads are queued
-// or none, so the stream stays in step for the error frame.
+// never waits: the rest, and the heads after it, are queued for flush, up
+// to the limit (roomFor). A failed exchange is reset upstream by the HTTP/2
+// client, and the read loop goes on; whole heads are queued or none, so
+// the stream stays in step for the error frame.
 func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 	if r.bw.Buffered() > 0 {
 		// Nothing is left in bw between two holders of mu (acceptBody
@@ -205,10 +214,12 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 	// The head says HTTP/2, so the caller reports it in x/net's order.
 	writeInterim(&b, headProto2, code, h)
 	if r.flushing {
-		// The queue began with a head, and the accept before it.
-		if int64(r.inFlight+len(r.pending)+b.Len()) > r.pendingLimit {
-			return errPeerNotReading
+		if err := r.roomFor(b.Len()); err != nil {
+			return err
 		}
+	}
+	if r.flushing {
+		// The queue began with a head, and the accept before it.
 		r.pending = append(r.pending, b.Bytes()...)
 		return nil
 	}
@@ -226,6 +237,42 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 	return nil
 }
 
+// roomFor waits (r.mu held) until the queue has room for n more bytes, or
+// has gone out whole. A sibling that reads slower than the upstream sends
+// holds the read loop back, as its hook would on the local path; one that
+// reads nothing for interimStall fails the exchange, whole heads queued
+// before it, and the read loop goes on.
+func (r *relay) roomFor(n int) error {
+	var stall *time.Timer
+	for r.flushing && int64(r.inFlight+len(r.pending)+n) > r.pendingLimit {
+		if stall == nil {
+			stall = time.NewTimer(interimStall)
+			defer stall.Stop()
+		} else {
+			stall.Reset(interimStall)
+		}
+		if r.moved == nil {
+			r.moved = make(chan struct{})
+		}
+		moved := r.moved
+		r.mu.Unlock()
+		select {
+		case <-moved:
+			r.mu.Lock()
+		case <-stall.C:
+			r.mu.Lock()
+			return errPeerNotReading
+		}
+		if r.failed {
+			return errExchangeFailed
+		}
+		if r.err != nil {
+			return r.err
+		}
+	}
+	return nil
+}
+
 // flush writes the queued heads out, waiting for the peer as long as the
 // exchange's watch allows: its expiry ends the write.
 func (r *relay) flush() {
@@ -234,16 +281,30 @@ func (r *relay) flush() {
 	for len(r.pending) > 0 && r.err == nil {
 		b := r.pending
 		r.pending, r.inFlight = nil, len(b)
-		r.mu.Unlock()
-		_, err := r.shared.Write(b)
-		r.mu.Lock()
-		r.inFlight = 0
-		if err != nil {
-			r.fail(err)
+		for len(b) > 0 && r.err == nil {
+			chunk := b[:min(len(b), flushChunk)]
+			r.mu.Unlock()
+			_, err := r.shared.Write(chunk)
+			r.mu.Lock()
+			b = b[len(chunk):]
+			r.inFlight = len(b)
+			if err != nil {
+				r.fail(err)
+			}
+			r.wake()
 		}
 	}
-	r.pending, r.flushing = nil, false
+	r.pending, r.inFlight, r.flushing = nil, 0, false
+	r.wake()
 	close(r.flushed)
+}
+
+// wake tells a read loop waiting for room that the queue moved.
+func (r *relay) wake() {
+	if r.moved != nil {
+		close(r.moved)
+		r.moved = nil
+	}
 }
 
 // settle waits until the queued heads are out, or failed to go, before the

@@ -68,3 +68,61 @@ func TestH2StalledSiblingInterimKeepsSharedConn(t *testing.T) {
 		t.Errorf("the stream carried %d of the %d 103s before the final response", n, heads)
 	}
 }
+
+// TestH2StalledSiblingFullQueueFailsAlone: a sibling that reads none of a
+// flood longer than the header limit holds the shared read loop back at
+// most interimStall, once: the owner's own request on the connection
+// answers, and the stalled exchange fails, its stream ending with the
+// heads that were queued and an error frame that says why.
+func TestH2StalledSiblingFullQueueFailsAlone(t *testing.T) {
+	up := newRawH2(t, func(s *rawStream) {
+		if s.path != "/flood" {
+			s.headers(false, ":status", "200", "content-length", "2")
+			s.data(true, []byte("ok"))
+			return
+		}
+		for range 5000 {
+			s.headers(false, ":status", "103", "link", "</style.css>; rel=preload; as=style")
+		}
+		s.headers(false, ":status", "200", "content-length", "5")
+		s.data(true, []byte("final"))
+	})
+	owner, client := remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = 64 << 10 })
+	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
+		t.Fatal(err)
+	}
+	key := mustKey(t, owner.tr, up.url)
+	sc := dialOwner(t, owner)
+	host := strings.TrimPrefix(up.url, "http://")
+	frame, err := appendRequestFrame(nil, siblingLease(t, client, key, 1), time.Now().Add(30*time.Second), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(sc, string(frame)+"GET /flood HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+	time.Sleep(100 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := getOK(owner, ctx, up.url+"/"); err != nil {
+		t.Fatalf("the owner's own GET on the shared HTTP/2 connection: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the owner's own GET took %v: the read loop waited on the stalled sibling longer than interimStall (%v)", d.Round(time.Millisecond), interimStall)
+	}
+	if s := owner.node.Stats(); s.Created != 1 {
+		t.Fatalf("the owner's GET went on a new connection (%+v): the test did not share one", s)
+	}
+
+	sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(sc)
+	if err != nil {
+		t.Fatalf("the stalled exchange's stream did not end: %v after %d bytes", err, len(got))
+	}
+	if bytes.Contains(got, []byte("HTTP/1.1 200 ")) || bytes.Contains(got, []byte("final")) {
+		t.Error("the stalled exchange's final response went out after the heads it could not queue")
+	}
+	if !bytes.Contains(got, []byte(errPeerNotReading.Error())) {
+		t.Errorf("the stream (%d bytes, %d 103s) ended without an error frame saying %q", len(got), bytes.Count(got, []byte("HTTP/1.1 103 ")), errPeerNotReading)
+	}
+}
