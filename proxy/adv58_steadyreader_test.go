@@ -9,25 +9,15 @@ import (
 	"time"
 )
 
-// TestAdv58SteadyReaderBelowChunkRateFails: roomFor's doc (and doc.go)
-// say that only a sibling that reads *none* of a full queue for
-// interimStall fails the exchange, and that one reading slower than the
-// upstream sends holds the read loop back as a slow hook would on the local
-// path. But the read loop sees progress only when the flush's Write of a
-// whole 32 KiB chunk returns, and a blocked Write on a unix stream socket
-// is woken only once the peer has drained the send buffer to a quarter
-// (unix_writable: wmem*4 <= sndbuf, ~160 KiB with the default 208 KiB): a
-// sibling that reads steadily, 4 KiB every 20 ms (200 KiB/s, never a gap
-// near 250 ms), makes no visible progress for ~800 ms, and the exchange
-// fails with errPeerNotReading after ~155 of 350 heads. (4 KiB every 5 ms
-// passes; every 15 ms fails.) So the adv57 finding (b9309d7: a slow but
-// steady reader fails where x/net and the local path deliver every head)
-// is fixed only for siblings reading faster than ~600 KiB/s; a sibling
-// forwarding 1xx to an ordinary slow client falls well below that.
-// Severity LOW (as adv57's): the exchange fails with a clear error frame
-// and nothing is corrupted, but behaviour differs from x/net / the local
-// path and from what the code documents.
-func TestAdv58SteadyReaderBelowChunkRateFails(t *testing.T) {
+// TestAdv58SteadyReaderGetsEveryHead: a sibling that reads steadily, 4 KiB
+// every 20 ms (200 KiB/s, never a gap near interimStall), gets all 350
+// heads and the final response while the queue is full. When the read loop
+// saw progress only as a write of the flush returned, it saw none for
+// about 800 ms: a blocked write on a unix stream socket wakes only once the
+// peer has drained the send buffer to a quarter (about 160 KiB with the
+// default 208 KiB), and the exchange failed after about 155 heads (LOW).
+// It now also watches the socket's unsent bytes (SIOCOUTQ).
+func TestAdv58SteadyReaderGetsEveryHead(t *testing.T) {
 	const heads = 350
 	link := "<" + strings.Repeat("a", 1000) + ">; rel=preload"
 	up := newRawH2(t, func(s *rawStream) {

@@ -87,3 +87,21 @@ func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
 	}
 	return n, werr
 }
+
+// unsent reports how many bytes written to nc's socket its peer has not
+// read yet; ok is false for a conn that is not a socket.
+func unsent(nc net.Conn) (n int, ok bool) {
+	sc, isSock := nc.(syscall.Conn)
+	if !isSock {
+		return 0, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || ierr != nil {
+		return 0, false
+	}
+	return n, true
+}

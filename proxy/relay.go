@@ -75,9 +75,9 @@ type relay struct {
 	// pending holds, in order, the interim heads the stream had no room
 	// for, which a goroutine of their own writes out (flushing, until
 	// flushed is closed); inFlight is what that goroutine has taken of
-	// them and not yet written, and moved, if set, is closed when it
-	// writes some. The two hold at most pendingLimit bytes (the header
-	// limit) of heads (see roomFor).
+	// them and not yet written whole, and moved, if set, is closed when it
+	// has. The two hold at most pendingLimit bytes (the header limit) of
+	// heads (see roomFor).
 	pending      []byte
 	inFlight     int
 	pendingLimit int64
@@ -86,13 +86,15 @@ type relay struct {
 	moved        chan struct{}
 }
 
-// interimStall is how long the read loop waits for a sibling to read some
+// interimStall is how long the read loop waits for a sibling to read any
 // of a full queue of interim heads before it fails that exchange.
 const interimStall = 250 * time.Millisecond
 
-// flushChunk is how much of the queue the flush writes at a time: the read
-// loop, waiting for room, sees the sibling's progress by chunk.
-const flushChunk = 32 << 10
+// interimPoll is how often the read loop, waiting for room, looks at what
+// the sibling has read of the stream's socket: a blocked write returns
+// only once the reader has drained most of the socket's buffer, which a
+// slow reader takes longer than interimStall to do.
+const interimPoll = 10 * time.Millisecond
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
 // the exchange has failed: the stream carries its error frame, and perhaps
@@ -243,13 +245,13 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 // reads nothing for interimStall fails the exchange, whole heads queued
 // before it, and the read loop goes on.
 func (r *relay) roomFor(n int) error {
-	var stall *time.Timer
+	var tick *time.Ticker
+	stalled := time.Now() // since when the sibling read nothing
+	last, _ := unsent(r.shared)
 	for r.flushing && int64(r.inFlight+len(r.pending)+n) > r.pendingLimit {
-		if stall == nil {
-			stall = time.NewTimer(interimStall)
-			defer stall.Stop()
-		} else {
-			stall.Reset(interimStall)
+		if tick == nil {
+			tick = time.NewTicker(interimPoll)
+			defer tick.Stop()
 		}
 		if r.moved == nil {
 			r.moved = make(chan struct{})
@@ -258,43 +260,49 @@ func (r *relay) roomFor(n int) error {
 		r.mu.Unlock()
 		select {
 		case <-moved:
-			r.mu.Lock()
-		case <-stall.C:
-			r.mu.Lock()
-			return errPeerNotReading
+			stalled = time.Now()
+			last, _ = unsent(r.shared)
+		case <-tick.C:
+			if q, ok := unsent(r.shared); ok {
+				if q < last {
+					stalled = time.Now()
+				}
+				last = q
+			}
 		}
-		if r.failed {
+		r.mu.Lock()
+		switch {
+		case r.failed:
 			return errExchangeFailed
-		}
-		if r.err != nil {
+		case r.err != nil:
 			return r.err
+		case time.Since(stalled) >= interimStall:
+			return errPeerNotReading
 		}
 	}
 	return nil
 }
 
 // flush writes the queued heads out, waiting for the peer as long as the
-// exchange's watch allows: its expiry ends the write.
+// exchange's watch allows: its expiry ends the write. What it has taken
+// counts against the limit until it is all written, as its array lives
+// until then.
 func (r *relay) flush() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for len(r.pending) > 0 && r.err == nil {
 		b := r.pending
 		r.pending, r.inFlight = nil, len(b)
-		for len(b) > 0 && r.err == nil {
-			chunk := b[:min(len(b), flushChunk)]
-			r.mu.Unlock()
-			_, err := r.shared.Write(chunk)
-			r.mu.Lock()
-			b = b[len(chunk):]
-			r.inFlight = len(b)
-			if err != nil {
-				r.fail(err)
-			}
-			r.wake()
+		r.mu.Unlock()
+		_, err := r.shared.Write(b)
+		r.mu.Lock()
+		r.inFlight = 0
+		if err != nil {
+			r.fail(err)
 		}
+		r.wake()
 	}
-	r.pending, r.inFlight, r.flushing = nil, 0, false
+	r.pending, r.flushing = nil, false
 	r.wake()
 	close(r.flushed)
 }
