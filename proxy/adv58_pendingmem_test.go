@@ -16,8 +16,8 @@ import (
 
 // TestAdv58QueueMemoryWithinLimit: the queue of 1xx heads and what the
 // flush has taken of it hold at most the header limit, in live memory too.
-// Here a sibling reads at a moderate pace while the read loop keeps the
-// queue full; once it is, the live heap must have grown by well under
+// Here a sibling reads at a moderate pace while the queue is at least half
+// full (so that a slow read loop, under -race, keeps up); once it is, the live heap must have grown by well under
 // twice the limit. When the flush wrote by chunks and counted only what it
 // had not written of its batch, the read loop refilled the queue by as
 // much while the batch's whole array stayed alive: about twice the limit
@@ -45,11 +45,14 @@ func TestAdv58QueueMemoryWithinLimit(t *testing.T) {
 		}
 	}()
 	var read atomic.Int64
-	go func() { // the sibling: reads 256 KiB every 2 ms until paused
+	go func() { // the sibling: reads 256 KiB every 2 ms while the queue is half full, until paused
 		defer wg.Done()
 		buf := make([]byte, 256<<10)
 		for !stop.Load() {
-			if pause.Load() {
+			r.mu.Lock()
+			half := len(r.pending)+r.inFlight >= limit/2
+			r.mu.Unlock()
+			if pause.Load() || !half {
 				time.Sleep(time.Millisecond)
 				continue
 			}
