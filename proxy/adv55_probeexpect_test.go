@@ -26,21 +26,7 @@ import (
 // sibling answers in about 1ms. The trace tells the order: the head
 // (WroteHeaders) must come before the wait (Wait100Continue).
 func TestAdv55ProbedBodyExpectContinue(t *testing.T) {
-	up := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/" {
-			io.WriteString(w, "ok")
-			return
-		}
-		b, _ := io.ReadAll(r.Body)
-		io.WriteString(w, "got "+string(b))
-	})
-	owner, client := remotePair(t, func(tr *Transport) {
-		tr.H2C = true
-		tr.ExpectContinueTimeout = 2 * time.Second
-	})
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client, url := h2EchoPair(t, 2*time.Second)
 	outs := map[string]h2Outcome{}
 	var siblingOrder []string
 	for _, name := range []string{"owner", "sibling"} {
@@ -52,7 +38,7 @@ func TestAdv55ProbedBodyExpectContinue(t *testing.T) {
 		}
 		trace := &httptrace.ClientTrace{WroteHeaders: note("head"), Wait100Continue: note("wait100")}
 		ctx, cancel := context.WithTimeout(httptrace.WithClientTrace(context.Background(), trace), 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/probe", io.NopCloser(strings.NewReader("hello")))
+		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/probe", io.NopCloser(strings.NewReader("hello")))
 		req.Header.Set("Expect", "100-continue")
 		outs[name] = roundTripOutcome(rt, req)
 		cancel()

@@ -16,22 +16,8 @@ import (
 // the handler reads the body answers through a sibling as soon as it does
 // on the local path, not after the caller's ExpectContinueTimeout.
 func TestH2ExpectContinueKnownLengthThroughSibling(t *testing.T) {
-	up := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/" {
-			io.WriteString(w, "ok")
-			return
-		}
-		b, _ := io.ReadAll(r.Body)
-		io.WriteString(w, "got "+string(b))
-	})
 	const timeout = 3 * time.Second
-	owner, client := remotePair(t, func(tr *Transport) {
-		tr.H2C = true
-		tr.ExpectContinueTimeout = timeout
-	})
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
+	owner, client, url := h2EchoPair(t, timeout)
 	hooked := &httptrace.ClientTrace{Got1xxResponse: func(int, textproto.MIMEHeader) error { return nil }}
 	for _, c := range []struct {
 		name  string
@@ -47,7 +33,7 @@ func TestH2ExpectContinueKnownLengthThroughSibling(t *testing.T) {
 			ctx = httptrace.WithClientTrace(ctx, c.trace)
 			name += " (1xx hook)"
 		}
-		req, _ := http.NewRequestWithContext(ctx, "POST", up.url+"/post", strings.NewReader("hello"))
+		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/post", strings.NewReader("hello"))
 		req.Header.Set("Expect", "100-continue")
 		o := roundTripOutcome(rt, req)
 		cancel()
@@ -59,4 +45,27 @@ func TestH2ExpectContinueKnownLengthThroughSibling(t *testing.T) {
 	if s := client.node.Stats(); s.ReusedRemote == 0 {
 		t.Errorf("the sibling's request did not go through the owner: %+v", s)
 	}
+}
+
+// h2EchoPair starts an h2c upstream that answers "got " and the request
+// body (and "ok" at /), and an owner, with a connection to it, and a
+// sibling, both with ExpectContinueTimeout expect.
+func h2EchoPair(t *testing.T, expect time.Duration) (owner, client *member, url string) {
+	t.Helper()
+	up := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			io.WriteString(w, "ok")
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "got "+string(b))
+	})
+	owner, client = remotePair(t, func(tr *Transport) {
+		tr.H2C = true
+		tr.ExpectContinueTimeout = expect
+	})
+	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
+		t.Fatal(err)
+	}
+	return owner, client, up.url
 }

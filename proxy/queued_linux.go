@@ -16,12 +16,8 @@ import (
 // wants. A peer gone with nothing queued is io.ErrUnexpectedEOF. ok is
 // false for a conn that is not a socket.
 func peekQueued(nc net.Conn, buf []byte) (n int, ok bool, err error) {
-	sc, isSock := nc.(syscall.Conn)
-	if !isSock || len(buf) == 0 {
-		return 0, false, nil
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := socketOf(nc)
+	if rc == nil || len(buf) == 0 {
 		return 0, false, nil
 	}
 	var perr error
@@ -56,13 +52,9 @@ var errWouldBlock = errors.New("proxy: socket full")
 // writeNoWait writes b to nc's socket without waiting: it returns how much
 // went, and errWouldBlock if the socket had no room for the rest.
 func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
+	rc := socketOf(nc)
+	if rc == nil {
 		return nc.Write(b)
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return 0, err
 	}
 	var werr error
 	err = rc.Write(func(fd uintptr) bool {
@@ -91,12 +83,8 @@ func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
 // unsent reports how many bytes written to nc's socket its peer has not
 // read yet; ok is false for a conn that is not a socket.
 func unsent(nc net.Conn) (n int, ok bool) {
-	sc, isSock := nc.(syscall.Conn)
-	if !isSock {
-		return 0, false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := socketOf(nc)
+	if rc == nil {
 		return 0, false
 	}
 	var ierr error
@@ -104,4 +92,17 @@ func unsent(nc net.Conn) (n int, ok bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// socketOf is nc's socket, or nil for a conn that is not one.
+func socketOf(nc net.Conn) syscall.RawConn {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }

@@ -219,11 +219,11 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 		if err := r.roomFor(b.Len()); err != nil {
 			return err
 		}
-	}
-	if r.flushing {
-		// The queue began with a head, and the accept before it.
-		r.pending = append(r.pending, b.Bytes()...)
-		return nil
+		if r.flushing { // else it went out whole meanwhile
+			// The queue began with a head, and the accept before it.
+			r.pending = append(r.pending, b.Bytes()...)
+			return nil
+		}
 	}
 	r.sentAccept = true
 	n, err := writeNoWait(r.shared, b.Bytes())

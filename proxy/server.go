@@ -936,9 +936,13 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	ox.trace.Got1xxResponse = rl.relay1xx
 	ox.trace.GotFirstResponseByte = rl.firstByte
 	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
+	_, h1 := exec.(*ownerExec)
+	if !h1 {
+		rl.shared, rl.pendingLimit = nc, exec.maxHeaderBytes()
+	}
 	if f.flags&flagNoInterim != 0 {
 		rl.continueOnly = true
-		if _, h1 := exec.(*ownerExec); h1 {
+		if h1 {
 			ctx = context.WithValue(ctx, interimShareLimit{}, true)
 		} else {
 			// The HTTP/2 client bounds the interim heads of a caller
@@ -949,9 +953,6 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			ox.trace.Got1xxResponse = nil
 			ox.trace.Got100Continue = rl.relay100
 		}
-	}
-	if _, h1 := exec.(*ownerExec); !h1 {
-		rl.shared, rl.pendingLimit = nc, exec.maxHeaderBytes()
 	}
 	req = req.WithContext(ctx)
 	if chunked != nil {
