@@ -16,7 +16,7 @@ import (
 // 100-continue to an HTTP/2 upstream that reads the body without its client
 // ever seeing a 100 answers through a sibling as soon as it does on the
 // owner's local path and through x/net's own client, not after the caller's
-// ExpectContinueTimeout.
+// ExpectContinueTimeout, and reports as many waits for a 100 (none).
 //
 // The owner's HTTP/2 client (x/net, whose Transport has no t1 and so no
 // ExpectContinueTimeout) sends the body right after the head, whatever the
@@ -61,6 +61,7 @@ func TestAdv59H2ExpectWithoutRelayed100ThroughSibling(t *testing.T) {
 	}
 	ref := refH2C()
 	defer ref.CloseIdleConnections()
+	waitsOn := map[string]int32{}
 	for _, c := range []struct{ name, url, want string }{
 		{"net/http upstream sending 103 then reading", up.url + "/post", "got hello"},
 		{"upstream reading without a 100", raw.url + "/post", "got 5 bytes"},
@@ -76,6 +77,10 @@ func TestAdv59H2ExpectWithoutRelayed100ThroughSibling(t *testing.T) {
 			cancel()
 			t.Logf("%s, %s: %d %q %q after %v; Wait100Continue %d", c.name, path, o.status, o.body, o.err,
 				o.duration.Round(time.Millisecond), waits.Load())
+			waitsOn[path] = waits.Load()
+			if path != "x/net" && waitsOn[path] != waitsOn["x/net"] {
+				t.Errorf("%s, %s: Wait100Continue fired %d times, x/net's client %d times", c.name, path, waitsOn[path], waitsOn["x/net"])
+			}
 			if o.status != 200 || o.body != c.want || o.duration >= timeout/2 {
 				t.Errorf("%s, %s: status %d body %q error %q after %v; want 200 %q well before the %v ExpectContinueTimeout, as on the owner's local path",
 					c.name, path, o.status, o.body, o.err, o.duration.Round(time.Millisecond), c.want, timeout)

@@ -146,7 +146,18 @@ type remoteOpts struct {
 func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, h2 bool, onDone func()) (*http.Response, error) {
 	hopMark(hopStart)
 	ctx := req.Context()
-	if o.expectContinueTimeout == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
+	ect := o.expectContinueTimeout
+	if h2 {
+		// x/net's client, which runs the owner's exchange, waits for no
+		// 100 over HTTP/2 (its Transport has no t1): it sends the body
+		// after the head, and so does the local path. The owner's accept
+		// already says when its writer wants the body; a wait for a
+		// relayed 100 on top would last the whole timeout whenever the
+		// upstream reads the body without one (net/http's server sends
+		// none once a 103 has gone out).
+		ect = 0
+	}
+	if ect == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
 		// With no wait for the upstream's 100, a local exchange starts
 		// reading the body at once, as net/http's does, and a server
 		// reading that body tells its client to continue at once. Here
@@ -186,7 +197,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 	rx.opts = exchangeOpts{
 		bufs:                  bufs,
 		maxHeaderBytes:        o.maxHeaderBytes,
-		expectContinueTimeout: o.expectContinueTimeout,
+		expectContinueTimeout: ect,
 		responseHeaderTimeout: o.responseHeaderTimeout,
 		leg:                   lg,
 		log:                   p.log,
