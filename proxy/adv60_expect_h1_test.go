@@ -71,11 +71,11 @@ func (r *adv60Trace) context(ctx context.Context) context.Context {
 // and twice both on the local path (owner.tr) and through a sibling
 // (client.tr).
 //
-// Since Go 1.26, Request.Write itself reports WroteRequest (a deferred call
-// in net/http's Request.write), and net/http's Transport no longer does;
-// the exchange's writeRequest (proxy/exchange.go:338-339) reports it again
-// after r.Write returns. Nothing about the request needs Expect for this:
-// every traced request with WroteRequest is reported twice.
+// Request.Write itself reports WroteRequest (a deferred call in net/http's
+// Request.write), which net/http's Transport relies on; the exchange's
+// writeRequest reported it again after r.Write returned. Nothing about the
+// request needed Expect for this: every traced request with WroteRequest
+// was reported twice.
 func TestAdv60ExpectWroteRequestOnce(t *testing.T) {
 	const ect = 2 * time.Second
 	url := adv60Upstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {

@@ -111,6 +111,10 @@ type exchange struct {
 	// up: Request.Write's error then says only that the body failed (it
 	// does not wrap the gate's error in a way errors.Is sees).
 	skipped atomic.Bool
+	// declined is set when continueBody gave the body up for a final
+	// response that closes the connection: the request was written as
+	// net/http writes it then, with no error.
+	declined atomic.Bool
 
 	// writeDone is closed when the request writer has stopped: until then
 	// it reads the request body and writes the conn, and nothing else may.
@@ -331,14 +335,33 @@ func (x *exchange) writeRequest(r *http.Request) error {
 		}
 		r = wrapRequest(r)
 	}
+	if x.contRecv != nil && x.trace != nil && x.trace.WroteRequest != nil {
+		r = x.declineWithoutError(r)
+	}
+	// Request.Write reports WroteRequest itself, as net/http's Transport
+	// relies on it to.
 	err := r.Write(c.bw)
 	if err == nil {
 		err = c.bw.Flush()
 	}
-	if x.trace != nil && x.trace.WroteRequest != nil {
-		x.trace.WroteRequest(httptrace.WroteRequestInfo{Err: err})
-	}
 	return err
+}
+
+// declineWithoutError returns r with a trace whose WroteRequest reports no
+// error for a body continueBody declined to send: net/http's Request.write
+// returns nil when its waitForContinue says not to send the body, where
+// Request.Write here sees the gate's error. Request.write reads nothing
+// else from the request's context.
+func (x *exchange) declineWithoutError(r *http.Request) *http.Request {
+	t := *x.trace
+	report := t.WroteRequest
+	t.WroteRequest = func(i httptrace.WroteRequestInfo) {
+		if x.declined.Load() {
+			i.Err = nil
+		}
+		report(i)
+	}
+	return r.WithContext(httptrace.WithClientTrace(context.Background(), &t))
 }
 
 // writeLoop writes a request that has a body, concurrently with reading the
@@ -903,6 +926,7 @@ func (b *continueBody) Read(p []byte) (int, error) {
 		case send := <-x.contRecv:
 			if !send {
 				x.skipped.Store(true)
+				x.declined.Store(true)
 				return 0, errSkipBody
 			}
 		case <-t.C:

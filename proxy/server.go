@@ -1040,6 +1040,16 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	rl.reqDone = reqDone.isDone
 	ok := rl.response(resp, req, nc, br)
 	hopMark(hopRelay)
+	if ok && !rl.keepStream {
+		// A final response before the body, on a connection the upstream
+		// keeps open (417 to an Expect, a 401): the writer sends the
+		// body after it, as net/http's does, and the peer sends it on
+		// the head. The stream ends, as the head told the peer, but not
+		// before the writer has had the time net/http gives it
+		// (maxWriteWait) to send the body, which keeps the upstream
+		// connection.
+		reqDone.settle(maxWriteWait)
+	}
 	s.watcher.remove(w)
 	if rl.spliced {
 		s.spliced.Add(1)

@@ -156,9 +156,11 @@ type bodyDone struct {
 	io.ReadCloser
 	onFirstRead func() // run before the first Read, then cleared
 
-	mu    sync.Mutex
-	done  bool
-	onEOF func()
+	mu     sync.Mutex
+	done   bool
+	closed bool
+	onEOF  func()
+	over   chan struct{} // if set, closed once done or closed
 }
 
 func (b *bodyDone) Read(p []byte) (int, error) {
@@ -171,6 +173,7 @@ func (b *bodyDone) Read(p []byte) (int, error) {
 		b.mu.Lock()
 		first := !b.done
 		b.done = true
+		b.ended()
 		fn := b.onEOF
 		b.mu.Unlock()
 		if first && fn != nil {
@@ -180,6 +183,35 @@ func (b *bodyDone) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// ended wakes a settle (b.mu held).
+func (b *bodyDone) ended() {
+	if b.over != nil {
+		close(b.over)
+		b.over = nil
+	}
+}
+
+// settle waits up to d for the writer to be done with the body: at its end,
+// or when it closes it (Request.Write always does).
+func (b *bodyDone) settle(d time.Duration) {
+	b.mu.Lock()
+	if b.done || b.closed {
+		b.mu.Unlock()
+		return
+	}
+	if b.over == nil {
+		b.over = make(chan struct{})
+	}
+	over := b.over
+	b.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-over:
+	case <-t.C:
+	}
+}
+
 func (b *bodyDone) isDone() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -187,4 +219,10 @@ func (b *bodyDone) isDone() bool {
 }
 
 // Close does not close the peer stream: the request body is a window on it.
-func (b *bodyDone) Close() error { return nil }
+func (b *bodyDone) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.ended()
+	b.mu.Unlock()
+	return nil
+}
