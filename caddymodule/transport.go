@@ -82,6 +82,8 @@ type Transport struct {
 	// an upstream that refuses it (417) then reaches the client only once
 	// the client sends its body anyway, at its own expect timeout: Go's
 	// server drains an unread, wrapped request body before it answers.
+	// It applies to HTTP/1.1 upstreams: over HTTP/2 the body goes at once,
+	// as x/net's client sends it, through a sibling too.
 	ExpectContinueTimeout caddy.Duration `json:"expect_continue_timeout,omitempty"`
 
 	// MaxResponseHeaderSize is the most bytes of response header read from
