@@ -14,27 +14,6 @@ import (
 	"time"
 )
 
-// adv60Upstream is a raw HTTP/1.1 upstream on 127.0.0.1: each request on a
-// connection is answered by answer, which may write any bytes; the
-// connection closes when answer returns false.
-func adv60Upstream(t *testing.T, answer func(c net.Conn, br *bufio.Reader, req *http.Request) bool) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveConns(t, ln, func(c net.Conn, id int) {
-		br := bufio.NewReader(c)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil || !answer(c, br, req) {
-				return
-			}
-		}
-	})
-	return "http://" + ln.Addr().String()
-}
-
 // adv60Trace records the request-side trace events of an exchange, in
 // order.
 type adv60Trace struct {
@@ -78,7 +57,7 @@ func (r *adv60Trace) context(ctx context.Context) context.Context {
 // was reported twice.
 func TestAdv60ExpectWroteRequestOnce(t *testing.T) {
 	const ect = 2 * time.Second
-	url := adv60Upstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+	url := rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		if req.Method == "PUT" {
 			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
 		}
@@ -96,21 +75,8 @@ func TestAdv60ExpectWroteRequestOnce(t *testing.T) {
 	warm(t, owner, url+"/")
 
 	run := func(rt http.RoundTripper) (string, string) {
-		var tr adv60Trace
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(tr.context(ctx), "PUT", url+"/put", strings.NewReader("hello"))
-		req.Header.Set("Expect", "100-continue")
-		resp, err := rt.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b), tr.String()
+		_, b, trace := adv60Put(t, rt, url)
+		return b, trace
 	}
 	wantBody, want := run(ref)
 	if wantBody != "got hello" || strings.Count(want, "WroteRequest") != 1 || !strings.Contains(want, "Got100Continue") {
@@ -273,7 +239,7 @@ func TestAdv60ExpectRefusedKeepAliveReusedThroughSibling(t *testing.T) {
 // trace as a failed write, and writeRequest (proxy/exchange.go:338-339) again.
 func TestAdv60ExpectSkippedBodyWroteRequestNoError(t *testing.T) {
 	const ect = 2 * time.Second
-	url := adv60Upstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+	url := rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		if req.Method != "PUT" {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			return true
@@ -287,23 +253,8 @@ func TestAdv60ExpectSkippedBodyWroteRequestNoError(t *testing.T) {
 	warm(t, owner, url+"/")
 
 	run := func(rt http.RoundTripper) (string, string) {
-		var tr adv60Trace
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(tr.context(ctx), "PUT", url+"/put", strings.NewReader("hello"))
-		req.Header.Set("Expect", "100-continue")
-		resp, err := rt.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The writer reports after the response; give it time.
-		time.Sleep(100 * time.Millisecond)
-		return fmt.Sprintf("%d %s", resp.StatusCode, b), tr.String()
+		code, b, trace := adv60Put(t, rt, url)
+		return fmt.Sprintf("%d %s", code, b), trace
 	}
 	want, wantTrace := run(ref)
 	if want != "417 no" || wantTrace != "WroteHeaders Wait100Continue WroteRequest(err=<nil>)" {
@@ -321,4 +272,27 @@ func TestAdv60ExpectSkippedBodyWroteRequestNoError(t *testing.T) {
 			t.Errorf("%s: WroteRequest reports an error for a body net/http skips without one:\n got  %s\n want %s", p.name, trace, wantTrace)
 		}
 	}
+}
+
+// adv60Put sends url's upstream a traced PUT of "hello" with Expect:
+// 100-continue, and returns the status, the body and, once the writer has
+// had time to report after the response, the trace.
+func adv60Put(t *testing.T, rt http.RoundTripper, url string) (int, string, string) {
+	t.Helper()
+	var tr adv60Trace
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(tr.context(ctx), "PUT", url+"/put", strings.NewReader("hello"))
+	req.Header.Set("Expect", "100-continue")
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	return resp.StatusCode, string(b), tr.String()
 }
