@@ -69,26 +69,15 @@ func TestAdv60ExpectWroteRequestOnce(t *testing.T) {
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(s), s)
 		return true
 	})
-	ref := &http.Transport{ExpectContinueTimeout: ect}
-	t.Cleanup(ref.CloseIdleConnections)
-	owner, client := remotePair(t, func(tr *Transport) { tr.ExpectContinueTimeout = ect })
-	warm(t, owner, url+"/")
-
-	run := func(rt http.RoundTripper) (string, string) {
-		_, b, trace := adv60Put(t, rt, url)
-		return b, trace
+	ref, paths := adv60Paths(t, url, ect)
+	wantBody, want := adv60Put(t, ref, url)
+	if wantBody != "200 got hello" || strings.Count(want, "WroteRequest") != 1 || !strings.Contains(want, "Got100Continue") {
+		t.Fatalf("net/http: answer %q, trace %s", wantBody, want)
 	}
-	wantBody, want := run(ref)
-	if wantBody != "got hello" || strings.Count(want, "WroteRequest") != 1 || !strings.Contains(want, "Got100Continue") {
-		t.Fatalf("net/http: body %q, trace %s", wantBody, want)
-	}
-	for _, p := range []struct {
-		name string
-		rt   http.RoundTripper
-	}{{"owner (local)", owner.tr}, {"sibling", client.tr}} {
-		body, got := run(p.rt)
+	for _, p := range paths {
+		body, got := adv60Put(t, p.rt, url)
 		if body != wantBody {
-			t.Errorf("%s: body %q, want %q", p.name, body, wantBody)
+			t.Errorf("%s: answer %q, want %q", p.name, body, wantBody)
 		}
 		if n := strings.Count(got, "WroteRequest"); n != 1 {
 			t.Errorf("%s: WroteRequest reported %d times, net/http once:\n got  %s\n want %s", p.name, n, got, want)
@@ -155,29 +144,17 @@ func TestAdv60ExpectRefusedKeepAliveReusedThroughSibling(t *testing.T) {
 		return conns
 	}
 	exchange := func(rt http.RoundTripper) (string, string) {
-		var tr adv60Trace
+		// adv60Put leaves the body time to go out after the answer.
+		answer, trace := adv60Put(t, rt, url)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		req, _ := http.NewRequestWithContext(tr.context(ctx), "PUT", url+"/put", strings.NewReader("hello"))
-		req.Header.Set("Expect", "100-continue")
-		resp, err := rt.RoundTrip(req)
-		if err != nil {
-			t.Fatalf("PUT: %v", err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("PUT body: %v", err)
-		}
-		// Let the body go out after the answer, and the connection settle.
-		time.Sleep(100 * time.Millisecond)
 		greq, _ := http.NewRequestWithContext(ctx, "GET", url+"/get", nil)
 		gresp, err := rt.RoundTrip(greq)
 		if err != nil {
 			t.Fatalf("GET: %v", err)
 		}
 		drain(gresp)
-		return fmt.Sprintf("%d %s", resp.StatusCode, b), tr.String()
+		return answer, trace
 	}
 
 	ref := &http.Transport{ExpectContinueTimeout: ect}
@@ -247,24 +224,13 @@ func TestAdv60ExpectSkippedBodyWroteRequestNoError(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
 		return false
 	})
-	ref := &http.Transport{ExpectContinueTimeout: ect}
-	t.Cleanup(ref.CloseIdleConnections)
-	owner, client := remotePair(t, func(tr *Transport) { tr.ExpectContinueTimeout = ect })
-	warm(t, owner, url+"/")
-
-	run := func(rt http.RoundTripper) (string, string) {
-		code, b, trace := adv60Put(t, rt, url)
-		return fmt.Sprintf("%d %s", code, b), trace
-	}
-	want, wantTrace := run(ref)
+	ref, paths := adv60Paths(t, url, ect)
+	want, wantTrace := adv60Put(t, ref, url)
 	if want != "417 no" || wantTrace != "WroteHeaders Wait100Continue WroteRequest(err=<nil>)" {
 		t.Fatalf("net/http: %q, trace %s", want, wantTrace)
 	}
-	for _, p := range []struct {
-		name string
-		rt   http.RoundTripper
-	}{{"owner (local)", owner.tr}, {"sibling", client.tr}} {
-		got, trace := run(p.rt)
+	for _, p := range paths {
+		got, trace := adv60Put(t, p.rt, url)
 		if got != want {
 			t.Errorf("%s: %q, want %q", p.name, got, want)
 		}
@@ -274,10 +240,27 @@ func TestAdv60ExpectSkippedBodyWroteRequestNoError(t *testing.T) {
 	}
 }
 
+// adv60Paths returns net/http's Transport and orbit's two paths (an owner's
+// local one and its sibling's), all with ExpectContinueTimeout ect, the
+// owner holding a connection to url.
+func adv60Paths(t *testing.T, url string, ect time.Duration) (*http.Transport, []adv60Path) {
+	t.Helper()
+	ref := &http.Transport{ExpectContinueTimeout: ect}
+	t.Cleanup(ref.CloseIdleConnections)
+	owner, client := remotePair(t, func(tr *Transport) { tr.ExpectContinueTimeout = ect })
+	warm(t, owner, url+"/")
+	return ref, []adv60Path{{"owner (local)", owner.tr}, {"sibling", client.tr}}
+}
+
+type adv60Path struct {
+	name string
+	rt   http.RoundTripper
+}
+
 // adv60Put sends url's upstream a traced PUT of "hello" with Expect:
-// 100-continue, and returns the status, the body and, once the writer has
-// had time to report after the response, the trace.
-func adv60Put(t *testing.T, rt http.RoundTripper, url string) (int, string, string) {
+// 100-continue, and returns the answer ("status body") and, once the
+// writer has had time to report after the response, the trace.
+func adv60Put(t *testing.T, rt http.RoundTripper, url string) (answer, trace string) {
 	t.Helper()
 	var tr adv60Trace
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -294,5 +277,5 @@ func adv60Put(t *testing.T, rt http.RoundTripper, url string) (int, string, stri
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	return resp.StatusCode, string(b), tr.String()
+	return fmt.Sprintf("%d %s", resp.StatusCode, b), tr.String()
 }
