@@ -23,6 +23,7 @@ type bgReader struct {
 	hasByte bool
 	b       [1]byte
 	gone    bool
+	halted  bool // see halt
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
@@ -70,8 +71,9 @@ func (r *bgReader) startBackgroundRead(onGone func()) {
 	}()
 }
 
-// abortPendingRead ends the watch and waits for its goroutine.
-func (r *bgReader) abortPendingRead() {
+// abortPendingRead ends the watch, waits for its goroutine, and gives the
+// stream back the read deadline restore, unless halt came first.
+func (r *bgReader) abortPendingRead(restore time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.inRead {
@@ -83,7 +85,20 @@ func (r *bgReader) abortPendingRead() {
 		r.cond.Wait()
 	}
 	r.aborted = false
-	r.nc.SetReadDeadline(time.Time{})
+	if !r.halted {
+		r.nc.SetReadDeadline(restore)
+	}
+}
+
+// halt ends every read of the stream for good, a pending one included: an
+// exchange that failed may leave its writer waiting for more of the body,
+// and the stream, out of step then, is to be closed. An abortPendingRead
+// racing with it does not undo it.
+func (r *bgReader) halt() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.halted = true
+	r.nc.SetReadDeadline(aLongTimeAgo)
 }
 
 func (r *bgReader) peerGone() bool {

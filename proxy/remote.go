@@ -162,8 +162,11 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		// reading the body at once, as net/http's does, and a server
 		// reading that body tells its client to continue at once. Here
 		// the body waits for the owner's accept; an empty read now still
-		// tells the client, whatever the upstream answers.
-		req.Body.Read(nil)
+		// tells the client, whatever the upstream answers. Transport
+		// gives every body as a trackBody.
+		if tb, ok := req.Body.(*trackBody); ok {
+			tb.nudge()
+		}
 	}
 	orig := req
 	req, withHead := withBodyAhead(req)

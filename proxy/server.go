@@ -920,7 +920,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		req.TransferEncoding = nil
 	}
 	reqDone := &ox.body
-	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, rl.acceptBody
+	reqDone.ReadCloser, reqDone.onFirstRead = req.Body, ox.wantBody
 	if ahead != nil {
 		// Sent with the head, read, and written with it upstream. The
 		// caller does not wait for the accept, which goes with the
@@ -959,10 +959,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		chunked.req = req
 	}
 
-	if reqDone.done {
-		w.bodyDone()
-	} else {
-		reqDone.onEOF = w.bodyDone
+	w.peerQuiet()
+	if !reqDone.done {
+		reqDone.onEOF = w.peerQuiet
 	}
 	s.watcher.add(w)
 	defer s.watcher.remove(w)
@@ -974,7 +973,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	// instead, which then takes the peer for gone.
 	stopBody := func() {
 		if !reqDone.isDone() {
-			nc.SetReadDeadline(aLongTimeAgo)
+			cr.halt()
 		}
 	}
 	if !s.exchanging(nc, true) {
@@ -1064,6 +1063,13 @@ type ownerExchange struct {
 	rl    relay
 	body  bodyDone
 	trace httptrace.ClientTrace
+}
+
+// wantBody is the exchange's first read of the peer's body: the watch's
+// read stops, and the peer is told to send.
+func (ox *ownerExchange) wantBody() {
+	ox.w.bodyWanted()
+	ox.rl.acceptBody()
 }
 
 // ownerDeadlineGrace is how long after the caller's deadline the owner gives

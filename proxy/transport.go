@@ -818,6 +818,9 @@ type trackBody struct {
 	off   int
 	whole bool
 	tried bool // readAhead ran: it never reads a second time
+	// nudged is closed once the zero-length read nudge started has
+	// returned; reads of rc wait for it.
+	nudged chan struct{}
 
 	mu      sync.Mutex
 	pending bool // an attempt closed the body without reading it
@@ -842,7 +845,28 @@ func (b *trackBody) Read(p []byte) (int, error) {
 	if b.whole {
 		return 0, io.EOF
 	}
+	if b.nudged != nil {
+		<-b.nudged
+	}
 	return b.read(p)
+}
+
+// nudge makes, once, the zero-length read that tells a client waiting on
+// Expect: 100-continue to send its body, on a goroutine of its own: a body
+// whose data comes only once the client has the response (a pipe, an HTTP/2
+// stream) blocks in it until then, and the exchange must go on meanwhile.
+// A body takes one Read at a time, so Read waits for it; closing rc ends it
+// on such bodies.
+func (b *trackBody) nudge() {
+	if b.nudged != nil || b.whole {
+		return
+	}
+	done := make(chan struct{})
+	b.nudged = done
+	go func() {
+		defer close(done)
+		b.read(nil)
+	}()
 }
 
 // read is rc's Read with a panic turned into its error, logged once with its

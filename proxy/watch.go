@@ -17,11 +17,12 @@ const watchDelay = 2 * time.Millisecond
 // watch before it exits.
 const watchIdleExit = 100 * time.Millisecond
 
-// watch runs the background read of one exchange once the request has been
-// read whole (before that the peer is still sending) and watchDelay has
-// passed. Once the peer has nothing left to send until the response is over,
-// a read that returns means the peer has gone: the exchange is cancelled and
-// the upstream connection torn down rather than held. It also cancels the
+// watch runs the background read of one exchange once watchDelay has passed,
+// while the peer has nothing to send until the response is over: before the
+// exchange wants the request body (the peer waits for the accept to send it;
+// an upstream's 100 may be long in coming) and once it has read it whole.
+// A read that returns then means the peer has gone: the exchange is
+// cancelled and the upstream connection torn down rather than held. It also cancels the
 // exchange at its deadline (plus grace): the owner's backstop for a caller
 // that can no longer say it has given up. That also ends a write to the
 // stream blocked on a peer that stopped reading (nc's write deadline), which
@@ -34,8 +35,8 @@ type watch struct {
 	start    time.Time
 	deadline time.Time // zero: none
 
-	mu                                sync.Mutex
-	body, fired, stopped, on, expired bool
+	mu                                 sync.Mutex
+	quiet, fired, stopped, on, expired bool
 }
 
 // expire ends the exchange at its deadline, unless the watch has stopped:
@@ -61,14 +62,28 @@ func (w *watch) hasExpired() bool {
 	return w.expired
 }
 
-func (w *watch) fire()     { w.set(&w.fired) }
-func (w *watch) bodyDone() { w.set(&w.body) }
+func (w *watch) fire()      { w.set(&w.fired) }
+func (w *watch) peerQuiet() { w.set(&w.quiet) }
+
+// bodyWanted stops the read until the body's end (peerQuiet): the peer is
+// about to send the body, and the read would take its first byte (which
+// the stream keeps for the body; see bgReader).
+func (w *watch) bodyWanted() {
+	w.mu.Lock()
+	w.quiet = false
+	on := w.on
+	w.on = false
+	w.mu.Unlock()
+	if on {
+		w.cr.abortPendingRead(w.deadline)
+	}
+}
 
 func (w *watch) set(flag *bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	*flag = true
-	if w.body && w.fired && !w.stopped && !w.on {
+	if w.quiet && w.fired && !w.stopped && !w.on {
 		w.on = true
 		w.cr.startBackgroundRead(w.cancel)
 	}
@@ -81,7 +96,7 @@ func (w *watch) stop() {
 	on := w.on
 	w.mu.Unlock()
 	if on {
-		w.cr.abortPendingRead()
+		w.cr.abortPendingRead(time.Time{})
 	}
 }
 

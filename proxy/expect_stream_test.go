@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A request with Expect: 100-continue whose body the client writes only
+// once it has the response (a two-way stream) must get that response through
+// a sibling as it does on the owner's own path. The zero-length read that
+// tells such a client to continue blocks on its body until data comes, so it
+// cannot be made on the goroutine that waits for the response.
+func TestExpectStreamedBodyAfterResponseThroughSibling(t *testing.T) {
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			io.WriteString(w, "ok")
+			return
+		}
+		rc := http.NewResponseController(w)
+		rc.EnableFullDuplex() // HTTP/1.1; HTTP/2 is so already
+		w.WriteHeader(http.StatusOK)
+		rc.Flush()
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "got "+string(b))
+	}
+	h1 := httptest.NewServer(http.HandlerFunc(handler))
+	t.Cleanup(h1.Close)
+	h2 := newH2CServer(t, handler)
+	for _, c := range []struct {
+		name, url string
+		h2c       bool
+		ect       time.Duration
+	}{
+		{"h1, no expect wait", h1.URL, false, -1},
+		{"h2c, expect timeout 1s", h2.url, true, time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			owner, client := remotePair(t, func(tr *Transport) {
+				tr.H2C = c.h2c
+				tr.ExpectContinueTimeout = c.ect
+			})
+			warm(t, owner, c.url+"/")
+			var ref http.RoundTripper = &http.Transport{} // no expect wait
+			if c.h2c {
+				ref = refH2C()
+			}
+			for _, m := range []struct {
+				path string
+				rt   http.RoundTripper
+			}{{"reference", ref}, {"sibling", client.tr}, {"owner", owner.tr}} {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				pr, pw := io.Pipe()
+				req, _ := http.NewRequestWithContext(ctx, "POST", c.url+"/stream", pr)
+				req.Header.Set("Expect", "100-continue")
+				type result struct {
+					resp *http.Response
+					err  error
+				}
+				got := make(chan result, 1)
+				go func() {
+					resp, err := m.rt.RoundTrip(req)
+					got <- result{resp, err}
+				}()
+				var resp *http.Response
+				select {
+				case r := <-got:
+					resp = r.resp
+					if r.err != nil {
+						cancel()
+						pw.Close()
+						t.Fatalf("%s: %v; want the response the upstream sent before reading the body", m.path, r.err)
+					}
+				case <-time.After(5 * time.Second):
+					cancel()
+					pw.Close() // lets a RoundTrip blocked on the body return
+					t.Fatalf("%s: RoundTrip still blocked 5s in, past its 2s deadline; want the response the upstream sent before reading the body", m.path)
+				}
+				io.WriteString(pw, "hello")
+				pw.Close()
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				cancel()
+				if err != nil || string(b) != "got hello" {
+					t.Errorf("%s: body %q, error %v; want %q", m.path, b, err, "got hello")
+				}
+			}
+			if s := client.node.Stats(); s.ReusedRemote == 0 {
+				t.Errorf("the sibling's request did not go through the owner: %+v", s)
+			}
+		})
+	}
+}
+
+// A sibling that gives up on an Expect: 100-continue request while the owner
+// still waits for the upstream's 100 frees the owner's connection at once, as
+// a caller of the owner's own that gives up does, and not when the owner's
+// expect timeout runs out: with one connection to the upstream, the next
+// request would otherwise find none.
+func TestExpectCancelledWhileOwnerWaitsFor100(t *testing.T) {
+	const ect = 5 * time.Second
+	url := rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		if req.Method == "POST" {
+			io.Copy(io.Discard, br) // sends no 100 and no answer
+			return false
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	owner, client := remotePair(t, func(tr *Transport) { tr.ExpectContinueTimeout = ect })
+	warm(t, owner, url+"/")
+	for _, m := range []struct {
+		path string
+		m    *member
+	}{{"owner", owner}, {"sibling", client}} {
+		remote := client.node.Stats().ReusedRemote
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/upload", strings.NewReader("hello"))
+		req.Header.Set("Expect", "100-continue")
+		stop := time.AfterFunc(100*time.Millisecond, cancel)
+		resp, err := m.m.tr.RoundTrip(req)
+		stop.Stop()
+		cancel()
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: the POST got %d from an upstream that never answers", m.path, resp.StatusCode)
+		}
+		if m.path == "sibling" && client.node.Stats().ReusedRemote == remote {
+			t.Fatalf("the sibling's POST did not go through the owner: %+v", client.node.Stats())
+		}
+		start := time.Now()
+		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+		req, _ = http.NewRequestWithContext(ctx, "GET", url+"/", nil)
+		resp, err = m.m.tr.RoundTrip(req)
+		if err != nil {
+			cancel()
+			t.Fatalf("%s: the GET after a cancelled POST: %v after %v; want the connection the POST held freed at once, well within the %v expect timeout",
+				m.path, err, time.Since(start).Round(time.Millisecond), ect)
+		}
+		drain(resp)
+		cancel()
+	}
+}
