@@ -263,7 +263,11 @@ func (x *exchange) readResponseSafe() (resp *http.Response, err error) {
 const maxWriteWait = 50 * time.Millisecond
 
 // finishRead ends the read part. If the request is still being written, the
-// write gets maxWriteWait to finish before the connection is torn down.
+// write gets maxWriteWait to finish before the connection is torn down and
+// given back: as net/http frees a connection's place under MaxConnsPerHost
+// when it closes it, the unit of the key's budget does not wait for a
+// writer stalled on the caller's body. That writer then ends on the closed
+// connection, or with the body, and does nothing more with the exchange.
 func (x *exchange) finishRead(ok bool) {
 	// The response is over: from now on the caller's context, which it
 	// may cancel the moment it has the response (a server cancels a
@@ -275,6 +279,7 @@ func (x *exchange) finishRead(ok bool) {
 		t := time.AfterFunc(maxWriteWait, func() {
 			if x.writeState.CompareAndSwap(0, writeAborted) {
 				c.abort(errWriteStalled)
+				x.finish(false)
 			}
 		})
 		x.writeTimer.Store(t)
@@ -370,8 +375,8 @@ func (x *exchange) writeLoop(r *http.Request) {
 	defer close(x.writeDone)
 	err := x.writeRequestSafe(r)
 	if !x.writeState.CompareAndSwap(0, writeOver) {
-		// finishRead gave up on this write and closed the connection.
-		x.finish(false)
+		// finishRead gave up on this write, closed the connection and
+		// finished the write's part.
 		return
 	}
 	if err != nil {
