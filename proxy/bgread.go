@@ -58,7 +58,8 @@ func (r *bgReader) startBackgroundRead(onGone func()) {
 		if n == 1 {
 			r.hasByte = true
 		}
-		gone := err != nil && !r.aborted
+		// A read ended by halt is no sign of the peer.
+		gone := err != nil && !r.aborted && !r.halted
 		if gone {
 			r.gone = true
 		}
@@ -90,15 +91,24 @@ func (r *bgReader) abortPendingRead(restore time.Time) {
 	}
 }
 
-// halt ends every read of the stream for good, a pending one included: an
-// exchange that failed may leave its writer waiting for more of the body,
-// and the stream, out of step then, is to be closed. An abortPendingRead
-// racing with it does not undo it.
+// halt ends every read of the stream for the rest of the exchange, a
+// pending one included: an exchange that failed may leave its writer
+// waiting for more of the body. An abortPendingRead racing with it does not
+// undo it. The stream carries another exchange only if none of the body was
+// asked for (see serveOne), and that exchange begins with resume.
 func (r *bgReader) halt() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.halted = true
 	r.nc.SetReadDeadline(aLongTimeAgo)
+}
+
+// resume undoes halt for the stream's next exchange, which sets the
+// stream's read deadline before it reads.
+func (r *bgReader) resume() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.halted = false
 }
 
 func (r *bgReader) peerGone() bool {

@@ -37,8 +37,13 @@ type exchangeOpts struct {
 	// leg is nil on the upstream leg; the unix leg supplies framing.
 	leg leg
 	// done is called exactly once, when both the request has been written and
-	// the response consumed, or the exchange failed.
+	// the response consumed, or the exchange failed. A write given up
+	// after the response (see finishRead) counts as written.
 	done func(c *conn, o outcome)
+	// release, if set, runs once after done, when the writer has returned
+	// too: what the exchange holds of the governor (a worker, its
+	// buffers' memory) is in use until then.
+	release func()
 	// stopBody, if set, makes a pending read of the request body return: it
 	// is called when the exchange fails while the body is still being sent,
 	// before roundTrip waits for the writer. The owner sets it to a read
@@ -63,8 +68,9 @@ type exchangeOpts struct {
 type leg interface {
 	// writePreamble writes what precedes the request.
 	writePreamble(bw *bufio.Writer) error
-	// readPreamble reads what precedes the first response head.
-	readPreamble(br *bufio.Reader) error
+	// readPreamble reads what precedes the first response head, and
+	// reports whether the owner runs the exchange on HTTP/2.
+	readPreamble(br *bufio.Reader) (h2 bool, err error)
 	// readHead reads what precedes each response head.
 	readHead(br *bufio.Reader) (headFlags, error)
 	// fixResponse restores what the relay changed about the final head.
@@ -330,6 +336,19 @@ func (x *exchange) finish(ok bool) {
 		}
 		x.o.done(x.c, outcomeBroken)
 	}
+	if rel := x.o.release; rel != nil {
+		select {
+		case <-x.writeDone:
+			rel()
+		default:
+			// A write finishRead gave up on is still blocked in the
+			// body's Read, with the exchange's copy buffer.
+			go func() {
+				<-x.writeDone
+				rel()
+			}()
+		}
+	}
 }
 
 func (x *exchange) writeRequest(r *http.Request) error {
@@ -370,14 +389,25 @@ func (x *exchange) declineWithoutError(r *http.Request) *http.Request {
 }
 
 // writeLoop writes a request that has a body, concurrently with reading the
-// response: an upstream may answer before it has read the whole body.
+// response: an upstream may answer before it has read the whole body. The
+// writer is done with the connection and its buffers when writeDone closes,
+// before its part of the exchange ends.
 func (x *exchange) writeLoop(r *http.Request) {
-	defer close(x.writeDone)
+	ok, part := x.writeBody(r)
+	close(x.writeDone)
+	if part {
+		x.finish(ok)
+	}
+}
+
+// writeBody is writeLoop's write; it reports how the write's part of the
+// exchange ends, or part false if finishRead ended it already.
+func (x *exchange) writeBody(r *http.Request) (ok, part bool) {
 	err := x.writeRequestSafe(r)
 	if !x.writeState.CompareAndSwap(0, writeOver) {
 		// finishRead gave up on this write, closed the connection and
 		// finished the write's part.
-		return
+		return false, false
 	}
 	if err != nil {
 		if x.skipped.Load() {
@@ -387,13 +417,11 @@ func (x *exchange) writeLoop(r *http.Request) {
 				// the byte net/http's probe of a body of unknown
 				// length read) and keep the stream.
 				x.c.bw.Reset(&x.c.cw)
-				x.finish(true)
-				return
+				return true, true
 			}
 			// Expect: 100-continue was answered with a final status on a
 			// connection about to close; the body was never sent.
-			x.finish(false)
-			return
+			return false, true
 		}
 		switch c, werr := x.c, x.writeError(err); {
 		case x.headDone.Load():
@@ -416,11 +444,10 @@ func (x *exchange) writeLoop(r *http.Request) {
 				}
 			})
 		}
-		x.finish(false)
-		return
+		return false, true
 	}
 	x.wrote()
-	x.finish(true)
+	return true, true
 }
 
 // ownerAnswer reads, after a write to an owner failed, the error frame the
@@ -435,7 +462,7 @@ func (x *exchange) ownerAnswer(werr error) error {
 		return nil
 	}
 	x.c.nc.SetReadDeadline(time.Now().Add(maxWriteWait))
-	err := x.o.leg.readPreamble(x.c.br)
+	_, err := x.o.leg.readPreamble(x.c.br)
 	var pe *Error
 	if err == nil || !errors.As(err, &pe) || !pe.beforeAccept {
 		// An accept (which a refused head never gets) or no frame.
@@ -511,13 +538,22 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	maxHeader := x.headLimit()
 	c.lr.n = maxHeader
 	if x.o.leg != nil {
-		if err := x.o.leg.readPreamble(c.br); err != nil {
+		h2, err := x.o.leg.readPreamble(c.br)
+		if err != nil {
 			x.firstByteOfFailure(err)
 			return nil, x.unread(x.readError(err, false), err)
 		}
 		if x.acceptCh != nil {
 			x.acceptCh <- true
 			x.acceptCh = nil
+		}
+		if h2 && x.continueCh != nil {
+			// The caller guessed the upstream spoke HTTP/1.1 (see
+			// upstreamEntry.speaksH2), but the owner's connection is
+			// HTTP/2, whose client sends the body at once: no 100
+			// may come, and the body goes now, as on that connection.
+			x.continueCh <- true
+			x.continueCh = nil
 		}
 	}
 	first, perr := c.br.Peek(1)

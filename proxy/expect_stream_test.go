@@ -3,6 +3,8 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
@@ -145,5 +147,61 @@ func TestExpectCancelledWhileOwnerWaitsFor100(t *testing.T) {
 		}
 		drain(resp)
 		cancel()
+	}
+}
+
+// A sibling guesses from its own connections whether an https upstream
+// speaks HTTP/2 (upstreamEntry.speaksH2). When the owner's connection is
+// HTTP/2 and the guess was HTTP/1.1, the sibling's writer waits for a 100
+// that x/net's client, which runs the owner's exchange, never waits for; the
+// owner's accept says the connection is HTTP/2, and the body goes at once.
+func TestExpectSiblingGuessedHTTP1OwnerOnH2(t *testing.T) {
+	const ect = 3 * time.Second
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "POST" {
+			io.WriteString(w, "ok")
+			return
+		}
+		// net/http's HTTP/2 server sends no 100 once a 103 has gone out.
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "got "+string(b))
+	}))
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	owner, client := remotePair(t, func(tr *Transport) {
+		tr.HTTP2 = true
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		tr.ExpectContinueTimeout = ect
+	})
+	if err := getOK(owner, context.Background(), ts.URL+"/"); err != nil {
+		t.Fatal(err)
+	}
+	probe, _ := http.NewRequest("POST", ts.URL+"/", nil)
+	e, err := client.tr.upstream(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.spokeH1.Store(true) // as after a connection of its own chose http/1.1
+	for _, m := range []struct {
+		path string
+		m    *member
+	}{{"owner", owner}, {"sibling", client}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*ect)
+		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/upload", strings.NewReader("hello"))
+		req.Header.Set("Expect", "100-continue")
+		o := roundTripOutcome(m.m.tr, req)
+		cancel()
+		if o.status != 200 || o.body != "got hello" || o.duration >= ect/2 {
+			t.Errorf("%s: status %d body %q error %q after %v; want 200 %q well before the %v expect timeout, as x/net's client sends the body at once",
+				m.path, o.status, o.body, o.err, o.duration.Round(time.Millisecond), "got hello", ect)
+		}
+	}
+	if s := client.node.Stats(); s.ReusedRemote == 0 {
+		t.Errorf("the sibling's request did not go through the owner: %+v", s)
 	}
 }

@@ -33,7 +33,8 @@ import (
 // chunked body (see body.readTrailerBlock), and flagNoUserAgent; version 6
 // the head flag headStatus, for an HTTP/2 answer without a body that may
 // end with trailers, and flagNoInterim; version 7 the error frame in place
-// of a head, and its flagResponseBegan. The processes of one fleet must run builds that speak
+// of a head, and its flagResponseBegan; version 8 the accept frame's
+// flagAcceptH2. The processes of one fleet must run builds that speak
 // the same unix leg: one of another version cannot join the fleet's
 // segment (Protocol), and a frame of another version is refused with an
 // error that names both versions.
@@ -48,7 +49,7 @@ const (
 
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 7
+	frameVersion  = 8
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
@@ -83,6 +84,12 @@ const (
 	flagResponseBegan
 
 	respFlagsKnown = flagNothingSent | flagIdleClosed | flagConnGone | flagResponseBegan
+
+	// flagAcceptH2, the accept frame's only flag: the owner runs the
+	// exchange on an HTTP/2 connection, whose client waits for no 100
+	// and wants the body at once. A caller that guessed HTTP/1.1 and
+	// waits for a relayed 100 stops waiting (see exchange.readResponse).
+	flagAcceptH2 uint16 = 1
 )
 
 // Request frame flags.
@@ -342,12 +349,16 @@ func decodeResponseFrame(b []byte) (f responseFrame, n int, err error) {
 	f.flags = binary.BigEndian.Uint16(b[4:])
 	f.code = binary.BigEndian.Uint16(b[6:])
 	ml := int(binary.BigEndian.Uint16(b[8:]))
-	if f.flags&^respFlagsKnown != 0 {
+	known := respFlagsKnown
+	if f.typ == frameAccept {
+		known = flagAcceptH2
+	}
+	if f.flags&^known != 0 {
 		return f, 0, fmt.Errorf("%w: unknown response flags %#x", ErrBadFrame, f.flags)
 	}
 	switch f.typ {
 	case frameAccept:
-		if f.flags != 0 || f.code != 0 || ml != 0 {
+		if f.code != 0 || ml != 0 {
 			return f, 0, fmt.Errorf("%w: accept frame with payload", ErrBadFrame)
 		}
 	case frameReject:

@@ -45,6 +45,7 @@ func TestRequestFrameRoundTrip(t *testing.T) {
 func TestResponseFrameRoundTrip(t *testing.T) {
 	for _, f := range []responseFrame{
 		{typ: frameAccept},
+		{typ: frameAccept, flags: flagAcceptH2},
 		{typ: frameReject, code: rejectStale, msg: "stale"},
 		{typ: frameError, flags: flagNothingSent | flagIdleClosed, code: errCodeBadResponse, msg: "bad ünïcode"},
 		{typ: frameError, msg: strings.Repeat("é", maxMessageLen)}, // truncated to a rune boundary
@@ -77,16 +78,20 @@ func TestFrameRejectsGarbage(t *testing.T) {
 		}
 	}
 	resp := map[string][]byte{
-		"accept payload": {'O', 'R', 1, byte(frameAccept), 0, 0, 0, 1, 0, 0},
-		"reject code":    {'O', 'R', 1, byte(frameReject), 0, 0, 0xff, 0, 0, 0},
-		"error flags":    {'O', 'R', 1, byte(frameError), 0x40, 0, 0, 0, 0, 0},
-		"bad utf8":       {'O', 'R', 1, byte(frameError), 0, 0, 0, 0, 0, 1, 0xff},
-		"long msg":       {'O', 'R', 1, byte(frameError), 0, 0, 0, 0, 0xff, 0xff},
-		"request type":   {'O', 'R', 1, byte(frameRequest), 0, 0, 0, 0, 0, 0},
+		"accept payload":    {'O', 'R', frameVersion, byte(frameAccept), 0, 0, 0, 1, 0, 0},
+		"accept error flag": {'O', 'R', frameVersion, byte(frameAccept), 0, byte(flagIdleClosed), 0, 0, 0, 0},
+		"reject code":       {'O', 'R', frameVersion, byte(frameReject), 0, 0, 0xff, 0, 0, 0},
+		"error flags":       {'O', 'R', frameVersion, byte(frameError), 0x40, 0, 0, 0, 0, 0},
+		"bad utf8":          {'O', 'R', frameVersion, byte(frameError), 0, 0, 0, 0, 0, 1, 0xff},
+		"long msg":          {'O', 'R', frameVersion, byte(frameError), 0, 0, 0, 0, 0xff, 0xff},
+		"request type":      {'O', 'R', frameVersion, byte(frameRequest), 0, 0, 0, 0, 0, 0},
 	}
 	for name, b := range resp {
 		if _, _, err := decodeResponseFrame(b); err == nil || errors.Is(err, errShort) {
 			t.Errorf("%s: accepted or short: %v", name, err)
+		}
+		if _, _, err := decodeResponseFrame(b); err != nil && strings.Contains(err.Error(), "version") {
+			t.Errorf("%s: refused for its version, not its fault: %v", name, err)
 		}
 	}
 }
@@ -114,6 +119,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	req, _ := appendRequestFrame(nil, bytes.Repeat([]byte{1}, 32), time.Unix(0, 42), 0)
 	f.Add(req)
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
+	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptH2}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectGone, msg: "gone"}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flagNothingSent, code: errCodeConnBroken, msg: "x"}))
 	f.Add([]byte("OR"))

@@ -647,10 +647,8 @@ func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs
 		log:                   n.log,
 		done: func(_ *conn, o outcome) {
 			n.finish(oc, exec, o)
-			if onDone != nil {
-				onDone()
-			}
 		},
+		release: onDone,
 	}
 	resp, err := oc.c.roundTrip(req, opts)
 	if resp != nil {

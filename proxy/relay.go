@@ -54,6 +54,7 @@ type relay struct {
 	mu         sync.Mutex
 	sentAccept bool
 	failed     bool
+	h2         bool // the exchange runs on an HTTP/2 connection: flagAcceptH2
 
 	// continueOnly: the caller reads no interim responses (flagNoInterim),
 	// and the relay passes on only a 100 Continue, which the caller's
@@ -114,8 +115,20 @@ func (r *relay) failBeforeAccept() (accepted bool) {
 	return r.sentAccept
 }
 
-// acceptFrame is the accept frame, which has no payload.
-var acceptFrame = appendResponseFrame(nil, responseFrame{typ: frameAccept})
+// The accept frame, which has no payload, as an owner on an HTTP/1.1 and on
+// an HTTP/2 connection sends it.
+var (
+	acceptFrame   = appendResponseFrame(nil, responseFrame{typ: frameAccept})
+	acceptFrameH2 = appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptH2})
+)
+
+// acceptWire is the accept frame this exchange sends.
+func (r *relay) acceptWire() []byte {
+	if r.h2 {
+		return acceptFrameH2
+	}
+	return acceptFrame
+}
 
 // accept writes the accept frame ahead of the first response, unless it has
 // gone out already.
@@ -124,7 +137,7 @@ func (r *relay) accept() {
 	defer r.mu.Unlock()
 	if !r.sentAccept {
 		r.sentAccept = true
-		r.bw.Write(acceptFrame)
+		r.bw.Write(r.acceptWire())
 	}
 }
 
@@ -137,7 +150,7 @@ func (r *relay) acceptBody() {
 	defer r.mu.Unlock()
 	if !r.sentAccept {
 		r.sentAccept = true
-		r.bw.Write(acceptFrame)
+		r.bw.Write(r.acceptWire())
 		r.bw.Flush()
 	}
 }
@@ -176,7 +189,7 @@ func (r *relay) relay1xx(code int, h textproto.MIMEHeader) error {
 	}
 	if !r.sentAccept {
 		r.sentAccept = true
-		r.bw.Write(acceptFrame)
+		r.bw.Write(r.acceptWire())
 	}
 	writeInterim(r.bw, 0, code, h)
 	r.err = r.bw.Flush()
@@ -211,7 +224,7 @@ func (r *relay) relay1xxNoWait(code int, h textproto.MIMEHeader) error {
 	}
 	var b bytes.Buffer
 	if !r.sentAccept {
-		b.Write(acceptFrame)
+		b.Write(r.acceptWire())
 	}
 	// The head says HTTP/2, so the caller reports it in x/net's order.
 	writeInterim(&b, headProto2, code, h)

@@ -207,10 +207,8 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		bodyWithHead:          withHead,
 		done: func(c *conn, oc outcome) {
 			p.put(lane, c, oc)
-			if onDone != nil {
-				onDone()
-			}
 		},
+		release: onDone,
 	}
 	if h2 && orig.Body != nil {
 		// Over HTTP/2, a failed exchange closes the caller's body, as
@@ -268,14 +266,14 @@ func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
 	return err
 }
 
-func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
+func (l *remoteLeg) readPreamble(br *bufio.Reader) (bool, error) {
 	f, err := readFrame(br, respHeaderLen, decodeResponseFrame)
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch f.typ {
 	case frameAccept:
-		return nil
+		return f.flags&flagAcceptH2 != 0, nil
 	case frameReject:
 		err := fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)
 		switch f.code {
@@ -286,9 +284,9 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) error {
 		case rejectGone:
 			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, errLeaseGone, f.msg)
 		}
-		return &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
+		return false, &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:
-		return f.ownerError(true)
+		return false, f.ownerError(true)
 	}
 }
 

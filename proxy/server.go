@@ -937,6 +937,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	ox.trace.GotFirstResponseByte = rl.firstByte
 	ctx = httptrace.WithClientTrace(ctx, &ox.trace)
 	_, h1 := exec.(*ownerExec)
+	_, rl.h2 = exec.(*h2Exec)
 	if !h1 {
 		rl.shared, rl.pendingLimit = nc, exec.maxHeaderBytes()
 	}
@@ -1033,7 +1034,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		// Nothing was accepted, so the writer read none of the body
 		// (its first read sends the accept), and a caller that holds
 		// the body back until then sent none; a body sent with its
-		// head was read whole: either way the stream is in step.
+		// head was read whole: either way the stream is in step, and
+		// its next exchange may read it (stopBody halted it).
+		cr.resume()
 		return flushed && (f.flags&flagBodyOnAccept != 0 || ahead != nil)
 	}
 	rl.reqDone = reqDone.isDone
