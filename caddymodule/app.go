@@ -52,7 +52,7 @@ const (
 	// DefaultOrderWindow is how many tickets a waiter may be passed by, so
 	// that a connection that comes free stays with its own process's
 	// waiter (see App.OrderWindow).
-	DefaultOrderWindow = 16
+	DefaultOrderWindow = 64
 )
 
 // App is the `orbit_pool` app: this process's membership of a fleet of Caddy
@@ -202,7 +202,7 @@ type App struct {
 	// fleet's oldest: no waiter is ever passed by one that arrived more
 	// than order_window requests after it. The dial budget a closed
 	// connection gives back goes in strict order whatever the window. 0
-	// means strict arrival order. Default: 16.
+	// means strict arrival order. Default: 64.
 	OrderWindow *int `json:"order_window,omitempty"`
 
 	// FixedOwnership keeps a capped upstream's connections with the worker

@@ -209,8 +209,8 @@ func TestValidateDefaults(t *testing.T) {
 	if *a.MaxInFlight != 1024 || a.Workers < 1 || a.MemoryLimit == 0 || a.AdmissionCeiling != 4096 {
 		t.Errorf("max_in_flight %d, workers %d, memory %d, admission_ceiling %d", *a.MaxInFlight, a.Workers, a.MemoryLimit, a.AdmissionCeiling)
 	}
-	if cfg := a.fleetConfig(); *a.OrderWindow != 16 || cfg.OrderWindow != 16 {
-		t.Errorf("order_window %d, given to the pool as %d; want 16", *a.OrderWindow, cfg.OrderWindow)
+	if cfg := a.fleetConfig(); *a.OrderWindow != 64 || cfg.OrderWindow != 64 {
+		t.Errorf("order_window %d, given to the pool as %d; want 64", *a.OrderWindow, cfg.OrderWindow)
 	}
 	strict := App{OrderWindow: new(0)}
 	strict.setDefaults()

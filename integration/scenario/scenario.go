@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"text/tabwriter"
@@ -49,8 +50,30 @@ const (
 	Direct Variant = "direct"
 )
 
+// OrbitWindow is orbit with order_window n, to weigh another window against
+// the default's in the same run.
+func OrbitWindow(n int) Variant { return Variant(orbitWindowPrefix + strconv.Itoa(n)) }
+
+const orbitWindowPrefix = "orbit-window-"
+
+// window is the order_window v sets, if it sets one.
+func (v Variant) window() (int, bool) {
+	if v == OrbitStrict {
+		return 0, true
+	}
+	s, ok := strings.CutPrefix(string(v), orbitWindowPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 0
+}
+
 // orbit reports whether v runs the orbit_pool transport.
-func (v Variant) orbit() bool { return v == Orbit || v == OrbitStrict }
+func (v Variant) orbit() bool {
+	_, windowed := v.window()
+	return v == Orbit || windowed
+}
 
 // Caddy reports whether v is a fleet of Caddy workers, rather than a peer.
 func (v Variant) Caddy() bool { return v.orbit() || v == Stock || v == StockDefault }
@@ -279,8 +302,8 @@ func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir st
 	}
 	if v.orbit() {
 		fmt.Fprintf(&b, "\torbit_pool {\n\t\tsegment %s\n\t\tsocket_dir %s\n\t\twait_timeout 10s\n", segment, sockDir)
-		if v == OrbitStrict {
-			b.WriteString("\t\torder_window 0\n")
+		if n, ok := v.window(); ok {
+			fmt.Fprintf(&b, "\t\torder_window %d\n", n)
 		}
 		if s.MaxConns > 0 {
 			fmt.Fprintf(&b, "\t\tmax_conns_per_host %d\n", s.MaxConns)

@@ -257,6 +257,13 @@ func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
 	if strings.Contains(orbit, "order_window") || strings.Replace(strict, "\t\torder_window 0\n", "", 1) != orbit {
 		t.Errorf("orbit-strict config is not orbit's with order_window 0:\n%s", strict)
 	}
+	w16 := Caddyfile(s, OrbitWindow(16), 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4)
+	if strings.Replace(w16, "\t\torder_window 16\n", "", 1) != orbit {
+		t.Errorf("orbit-window-16 config is not orbit's with order_window 16:\n%s", w16)
+	}
+	if Variant("orbit-window-x").orbit() || Variant("orbit-window--1").orbit() {
+		t.Error("a malformed window variant counts as orbit")
+	}
 	// Stock has room for the load's idle connections; stock-default is
 	// Caddy's transport as configured by nothing else.
 	def := Caddyfile(Scenario{}, StockDefault, 8080, "http://127.0.0.1:9000", "/dev/shm/x", "/tmp/s", 4)

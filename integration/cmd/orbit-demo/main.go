@@ -52,6 +52,7 @@ func main() {
 		peers   = flag.Bool("peers", false, "also run nginx and HAProxy, if on PATH, in the same table")
 		defs    = flag.Bool("stock-default", false, "also run the stock transport with Caddy's default idle pool (32 per upstream)")
 		strict  = flag.Bool("strict", false, "also run orbit with waiters served in strict arrival order (order_window 0)")
+		window  = flag.Int("window", -1, "also run orbit with this order_window, to weigh it against the default")
 		rounds  = flag.Int("rounds", 1, "run every scenario this many times, alternating the variants' order, and summarise orbit's ratios to stock")
 	)
 	flag.Parse()
@@ -60,6 +61,9 @@ func main() {
 	variants := []scenario.Variant{scenario.Orbit}
 	if *strict {
 		variants = append(variants, scenario.OrbitStrict)
+	}
+	if *window >= 0 {
+		variants = append(variants, scenario.OrbitWindow(*window))
 	}
 	variants = append(variants, scenario.Stock)
 	if *defs {
