@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"sync/atomic"
@@ -44,15 +42,7 @@ func (b *adv63StallBody) Close() error { return nil }
 // holds is no longer counted, and any number of such writers can pile up
 // while the governor reports nothing outstanding.
 func TestAdv63StalledWriterStillCountedByGovernor(t *testing.T) {
-	url := rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
-		if req.Method == "POST" {
-			io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
-			io.Copy(io.Discard, br)
-			return false
-		}
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		return true
-	})
+	url := earlyRefusalUpstream(t)
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	gov := governor.New(16, 1<<30)

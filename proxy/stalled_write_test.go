@@ -38,14 +38,10 @@ func (b *stallingBody) Close() error {
 	return nil
 }
 
-// An upstream that answers before it has the body (a 401, here on a
-// connection it keeps open) ends the exchange; a body that then stalls costs
-// the connection after maxWriteWait, as net/http's does, and its unit of the
-// key's budget with it: the next request to the key does not wait for the
-// stalled body's writer.
-func TestStalledBodyAfterEarlyAnswerFreesConnSlot(t *testing.T) {
-	const stall = 2 * time.Second
-	url := rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+// earlyRefusalUpstream answers a POST 401 at once, on a connection it keeps
+// open and reads on, and a GET 200.
+func earlyRefusalUpstream(t *testing.T) string {
+	return rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		if req.Method == "POST" {
 			io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
 			// What follows is the body's chunks, not a request.
@@ -55,6 +51,16 @@ func TestStalledBodyAfterEarlyAnswerFreesConnSlot(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		return true
 	})
+}
+
+// An upstream that answers before it has the body (a 401, here on a
+// connection it keeps open) ends the exchange; a body that then stalls costs
+// the connection after maxWriteWait, as net/http's does, and its unit of the
+// key's budget with it: the next request to the key does not wait for the
+// stalled body's writer.
+func TestStalledBodyAfterEarlyAnswerFreesConnSlot(t *testing.T) {
+	const stall = 2 * time.Second
+	url := earlyRefusalUpstream(t)
 	m := newFleet(t, 1, func(tr *Transport) { tr.MaxConnsPerKey = 1 })[0]
 	ref := &http.Transport{MaxConnsPerHost: 1}
 	defer ref.CloseIdleConnections()
