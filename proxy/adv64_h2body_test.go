@@ -1,0 +1,91 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// An upstream over HTTP/2 resets a stream after it read the first part of
+// a body whose caller sends the rest only once it has the response (a
+// two-way stream). x/net's client closes the caller's body when the stream
+// fails, so RoundTrip returns at once with the stream's error; so does the
+// owner's path and a sibling that guessed HTTP/2 (remote.go sets stopBody).
+// A sibling that guessed HTTP/1.1 learns from the accept (flagAcceptH2)
+// that the owner runs the exchange on HTTP/2, yet keeps waiting in the
+// caller's body: RoundTrip does not return until the caller gives up on
+// its body, past its own deadline (1s here).
+func TestAdv64H2AcceptFailedStreamHoldsBody(t *testing.T) {
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "POST" {
+			io.WriteString(w, "ok")
+			return
+		}
+		b := make([]byte, 5)
+		io.ReadFull(r.Body, b)
+		panic(http.ErrAbortHandler) // RST_STREAM
+	}))
+	ts.EnableHTTP2 = true
+	ts.Config.ErrorLog = nil
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	owner, client := remotePair(t, func(tr *Transport) {
+		tr.HTTP2 = true
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		tr.MaxRetries = -1
+	})
+	if err := getOK(owner, context.Background(), ts.URL+"/"); err != nil {
+		t.Fatal(err)
+	}
+	probe, _ := http.NewRequest("POST", ts.URL+"/", nil)
+	e, err := client.tr.upstream(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+	defer ref.CloseIdleConnections()
+
+	const hold = 4 * time.Second
+	took := map[string]time.Duration{}
+	for _, p := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"x/net", ref}, {"owner", owner.tr}, {"sibling", client.tr}, {"sibling guessing h2", client.tr}} {
+		e.spokeH1.Store(p.name == "sibling")
+		pr, pw := io.Pipe()
+		go func() {
+			pw.Write([]byte("part1"))
+			// The rest would come once the caller has the response.
+		}()
+		stop := time.AfterFunc(hold, func() { pw.CloseWithError(io.ErrUnexpectedEOF) })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/upload", pr)
+		start := time.Now()
+		resp, err := p.rt.RoundTrip(req)
+		took[p.name] = time.Since(start)
+		if resp != nil {
+			resp.Body.Close()
+			t.Errorf("%s: status %d; want the stream's reset", p.name, resp.StatusCode)
+		}
+		stop.Stop()
+		pw.CloseWithError(io.ErrUnexpectedEOF)
+		cancel()
+		t.Logf("%s: error %v after %v", p.name, err, took[p.name].Round(time.Millisecond))
+	}
+	if s := client.node.Stats(); s.ReusedRemote == 0 {
+		t.Fatalf("the sibling's request did not go through the owner: %+v", s)
+	}
+	if took["x/net"] < hold/2 && took["sibling"] >= hold/2 {
+		t.Errorf("RoundTrip returned after x/net %v, owner %v, sibling guessing h2 %v, sibling guessing h1.1 %v; want the sibling, whose owner's accept said HTTP/2, to return as x/net does once the stream fails, not when the caller's body ends (4s), past the request's 1s deadline",
+			took["x/net"].Round(time.Millisecond), took["owner"].Round(time.Millisecond), took["sibling guessing h2"].Round(time.Millisecond), took["sibling"].Round(time.Millisecond))
+	}
+}
