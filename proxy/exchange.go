@@ -48,10 +48,16 @@ type exchangeOpts struct {
 	// is called when the exchange fails while the body is still being sent,
 	// before roundTrip waits for the writer. The owner sets it to a read
 	// deadline on the peer stream its request body is a window on; a
-	// sibling whose request runs over HTTP/2, to closing its caller's body,
-	// as x/net's client does when a stream fails. Otherwise the caller's
-	// body is waited for, as net/http's HTTP/1 transport does.
+	// sibling, to closing its caller's body, which it calls only when the
+	// owner's accept said HTTP/2, as x/net's client closes it when a stream
+	// fails. Otherwise the caller's body is waited for, as net/http's
+	// HTTP/1 transport does.
 	stopBody func()
+	// guessH2: on the unix leg, the caller guessed the owner's connection
+	// is HTTP/2, whose client waits for no 100: a wait for a 100 (which the
+	// accept ends at once if the guess was right) reports no
+	// Wait100Continue.
+	guessH2 bool
 	// log receives the stacks of panics recovered in the exchange.
 	log *zap.Logger
 	// bufs is how many exchange buffers the exchange's budget granted: the
@@ -83,6 +89,9 @@ type exchange struct {
 	req   *http.Request
 	o     *exchangeOpts
 	trace *httptrace.ClientTrace
+	// ownerH2: the owner's accept said its connection is HTTP/2. Set and
+	// read by the reader.
+	ownerH2 bool
 
 	pending   atomic.Int32 // parts still running: writing and reading
 	keepAlive atomic.Bool  // cleared by any part that leaves the conn unusable
@@ -222,7 +231,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 		}
 		c.abort(err)
 		x.finish(false)
-		if o.stopBody != nil {
+		if o.stopBody != nil && (o.leg == nil || x.ownerH2) {
 			select {
 			case <-x.writeDone:
 			default:
@@ -547,11 +556,11 @@ func (x *exchange) readResponse() (*http.Response, error) {
 			x.acceptCh <- true
 			x.acceptCh = nil
 		}
+		x.ownerH2 = h2
 		if h2 && x.continueCh != nil {
-			// The caller guessed the upstream spoke HTTP/1.1 (see
-			// upstreamEntry.speaksH2), but the owner's connection is
-			// HTTP/2, whose client sends the body at once: no 100
-			// may come, and the body goes now, as on that connection.
+			// The owner's connection is HTTP/2, whose client sends the
+			// body at once: no 100 may come, and the body goes now,
+			// as on that connection.
 			x.continueCh <- true
 			x.continueCh = nil
 		}
@@ -958,7 +967,7 @@ func (b *continueBody) Read(p []byte) (int, error) {
 			return b.ReadCloser.Read(p)
 		}
 		b.waited = true
-		if x.trace != nil && x.trace.Wait100Continue != nil {
+		if x.trace != nil && x.trace.Wait100Continue != nil && !x.o.guessH2 {
 			x.trace.Wait100Continue()
 		}
 		t := time.NewTimer(x.o.expectContinueTimeout)

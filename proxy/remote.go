@@ -140,23 +140,14 @@ type remoteOpts struct {
 // roundTrip sends req to the owner of lane under lease and returns its
 // response, whose Body streams from the owner. A refused lease or an owner
 // that reports failure before answering comes back as an *Error wrapping
-// ErrLeaseRefused or ErrOwnerFailed. h2 says the owner runs it on an HTTP/2
-// connection: a failed exchange then closes the caller's body, as x/net's
-// client does (see exchangeOpts.stopBody).
+// ErrLeaseRefused or ErrOwnerFailed. h2 is this process's guess that the
+// owner's connection is HTTP/2 (upstreamEntry.speaksH2), which only the
+// trace of a wait for a 100 follows (see exchangeOpts.guessH2): the owner's
+// accept says what the connection is.
 func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, h2 bool, onDone func()) (*http.Response, error) {
 	hopMark(hopStart)
 	ctx := req.Context()
 	ect := o.expectContinueTimeout
-	if h2 {
-		// x/net's client, which runs the owner's exchange, waits for no
-		// 100 over HTTP/2 (its Transport has no t1): it sends the body
-		// after the head, and so does the local path. The owner's accept
-		// already says when its writer wants the body; a wait for a
-		// relayed 100 on top would last the whole timeout whenever the
-		// upstream reads the body without one (net/http's server sends
-		// none once a 103 has gone out).
-		ect = 0
-	}
 	if ect == 0 && req.Body != nil && req.Body != http.NoBody && expectsContinue(req) {
 		// With no wait for the upstream's 100, a local exchange starts
 		// reading the body at once, as net/http's does, and a server
@@ -203,6 +194,7 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		expectContinueTimeout: ect,
 		responseHeaderTimeout: o.responseHeaderTimeout,
 		leg:                   lg,
+		guessH2:               h2,
 		log:                   p.log,
 		bodyWithHead:          withHead,
 		done: func(c *conn, oc outcome) {
@@ -210,13 +202,14 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		},
 		release: onDone,
 	}
-	if h2 && orig.Body != nil {
-		// Over HTTP/2, a failed exchange closes the caller's body, as
-		// x/net's client closes it when a stream fails, so that a
-		// writer waiting in it returns: a caller that sends the rest
-		// only once it has the response (a bidirectional stream) would
-		// hold the exchange past its own deadline. On a goroutine of its
-		// own, as x/net's: Close waits for a pending Read on some bodies.
+	if orig.Body != nil {
+		// Over HTTP/2 (as the accept says), a failed exchange closes the
+		// caller's body, as x/net's client closes it when a stream
+		// fails, so that a writer waiting in it returns: a caller that
+		// sends the rest only once it has the response (a bidirectional
+		// stream) would hold the exchange past its own deadline. On a
+		// goroutine of its own, as x/net's: Close waits for a pending
+		// Read on some bodies.
 		rx.opts.stopBody = func() { go orig.Body.Close() }
 	}
 	fresh := c.requests == 0
