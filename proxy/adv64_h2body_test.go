@@ -3,10 +3,8 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -23,7 +21,7 @@ import (
 // caller's body: RoundTrip does not return until the caller gives up on
 // its body, past its own deadline (1s here).
 func TestAdv64H2AcceptFailedStreamHoldsBody(t *testing.T) {
-	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	ts, roots, owner, client, e := h2TLSPair(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != "POST" {
 			io.WriteString(w, "ok")
 			return
@@ -31,26 +29,7 @@ func TestAdv64H2AcceptFailedStreamHoldsBody(t *testing.T) {
 		b := make([]byte, 5)
 		io.ReadFull(r.Body, b)
 		panic(http.ErrAbortHandler) // RST_STREAM
-	}))
-	ts.EnableHTTP2 = true
-	ts.Config.ErrorLog = nil
-	ts.StartTLS()
-	t.Cleanup(ts.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(ts.Certificate())
-	owner, client := remotePair(t, func(tr *Transport) {
-		tr.HTTP2 = true
-		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
-		tr.MaxRetries = -1
-	})
-	if err := getOK(owner, context.Background(), ts.URL+"/"); err != nil {
-		t.Fatal(err)
-	}
-	probe, _ := http.NewRequest("POST", ts.URL+"/", nil)
-	e, err := client.tr.upstream(probe)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, func(tr *Transport) { tr.MaxRetries = -1 })
 	ref := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
 	defer ref.CloseIdleConnections()
 

@@ -157,7 +157,7 @@ func TestExpectCancelledWhileOwnerWaitsFor100(t *testing.T) {
 // owner's accept says the connection is HTTP/2, and the body goes at once.
 func TestExpectSiblingGuessedHTTP1OwnerOnH2(t *testing.T) {
 	const ect = 3 * time.Second
-	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	ts, _, owner, client, entry := h2TLSPair(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != "POST" {
 			io.WriteString(w, "ok")
 			return
@@ -167,26 +167,8 @@ func TestExpectSiblingGuessedHTTP1OwnerOnH2(t *testing.T) {
 		w.WriteHeader(http.StatusEarlyHints)
 		b, _ := io.ReadAll(r.Body)
 		io.WriteString(w, "got "+string(b))
-	}))
-	ts.EnableHTTP2 = true
-	ts.StartTLS()
-	t.Cleanup(ts.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(ts.Certificate())
-	owner, client := remotePair(t, func(tr *Transport) {
-		tr.HTTP2 = true
-		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
-		tr.ExpectContinueTimeout = ect
-	})
-	if err := getOK(owner, context.Background(), ts.URL+"/"); err != nil {
-		t.Fatal(err)
-	}
-	probe, _ := http.NewRequest("POST", ts.URL+"/", nil)
-	e, err := client.tr.upstream(probe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.spokeH1.Store(true) // as after a connection of its own chose http/1.1
+	}, func(tr *Transport) { tr.ExpectContinueTimeout = ect })
+	entry.spokeH1.Store(true) // as after a connection of its own chose http/1.1
 	for _, m := range []struct {
 		path string
 		m    *member
@@ -204,4 +186,34 @@ func TestExpectSiblingGuessedHTTP1OwnerOnH2(t *testing.T) {
 	if s := client.node.Stats(); s.ReusedRemote == 0 {
 		t.Errorf("the sibling's request did not go through the owner: %+v", s)
 	}
+}
+
+// h2TLSPair starts an https upstream that speaks HTTP/2 and serves GETs
+// "ok", and an owner and a sibling (see remotePair) whose owner holds the
+// connection; entry is the sibling's record of the upstream, whose
+// spokeH1 is its guess of the protocol.
+func h2TLSPair(t *testing.T, h http.HandlerFunc, conf func(*Transport)) (ts *httptest.Server, roots *x509.CertPool, owner, client *member, entry *upstreamEntry) {
+	t.Helper()
+	ts = httptest.NewUnstartedServer(h)
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	roots = x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	owner, client = remotePair(t, func(tr *Transport) {
+		tr.HTTP2 = true
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		if conf != nil {
+			conf(tr)
+		}
+	})
+	if err := getOK(owner, context.Background(), ts.URL+"/"); err != nil {
+		t.Fatal(err)
+	}
+	probe, _ := http.NewRequest("POST", ts.URL+"/", nil)
+	entry, err := client.tr.upstream(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts, roots, owner, client, entry
 }
