@@ -22,12 +22,13 @@ const watchIdleExit = 100 * time.Millisecond
 // exchange wants the request body (the peer waits for the accept to send it;
 // an upstream's 100 may be long in coming) and once it has read it whole.
 // A read that returns then means the peer has gone: the exchange is
-// cancelled and the upstream connection torn down rather than held. It also cancels the
-// exchange at its deadline (plus grace): the owner's backstop for a caller
-// that can no longer say it has given up. That also ends a write to the
-// stream blocked on a peer that stopped reading (nc's write deadline), which
-// cancelling the upstream side alone leaves blocked, with the exchange's
-// worker and goroutine, for as long as the peer keeps the stream open.
+// cancelled and the upstream connection torn down rather than held. It also
+// cancels the exchange at its deadline (plus grace): the owner's backstop
+// for a caller that can no longer say it has given up. That also ends a
+// write to the stream blocked on a peer that stopped reading (nc's write
+// deadline), which cancelling the upstream side alone leaves blocked, with
+// the exchange's worker and goroutine, for as long as the peer keeps the
+// stream open.
 type watch struct {
 	cr       *bgReader
 	nc       net.Conn // the peer stream, nil in tests of the watch alone
