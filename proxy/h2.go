@@ -754,9 +754,19 @@ func (n *Node) drainExpiredH2(key orbitpool.Key) {
 
 // useH2 runs req as one stream of hc under exec, which holds the stream's
 // unit of capacity until the response body ends (or is closed, which resets
-// the stream upstream), or the exchange fails. onDone runs then too.
+// the stream upstream), or the exchange fails. onDone runs then too, or,
+// for a response, once x/net is done with the request body: an upstream
+// that ends its stream before it has the body leaves x/net's writer in the
+// caller's body, with what the exchange holds of the governor, until x/net
+// closes it as the stream ends (see h2ReqBody).
 func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, onDone func()) (*http.Response, error) {
 	hc.active.Add(1)
+	orig := req
+	var rb *h2ReqBody
+	if onDone != nil && req.Body != nil && req.Body != http.NoBody {
+		rb = &h2ReqBody{ReadCloser: req.Body}
+		req = shallowWithBody(req, rb)
+	}
 	var once sync.Once
 	end := func() {
 		once.Do(func() {
@@ -766,12 +776,18 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			hc.active.Add(-1)
 			n.syncH2(hc)
 			exec.Complete()
-			if onDone != nil {
+			switch {
+			case rb != nil:
+				rb.after(onDone)
+			case onDone != nil:
 				onDone()
 			}
 		})
 	}
 	resp, err := hc.cc.RoundTrip(req)
+	if resp != nil {
+		resp.Request = orig
+	}
 	if err != nil {
 		// Failed before its response: the ClientConn may have reset the
 		// stream with nothing read since it was sent (its context
@@ -787,6 +803,9 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			// retries too, each but the first at a retry's cost.
 			n.stopOffersH2(hc)
 		}
+		// A ClientConn that fails a request before its stream began
+		// neither reads nor closes the body: onDone runs now.
+		rb = nil
 		end()
 		return nil, herr
 	}
@@ -833,6 +852,68 @@ func h2Error(req *http.Request, err error) error {
 		return e
 	}
 	return &Error{Op: "roundtrip", Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}
+}
+
+// h2ReqBody tells when x/net is done with a request body: once a Read has
+// failed (io.EOF included) or the body is closed, with no Read under way.
+// x/net closes every request body, on a goroutine of its own once the
+// stream is over, and a Read that Close interrupts returns then.
+type h2ReqBody struct {
+	io.ReadCloser
+
+	mu      sync.Mutex
+	reading bool
+	over    bool   // a Read failed, or Close was called
+	then    func() // see after
+}
+
+func (b *h2ReqBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	b.reading = true
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	b.reading = false
+	b.over = b.over || err != nil
+	fn := b.ready()
+	b.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+	return n, err
+}
+
+func (b *h2ReqBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.mu.Lock()
+	b.over = true
+	fn := b.ready()
+	b.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+	return err
+}
+
+// after runs fn once x/net is done with the body: now, if it is.
+func (b *h2ReqBody) after(fn func()) {
+	b.mu.Lock()
+	b.then = fn
+	fn = b.ready()
+	b.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+}
+
+// ready takes the function after left, if it may run now (b.mu held).
+func (b *h2ReqBody) ready() func() {
+	if !b.over || b.reading || b.then == nil {
+		return nil
+	}
+	fn := b.then
+	b.then = nil
+	return fn
 }
 
 // h2Body ends its stream's use of the connection at EOF, on error or on
