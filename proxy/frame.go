@@ -87,8 +87,9 @@ const (
 
 	// flagAcceptH2, the accept frame's only flag: the owner runs the
 	// exchange on an HTTP/2 connection, whose client waits for no 100
-	// and wants the body at once. A caller that guessed HTTP/1.1 and
-	// waits for a relayed 100 stops waiting (see exchange.readResponse).
+	// and wants the body at once. A caller waiting for a relayed 100
+	// stops waiting, and a failed exchange closes its body, as x/net's
+	// client does (see exchange.readResponse).
 	flagAcceptH2 uint16 = 1
 )
 
