@@ -196,10 +196,14 @@ func (t *Transport) startH2(ctx context.Context, u *upstream, c *conn) (*http2.C
 	st := cc.State()
 	if st.Closing || st.Closed {
 		cc.Close()
-		return nil, 0, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("http2: %s refused the connection (GOAWAY)", u.Addr)}
+		return nil, 0, &Error{Op: "dial", RetrySafe: true, Err: fmt.Errorf("http2: %s %w", u.Addr, errGoAwayAtStart)}
 	}
 	return cc, streamCapacity(st.MaxConcurrentStreams), nil
 }
+
+// errGoAwayAtStart is a new connection's GOAWAY before its first stream: an
+// upstream going away, as a stream refused so is (see goneBackoff).
+var errGoAwayAtStart = errors.New("refused the connection (GOAWAY)")
 
 func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.ClientConn, c *conn, scheme string, capacity int, s *connSettings) (*h2conn, error) {
 	slot := id.Slot()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -389,7 +390,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		free := avoid.freeRetry(err, func() int { return t.freeRetries(e.key) })
-		if (free || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) {
+		if (free || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) && (free || goneBackoff(ctx, err, paid)) {
 			if next, ok := rewind(req, r, tb, err); ok {
 				if !free {
 					paid++
@@ -768,6 +769,40 @@ func (t *Transport) freeRetries(key orbitpool.Key) int {
 	c, _ := t.Node.pool.Candidates(key, nil)
 	return max(len(c)+1, minFreeRetries)
 }
+
+// goneBackoff waits before a paid retry of an attempt the upstream refused
+// as it went away, once the request's free retries are spent: a stream an
+// HTTP/2 connection refused so (connGone), a lease its owner refused as the
+// connection left the pool (errLeaseGone), or a new connection's GOAWAY
+// before its first stream. The first is sent at once, the next after
+// goneBackoffBase, then twice that, and so on (a tenth more at most, at
+// random). An upstream restarting faster than a busy machine sends a stream
+// refuses retries sent at once until the request has none left, where
+// net/http's client sends such a request again, on a new connection, for
+// as long as its context lasts; spread out, a few retries ride through a
+// restart without spending a deadline. It reports false if ctx ends first;
+// any other error's retry waits for nothing.
+func goneBackoff(ctx context.Context, err error, paid int) bool {
+	var pe *Error
+	gone := errors.As(err, &pe) && pe.connGone || errors.Is(err, errLeaseGone) || errors.Is(err, errGoAwayAtStart)
+	if paid == 0 || !gone {
+		return true
+	}
+	d := goneBackoffBase << (paid - 1)
+	d += rand.N(d / 10)
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// goneBackoffBase is goneBackoff's first wait: with MaxRetries' default of
+// 3, a request's paid retries of a restarting upstream span 0.75s.
+const goneBackoffBase = 250 * time.Millisecond
 
 // minFreeRetries is the fewest free retries a request has: as many as
 // x/net's HTTP/2 client sends a request again that a connection refused as
