@@ -108,7 +108,9 @@ type Transport struct {
 	// process refused as it went away (a GOAWAY), once per connection; in
 	// all, no more of these than the fleet had connections to the
 	// upstream when the request was first refused so, and one, or six
-	// (as x/net's HTTP/2 client), whichever is more.
+	// (as x/net's HTTP/2 client), whichever is more. Past those, a retry
+	// after an upstream went away waits first, longer each time (see
+	// goneBackoff), so that a restart does not refuse them all.
 	MaxRetries int
 	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
 	// a connection on which the upstream chooses h2 is one pool resource
