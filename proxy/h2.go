@@ -202,7 +202,7 @@ func (t *Transport) startH2(ctx context.Context, u *upstream, c *conn) (*http2.C
 }
 
 // errGoAwayAtStart is a new connection's GOAWAY before its first stream: an
-// upstream going away, as a stream refused so is (see goneBackoff).
+// upstream going away, as a stream refused so is (see wentAway).
 var errGoAwayAtStart = errors.New("refused the connection (GOAWAY)")
 
 func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.ClientConn, c *conn, scheme string, capacity int, s *connSettings) (*h2conn, error) {

@@ -108,9 +108,10 @@ type Transport struct {
 	// process refused as it went away (a GOAWAY), once per connection; in
 	// all, no more of these than the fleet had connections to the
 	// upstream when the request was first refused so, and one, or six
-	// (as x/net's HTTP/2 client), whichever is more. Past those, a retry
-	// after an upstream went away waits first, longer each time (see
-	// goneBackoff), so that a restart does not refuse them all.
+	// (as x/net's HTTP/2 client), whichever is more. Past those, six more
+	// retries after an upstream went away cost none either, each but the
+	// first after a wait, longer each time (see awayBackoff), so that a
+	// restart does not refuse them all.
 	MaxRetries int
 	// HTTP2 offers HTTP/2 to https upstreams by ALPN (h2, then http/1.1):
 	// a connection on which the upstream chooses h2 is one pool resource
@@ -374,7 +375,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		maxRetries = 3
 	}
 	var avoid avoided // owners that rejected this request
-	for paid := 0; ; {
+	for paid, away := 0, 0; ; {
 		onDone, delivered := attemptRelease(release)
 		resp, err := t.once(r, e, b, &avoid, onDone)
 		if err == nil {
@@ -392,9 +393,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		free := avoid.freeRetry(err, func() int { return t.freeRetries(e.key) })
-		if (free || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) && (free || goneBackoff(ctx, err, paid)) {
-			if next, ok := rewind(req, r, tb, err); ok {
-				if !free {
+		gone := !free && wentAway(err) && away < maxAwayRetries
+		if (free || gone || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) {
+			next, ok := rewind(req, r, tb, err)
+			if ok && gone && !t.awayBackoff(ctx, away, b) {
+				if nb, isNew := next.Body.(*trackBody); isNew && next != r {
+					nb.Close() // from GetBody, for the retry that is not sent
+				}
+				ok = false
+			}
+			if ok {
+				switch {
+				case gone:
+					away++
+				case !free:
 					paid++
 				}
 				t.Node.stats.retries.Add(1)
@@ -772,26 +784,40 @@ func (t *Transport) freeRetries(key orbitpool.Key) int {
 	return max(len(c)+1, minFreeRetries)
 }
 
-// goneBackoff waits before a paid retry of an attempt the upstream refused
-// as it went away, once the request's free retries are spent: a stream an
-// HTTP/2 connection refused so (connGone), a lease its owner refused as the
-// connection left the pool (errLeaseGone), or a new connection's GOAWAY
-// before its first stream. The first is sent at once, the next after
-// goneBackoffBase, then twice that, and so on (a tenth more at most, at
-// random). An upstream restarting faster than a busy machine sends a stream
-// refuses retries sent at once until the request has none left, where
-// net/http's client sends such a request again, on a new connection, for
-// as long as its context lasts; spread out, a few retries ride through a
-// restart without spending a deadline. It reports false if ctx ends first;
-// any other error's retry waits for nothing.
-func goneBackoff(ctx context.Context, err error, paid int) bool {
+// wentAway reports whether the upstream refused an attempt as it went
+// away: a stream an HTTP/2 connection refused so (connGone), a lease its
+// owner refused as the connection left the pool (errLeaseGone), or a new
+// connection's GOAWAY before its first stream.
+func wentAway(err error) bool {
 	var pe *Error
-	gone := errors.As(err, &pe) && pe.connGone || errors.Is(err, errLeaseGone) || errors.Is(err, errGoAwayAtStart)
-	if paid == 0 || !gone {
+	return errors.As(err, &pe) && pe.connGone || errors.Is(err, errLeaseGone) || errors.Is(err, errGoAwayAtStart)
+}
+
+// maxAwayRetries is how many retries after an upstream went away a request
+// has once its free ones are spent, besides MaxRetries: as many as x/net's
+// HTTP/2 client has for a stream a GOAWAY left out. net/http sends such a
+// request again, on a new connection, for as long as its context lasts.
+const maxAwayRetries = 6
+
+// awayBackoff waits before the request's nth retry after an upstream went
+// away (past the free ones): not at all before the first, then 25ms,
+// doubling (a tenth more at most, at random); 0.78s in all. An upstream
+// restarting faster than a busy machine sends a stream refuses retries sent
+// at once until the request has none left; spread out, they outlast a
+// restart. The request waits holding none of b's workers, as it waits for
+// the pool. It reports false, at once, if the wait would come within the
+// near-window of the request's deadline (the retry could not start), or
+// when ctx ends.
+func (t *Transport) awayBackoff(ctx context.Context, n int, b *exchangeBudget) bool {
+	if n == 0 {
 		return true
 	}
-	d := goneBackoffBase << (paid - 1)
+	d := awayBackoffBase << min(n-1, 5)
 	d += rand.N(d / 10)
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+t.nearWindow() {
+		return false
+	}
+	b.idle()
 	tm := time.NewTimer(d)
 	defer tm.Stop()
 	select {
@@ -802,9 +828,8 @@ func goneBackoff(ctx context.Context, err error, paid int) bool {
 	}
 }
 
-// goneBackoffBase is goneBackoff's first wait: with MaxRetries' default of
-// 3, a request's paid retries of a restarting upstream span 0.75s.
-const goneBackoffBase = 250 * time.Millisecond
+// awayBackoffBase is awayBackoff's first wait.
+const awayBackoffBase = 25 * time.Millisecond
 
 // minFreeRetries is the fewest free retries a request has: as many as
 // x/net's HTTP/2 client sends a request again that a connection refused as
