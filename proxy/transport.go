@@ -397,8 +397,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if (free || gone || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) {
 			next, ok := rewind(req, r, tb, err)
 			if ok && gone && !t.awayBackoff(ctx, away, b) {
-				if nb, isNew := next.Body.(*trackBody); isNew && next != r {
-					nb.Close() // from GetBody, for the retry that is not sent
+				if next != r {
+					next.Body.Close() // rewind's, for a retry not sent
 				}
 				ok = false
 			}

@@ -69,16 +69,7 @@ func (w *watch) peerQuiet() { w.set(&w.quiet) }
 // bodyWanted stops the read until the body's end (peerQuiet): the peer is
 // about to send the body, and the read would take its first byte (which
 // the stream keeps for the body; see bgReader).
-func (w *watch) bodyWanted() {
-	w.mu.Lock()
-	w.quiet = false
-	on := w.on
-	w.on = false
-	w.mu.Unlock()
-	if on {
-		w.cr.abortPendingRead(w.deadline)
-	}
-}
+func (w *watch) bodyWanted() { w.pause(&w.quiet, false, w.deadline) }
 
 func (w *watch) set(flag *bool) {
 	w.mu.Lock()
@@ -91,13 +82,18 @@ func (w *watch) set(flag *bool) {
 }
 
 // stop ends the watch; none starts after it.
-func (w *watch) stop() {
+func (w *watch) stop() { w.pause(&w.stopped, true, time.Time{}) }
+
+// pause sets flag to v, which keeps the read from starting again, and ends
+// a read under way, giving the stream the read deadline restore.
+func (w *watch) pause(flag *bool, v bool, restore time.Time) {
 	w.mu.Lock()
-	w.stopped = true
+	*flag = v
 	on := w.on
+	w.on = false
 	w.mu.Unlock()
 	if on {
-		w.cr.abortPendingRead(time.Time{})
+		w.cr.abortPendingRead(restore)
 	}
 }
 
