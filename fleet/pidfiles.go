@@ -28,42 +28,46 @@ func removeStalePidFiles(runDir string, ours func(pid int) (name string, own boo
 	}
 	names, _ := filepath.Glob(filepath.Join(runDir, "worker-*.pid"))
 	for _, p := range names {
-		pid, ok := fleetWorker(p, dir)
-		var name string
-		own := false
+		pid, ok := readPid(p)
 		if ok && ours != nil {
-			name, own = ours(pid)
+			// This run's own workers are known without /proc: a worker
+			// just exec'd may show an empty environ for a moment.
+			if name, own := ours(pid); own {
+				if name != filepath.Base(p) {
+					os.Remove(p) // its pid given to one of ours
+				}
+				continue
+			}
 		}
-		switch {
-		case !ok, own && name != filepath.Base(p):
-			// Gone, or its pid given to one of ours, which this file
-			// does not name.
+		if !ok || !fleetWorker(pid, dir) {
 			os.Remove(p)
-		case !own:
-			others++
+			continue
 		}
+		others++
 	}
 	return others
 }
 
-// fleetWorker returns the pid in pid file p, and whether its process is a
-// worker of a fleet run in the directory runDir, by the fleet identity its
-// supervisor put in its environment (idEnv). The directory, not its name,
-// is compared: the killed fleet may have named it another way (a linked
-// parent, as /var/run is of /run on most hosts), and its draining workers'
-// pid files must be kept all the same.
-func fleetWorker(p string, runDir os.FileInfo) (int, bool) {
+// readPid returns the pid in pid file p.
+func readPid(p string) (int, bool) {
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return 0, false
 	}
 	pid, err := strconv.Atoi(string(bytes.TrimSpace(b)))
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
+	return pid, err == nil && pid > 0
+}
+
+// fleetWorker reports whether process pid is a worker of a fleet run in
+// the directory runDir, by the fleet identity its supervisor put in its
+// environment (idEnv). The directory, not its name, is compared: the
+// killed fleet may have named it another way (a linked parent, as /var/run
+// is of /run on most hosts), and its draining workers' pid files must be
+// kept all the same.
+func fleetWorker(pid int, runDir os.FileInfo) bool {
 	env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
 	if err != nil {
-		return 0, false // gone, or another user's
+		return false // gone, or another user's
 	}
 	prefix := []byte(idEnv + "=")
 	for kv := range bytes.SplitSeq(env, []byte{0}) {
@@ -74,12 +78,12 @@ func fleetWorker(p string, runDir os.FileInfo) (int, bool) {
 		// <run directory>:<supervisor pid>; the directory may hold a colon.
 		i := bytes.LastIndexByte(id, ':')
 		if i < 0 {
-			return 0, false
+			return false
 		}
 		fi, err := os.Stat(string(id[:i]))
-		return pid, err == nil && os.SameFile(fi, runDir)
+		return err == nil && os.SameFile(fi, runDir)
 	}
-	return 0, false
+	return false
 }
 
 // pidSweepEvery is how often a fleet that started beside workers of a

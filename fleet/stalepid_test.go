@@ -12,7 +12,9 @@ import (
 )
 
 // startSleeper starts a process that sleeps for a minute, with env added
-// to this one's, and kills it when the test ends.
+// to this one's, and kills it when the test ends. It returns once the
+// process's environment shows in /proc: for a moment after exec it reads
+// empty, and the sleeper stands for a worker that has long been running.
 func startSleeper(t *testing.T, env ...string) *exec.Cmd {
 	t.Helper()
 	c := exec.Command("sleep", "60")
@@ -21,7 +23,15 @@ func startSleeper(t *testing.T, env ...string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Process.Kill(); c.Wait() })
-	return c
+	environ := filepath.Join("/proc", strconv.Itoa(c.Process.Pid), "environ")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if b, err := os.ReadFile(environ); err == nil && len(b) > 0 {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sleeper %d shows no environment", c.Process.Pid)
+		}
+	}
 }
 
 // TestStalePidFilesOfEarlierRun: a fleet of three whose supervisor was
