@@ -55,9 +55,13 @@ type adv21Restarting struct {
 	cur      atomic.Pointer[adv21ChanListener]
 	restarts atomic.Int64
 	conns    atomic.Int64
-	forced   atomic.Int64 // generations closed by force, their grace over
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	// forced counts generations closed by force, their grace over: a
+	// client kept a connection open past its GOAWAY. Run one side at a
+	// time, twelve runs each, stock's callers left two such connections
+	// and orbit's none.
+	forced atomic.Int64
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 func newAdv21Restarting(t testing.TB, handler http.HandlerFunc, period, grace time.Duration) *adv21Restarting {
