@@ -141,7 +141,7 @@ type remoteOpts struct {
 // response, whose Body streams from the owner. A refused lease or an owner
 // that reports failure before answering comes back as an *Error wrapping
 // ErrLeaseRefused or ErrOwnerFailed. guessH2 is this process's guess that
-// the owner's connection is HTTP/2 (upstreamEntry.speaksH2), which only the
+// the owner's connection is HTTP/2 (Node.leasedH2), which only the
 // trace of a wait for a 100 follows (see exchangeOpts.guessH2): the owner's
 // accept says what the connection is.
 func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, guessH2 bool, onDone func()) (*http.Response, error) {
