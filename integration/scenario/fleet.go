@@ -162,6 +162,19 @@ func (f *Fleet) owned() ([]int, error) {
 	return n, nil
 }
 
+// rebalanced reads how many connections of a capped upstream the workers
+// closed so that a sibling holding fewer dials the replacement.
+func (f *Fleet) rebalanced() (int, error) {
+	n := 0
+	for i := range f.n {
+		err := f.metrics(i, "caddy_orbit_pool_connections_rebalanced_total ", func(_ string, v float64) { n += int(v) })
+		if err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
 // metrics calls fn with each of worker i's metric lines that start with
 // prefix, and the line's value.
 func (f *Fleet) metrics(i int, prefix string, fn func(line string, v float64)) error {

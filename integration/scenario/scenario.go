@@ -126,6 +126,10 @@ type Row struct {
 	// load ended, for orbit under a cap: a worker that owns fewer than
 	// its share sends its requests through siblings.
 	Owned []int
+	// Moves is how many of the connections under a cap orbit closed so
+	// that a worker holding fewer dials the replacement: every one the
+	// upstream accepted beyond the cap is such a replacement.
+	Moves int
 	Notes []string
 	start time.Time // when the load began
 }
@@ -265,7 +269,16 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 			if row.Owned, err = f.owned(); err != nil {
 				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 			}
-			row.Notes = append(row.Notes, fmt.Sprintf("upstream connections owned by each worker at the end: %v", row.Owned))
+			if row.Moves, err = f.rebalanced(); err != nil {
+				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+			}
+			note := fmt.Sprintf("upstream connections owned by each worker at the end: %v", row.Owned)
+			if row.Moves > 0 {
+				// The worker that took the first requests dialed the
+				// connections before its siblings waited for any.
+				note += fmt.Sprintf("; %d of the new connections replaced ones that moved to a worker holding fewer", row.Moves)
+			}
+			row.Notes = append(row.Notes, note)
 		}
 	}
 	if row.FirstSecond = firstSecond.Load(); row.FirstSecond < 0 { // the load took under a second

@@ -109,6 +109,9 @@ func TestCapHoldsFleetWide(t *testing.T) {
 	if len(row.Owned) != shortWorkers || owned == 0 || owned > limit {
 		t.Fatalf("workers owned %v upstream connections at the end, cap %d", row.Owned, limit)
 	}
+	if row.Upstream.Accepted > int64(limit+row.Moves) {
+		t.Fatalf("the upstream accepted %d connections, cap %d: more than the %d that moves to another worker replaced", row.Upstream.Accepted, limit, row.Moves)
+	}
 }
 
 func TestStampedeWithinCreationBudget(t *testing.T) {
