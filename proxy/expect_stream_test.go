@@ -10,9 +10,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 )
 
 // A request with Expect: 100-continue whose body the client writes only
@@ -167,9 +170,11 @@ func TestExpectCancelledWhileOwnerWaitsFor100(t *testing.T) {
 // HTTP/2 and the guess was HTTP/1.1, the sibling's writer waits for a 100
 // that x/net's client, which runs the owner's exchange, never waits for; the
 // owner's accept says the connection is HTTP/2, and the body goes at once.
+// Its trace reports the same wait for a 100 as x/net's for the same request:
+// none (Node.leasedH2 reads the protocol from the connection's capacity).
 func TestExpectSiblingGuessedHTTP1OwnerOnH2(t *testing.T) {
 	const ect = 3 * time.Second
-	ts, _, owner, client, entry := h2TLSPair(t, func(w http.ResponseWriter, r *http.Request) {
+	ts, roots, owner, client, entry := h2TLSPair(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != "POST" {
 			io.WriteString(w, "ok")
 			return
@@ -181,22 +186,38 @@ func TestExpectSiblingGuessedHTTP1OwnerOnH2(t *testing.T) {
 		io.WriteString(w, "got "+string(b))
 	}, func(tr *Transport) { tr.ExpectContinueTimeout = ect })
 	entry.spokeH1.Store(true) // as after a connection of its own chose http/1.1
+	ref := &http2.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+	defer ref.CloseIdleConnections()
+	waits := map[string]string{}
 	for _, m := range []struct {
 		path string
-		m    *member
-	}{{"owner", owner}, {"sibling", client}} {
+		rt   http.RoundTripper
+	}{{"x/net", ref}, {"owner", owner.tr}, {"sibling", client.tr}} {
+		// The events of the wait for a 100 alone: where a 1xx or the end
+		// of the request's write falls among them is a race in x/net's
+		// client too.
+		ev := &adv60Trace{}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*ect)
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			Wait100Continue: func() { ev.add("Wait100Continue") },
+			Got100Continue:  func() { ev.add("Got100Continue") },
+		})
 		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/upload", strings.NewReader("hello"))
 		req.Header.Set("Expect", "100-continue")
-		o := roundTripOutcome(m.m.tr, req)
+		o := roundTripOutcome(m.rt, req)
 		cancel()
 		if o.status != 200 || o.body != "got hello" || o.duration >= ect/2 {
 			t.Errorf("%s: status %d body %q error %q after %v; want 200 %q well before the %v expect timeout, as x/net's client sends the body at once",
 				m.path, o.status, o.body, o.err, o.duration.Round(time.Millisecond), "got hello", ect)
 		}
+		waits[m.path] = ev.String()
 	}
 	if s := client.node.Stats(); s.ReusedRemote == 0 {
 		t.Errorf("the sibling's request did not go through the owner: %+v", s)
+	}
+	if waits["sibling"] != waits["x/net"] {
+		t.Errorf("trace of the wait for a 100: sibling %q, x/net %q (owner %q); want the sibling's as x/net's",
+			waits["sibling"], waits["x/net"], waits["owner"])
 	}
 }
 
