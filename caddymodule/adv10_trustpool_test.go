@@ -106,7 +106,7 @@ func TestAdv10TrustPoolFileRotatedInPlace(t *testing.T) {
 	load := func(generation int) {
 		t.Helper()
 		cfg := fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	auto_https off
 	persist_config off
 	grace_period 1s

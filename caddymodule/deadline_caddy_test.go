@@ -141,7 +141,7 @@ func TestDeadlines(t *testing.T) {
 		defer release()
 		resp, body, took := timedGet(t, base+"/", http.Header{"Request-Timeout": {"10"}})
 		wantRefusal(t, resp, body, took, 503, "wait_timeout", "1", 150*time.Millisecond, 3*time.Second)
-		_, metrics := get(t, "http://localhost:2999/metrics")
+		_, metrics := get(t, "http://"+adminAddr+"/metrics")
 		for _, want := range []string{
 			`caddy_orbit_pool_deadlines_total{source="header"}`,
 			fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="deadline_near",upstream="http://%s"}`, up.hostport()),

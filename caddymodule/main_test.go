@@ -12,12 +12,18 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // testDir holds the segments and sockets of this test run. Segments live as
 // long as the in-process Caddy's config uses them, which can outlast the
 // test that made them, so they are not in t.TempDir().
 var testDir string
+
+// adminAddr is the in-process Caddy's admin endpoint: a port free when the
+// run began, so that two runs on one host do not reach each other's Caddy.
+var adminAddr string
 
 func TestMain(m *testing.M) {
 	var err error
@@ -26,6 +32,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	caddytest.Default.AdminPort = ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	adminAddr = fmt.Sprintf("localhost:%d", caddytest.Default.AdminPort)
 	code := m.Run()
 	os.RemoveAll(testDir)
 	os.Exit(code)

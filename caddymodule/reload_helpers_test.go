@@ -30,7 +30,7 @@ func (r reloadSite) caddyfile() string {
 		logs = logTo(r.logFile)
 	}
 	return fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	auto_https off
 	persist_config off
 	grace_period 1s
@@ -83,7 +83,7 @@ func postLoad(t *testing.T, cfg string) int {
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	var err error
 	for range 3 {
-		req, _ := http.NewRequest("POST", "http://localhost:2999/load", strings.NewReader(cfg))
+		req, _ := http.NewRequest("POST", "http://"+adminAddr+"/load", strings.NewReader(cfg))
 		req.Header.Set("Content-Type", "text/caddyfile")
 		var resp *http.Response
 		if resp, err = c.Do(req); err == nil {

@@ -18,7 +18,7 @@ import (
 )
 
 // The tests in this file run Caddy in this process (caddytest's admin on
-// localhost:2999) with an orbit_pool fleet of one, proxying to upstreams in
+// adminAddr) with an orbit_pool fleet of one, proxying to upstreams in
 // this process: they exercise the request paths through the transport.
 
 // startCaddy loads a Caddyfile made of the orbit_pool options opts and the
@@ -32,7 +32,7 @@ func startCaddy(t *testing.T, opts, sites string) *caddytest.Tester {
 func startCaddyGlobal(t *testing.T, global, opts, sites string) *caddytest.Tester {
 	t.Helper()
 	cfg := fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	auto_https off
 	persist_config off
 	grace_period 1s
@@ -84,7 +84,7 @@ func get(t *testing.T, url string) (*http.Response, string) {
 // fleetTable reads the admin route of the in-process Caddy.
 func fleetTable(t *testing.T) FleetTable {
 	t.Helper()
-	resp, body := get(t, "http://localhost:2999/orbit_pool/")
+	resp, body := get(t, "http://"+adminAddr+"/orbit_pool/")
 	if resp.StatusCode != 200 {
 		t.Fatalf("admin route: %d %s", resp.StatusCode, body)
 	}
@@ -197,7 +197,7 @@ func TestProxyRequests(t *testing.T) {
 	if v.Created != 1 || v.Live != 1 || v.ReusedLocal < 8 {
 		t.Errorf("admin route: %+v", v)
 	}
-	_, metrics := get(t, "http://localhost:2999/metrics")
+	_, metrics := get(t, "http://"+adminAddr+"/metrics")
 	for _, want := range []string{
 		fmt.Sprintf(`caddy_orbit_pool_upstream_info{key="%s",upstream="%s"} 1`, v.Key, name),
 		fmt.Sprintf(`caddy_orbit_pool_fleet_connections_created_total{key="%s"} 1`, v.Key),
@@ -456,7 +456,7 @@ func TestProxyRefusals(t *testing.T) {
 		if resp.StatusCode != 200 || body != "ok" {
 			t.Fatalf("after the cap freed: %d %q", resp.StatusCode, body)
 		}
-		_, metrics := get(t, "http://localhost:2999/metrics")
+		_, metrics := get(t, "http://"+adminAddr+"/metrics")
 		if !strings.Contains(metrics, fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="%s",upstream="http://%s"}`, strings.TrimPrefix(body, "refused: "), up.hostport())) &&
 			!strings.Contains(metrics, fmt.Sprintf(`upstream="http://%s"`, up.hostport())) {
 			t.Errorf("no refusal counted in the metrics")
@@ -470,13 +470,13 @@ func TestProxyRefusals(t *testing.T) {
 		// upstream's port may come round again under -count): count the
 		// change.
 		series := fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="draining",upstream="http://%s"}`, up.hostport())
-		_, metrics := get(t, "http://localhost:2999/metrics")
+		_, metrics := get(t, "http://"+adminAddr+"/metrics")
 		before := sampleValue(metrics, series)
 		resp, body := get(t, fmt.Sprintf("http://127.0.0.1:%d/", port))
 		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || body != "refused: draining" {
 			t.Fatalf("drained: %d Retry-After %q %q", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 		}
-		_, metrics = get(t, "http://localhost:2999/metrics")
+		_, metrics = get(t, "http://"+adminAddr+"/metrics")
 		if got := sampleValue(metrics, series) - before; got != 1 {
 			t.Errorf("%s grew by %v, want 1", series, got)
 		}
@@ -504,7 +504,7 @@ func TestReloadKeepsFleet(t *testing.T) {
 	load := func(header, opts string) {
 		t.Helper()
 		cfg := fmt.Sprintf(`{
-	admin localhost:2999
+	admin `+adminAddr+`
 	auto_https off
 	persist_config off
 	grace_period 1s
