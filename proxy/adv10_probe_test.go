@@ -164,3 +164,45 @@ func TestAdv10ProbedBodyThroughSiblingLikeLocal(t *testing.T) {
 		}
 	}
 }
+
+// TestAdv10RefusedStreamKeptPastCallersCancel: the stream an owner refused a
+// lease on stays in step, and the sibling keeps it, also when the caller
+// cancels its context the moment RoundTrip returns (a server cancels a
+// request's context as its handler returns) while the refused exchange's
+// writer has stopped but not yet ended its part. The hook holds the writer
+// there; CI met the window without it, on a loaded machine.
+func TestAdv10RefusedStreamKeptPastCallersCancel(t *testing.T) {
+	u := newAdv10Upstream(t, false, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
+		io.Copy(io.Discard, req.Body)
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return req.URL.Path != "/then-close"
+	})
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	one := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
+	owner := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, one)
+	client := newMember(t, spec, one)
+	hold := func() { time.Sleep(100 * time.Millisecond) }
+	writerStopped.Store(&hold)
+	t.Cleanup(func() { writerStopped.Store(nil) })
+
+	warm(t, owner, u.url("/then-close"))
+	// The upstream closes the owner's only connection while it is idle:
+	// the owner refuses the lease on it.
+	time.Sleep(60 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	req, _ := http.NewRequestWithContext(ctx, "GET", u.url("/search"), io.MultiReader(strings.NewReader(`{"q":1}`)))
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	drain(resp)
+	cancel()
+	if s := owner.node.Stats(); s.Refused == 0 {
+		t.Fatalf("owner %+v: refused nothing; the test's premise is a refused lease", s)
+	}
+	waitFor(t, 2*time.Second, "the sibling to keep its stream to the owner", func() bool {
+		return client.node.Stats().IdlePeerConns == 1
+	})
+}

@@ -148,6 +148,10 @@ var closedChan = func() chan struct{} {
 
 const defaultMaxHeaderBytes = 10 << 20
 
+// writerStopped, if set, runs in an exchange's writer between its stop
+// (writeDone) and the end of its part. Tests use it to hold the writer there.
+var writerStopped atomic.Pointer[func()]
+
 // abortOnCancel tears down the connection of an exchange whose context was
 // cancelled. Tests delay it to land after the exchange has ended.
 var abortOnCancel = (*conn).abort
@@ -224,8 +228,11 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 			// The owner answered before it took any of the body, and
 			// skipped the request: once our writer has stopped without
 			// sending any of it, the stream is in step for the next
-			// exchange.
+			// exchange. The writer may not have ended its part yet, and
+			// the caller may cancel its context the moment this returns:
+			// from now on that context no longer concerns the stream.
 			<-x.writeDone
+			x.unwatchCtx()
 			x.finish(true)
 			return nil, err
 		}
@@ -404,6 +411,9 @@ func (x *exchange) declineWithoutError(r *http.Request) *http.Request {
 func (x *exchange) writeLoop(r *http.Request) {
 	ok, part := x.writeBody(r)
 	close(x.writeDone)
+	if h := writerStopped.Load(); h != nil {
+		(*h)()
+	}
 	if part {
 		x.finish(ok)
 	}
