@@ -17,7 +17,8 @@ import (
 // TestAdv58QueueMemoryWithinLimit: the queue of 1xx heads and what the
 // flush has taken of it hold at most the header limit, in live memory too.
 // Here a sibling reads at a moderate pace while the queue is at least half
-// full (so that a slow read loop, under -race, keeps up); once it is, the live heap must have grown by well under
+// full (so that a slow read loop, under -race, keeps up), then stops; once
+// the queue is full again, the live heap must have grown by well under
 // twice the limit. When the flush wrote by chunks and counted only what it
 // had not written of its batch, the read loop refilled the queue by as
 // much while the batch's whole array stayed alive: about twice the limit
@@ -69,20 +70,24 @@ func TestAdv58QueueMemoryWithinLimit(t *testing.T) {
 		wg.Wait()
 	}()
 
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// The sibling reads as much as the limit; then it stops, and the read
+	// loop fills the queue behind the flush's write, which waits for it.
+	// Sampling the queue while the sibling still read found it over three
+	// quarters full too rarely on a loaded machine, where the read loop
+	// lags the reads.
+	deadline := time.Now().Add(20 * time.Second)
+	for read.Load() <= limit {
 		if time.Now().After(deadline) {
-			t.Fatalf("the queue never filled while the sibling read (read %d bytes)", read.Load())
-		}
-		r.mu.Lock()
-		p, f := len(r.pending), r.inFlight
-		r.mu.Unlock()
-		if read.Load() > 3*limit && p+f >= limit*3/4 {
-			pause.Store(true)
-			break
+			t.Fatalf("the sibling read %d bytes of the queue in 20s, want %d", read.Load(), limit)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
+	pause.Store(true)
+	waitFor(t, 5*time.Second, "the queue to fill behind the paused sibling", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.pending)+r.inFlight >= limit*3/4
+	})
 	time.Sleep(50 * time.Millisecond)
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
