@@ -36,7 +36,11 @@ const (
 	// the fleet (order_window 0): what the default window saves shows
 	// under a cap.
 	OrbitStrict Variant = "orbit-strict"
-	Stock       Variant = "stock"
+	// OrbitLocalOnly is orbit that never uses a sibling's connection
+	// (policy local_only): what the remote path costs and saves shows
+	// against the default's local_first.
+	OrbitLocalOnly Variant = "orbit-local-only"
+	Stock          Variant = "stock"
 	// StockDefault is the stock transport as Caddy configures it when
 	// told nothing: 32 idle connections kept per upstream, so a load of
 	// more clients than that closes and opens connections all along.
@@ -72,7 +76,7 @@ func (v Variant) window() (int, bool) {
 // orbit reports whether v runs the orbit_pool transport.
 func (v Variant) orbit() bool {
 	_, windowed := v.window()
-	return v == Orbit || windowed
+	return v == Orbit || v == OrbitLocalOnly || windowed
 }
 
 // Caddy reports whether v is a fleet of Caddy workers, rather than a peer.
@@ -317,6 +321,9 @@ func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir st
 		fmt.Fprintf(&b, "\torbit_pool {\n\t\tsegment %s\n\t\tsocket_dir %s\n\t\twait_timeout 10s\n", segment, sockDir)
 		if n, ok := v.window(); ok {
 			fmt.Fprintf(&b, "\t\torder_window %d\n", n)
+		}
+		if v == OrbitLocalOnly {
+			b.WriteString("\t\tpolicy local_only\n")
 		}
 		if s.MaxConns > 0 {
 			fmt.Fprintf(&b, "\t\tmax_conns_per_host %d\n", s.MaxConns)

@@ -53,6 +53,7 @@ func main() {
 		defs    = flag.Bool("stock-default", false, "also run the stock transport with Caddy's default idle pool (32 per upstream)")
 		strict  = flag.Bool("strict", false, "also run orbit with waiters served in strict arrival order (order_window 0)")
 		window  = flag.Int("window", -1, "also run orbit with this order_window, to weigh it against the default")
+		local   = flag.Bool("local-only", false, "also run orbit that never uses a sibling's connection (policy local_only)")
 		rounds  = flag.Int("rounds", 1, "run every scenario this many times, alternating the variants' order, and summarise orbit's ratios to stock")
 	)
 	flag.Parse()
@@ -64,6 +65,9 @@ func main() {
 	}
 	if *window >= 0 {
 		variants = append(variants, scenario.OrbitWindow(*window))
+	}
+	if *local {
+		variants = append(variants, scenario.OrbitLocalOnly)
 	}
 	variants = append(variants, scenario.Stock)
 	if *defs {
