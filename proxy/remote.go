@@ -210,7 +210,13 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		// stream) would hold the exchange past its own deadline. On a
 		// goroutine of its own, as x/net's: Close waits for a pending
 		// Read on some bodies.
-		rx.opts.stopBody = func() { go orig.Body.Close() }
+		if tb, ok := orig.Body.(*trackBody); ok {
+			// Late, it must not close the body under a retry.
+			n := tb.attemptNo()
+			rx.opts.stopBody = func() { go tb.closeFor(n) }
+		} else {
+			rx.opts.stopBody = func() { go orig.Body.Close() }
+		}
 	}
 	fresh := c.requests == 0
 	hopMark(hopCallerPrep)

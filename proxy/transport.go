@@ -424,6 +424,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				t.Node.stats.retries.Add(1)
 				if nb, ok := next.Body.(*trackBody); ok && next != r {
 					tb = nb
+				} else if tb != nil && next == r {
+					tb.again()
 				}
 				if gz && next != r {
 					next = withGzip(next)
@@ -899,6 +901,7 @@ type trackBody struct {
 	mu      sync.Mutex
 	pending bool // an attempt closed the body without reading it
 	settled bool // RoundTrip returned a response: closes are real now
+	attempt int  // attempts the body was handed to before this one (see again)
 }
 
 // Read marks the body used only when it asks for bytes: a zero-length read
@@ -973,6 +976,41 @@ func (b *trackBody) unread(p []byte, used bool) {
 
 func (b *trackBody) Close() error {
 	b.mu.Lock()
+	return b.closeLocked()
+}
+
+// closeFor is Close asked by attempt n (see attemptNo): once the body has
+// gone to a later attempt, an earlier one's close, which may come late from
+// a goroutine of its own (see peers.roundTrip), is not the later one's to
+// suffer. An attempt that ended has nothing of the body to stop.
+func (b *trackBody) closeFor(n int) error {
+	b.mu.Lock()
+	if b.attempt != n {
+		b.mu.Unlock()
+		return nil
+	}
+	return b.closeLocked()
+}
+
+func (b *trackBody) attemptNo() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.attempt
+}
+
+// again hands the body, unread, to another attempt: what the attempts
+// before asked of it no longer applies. A close one of them left pending
+// would otherwise happen as the new attempt's response arrives (settle),
+// under a body still being sent: a bidirectional stream's.
+func (b *trackBody) again() {
+	b.mu.Lock()
+	b.attempt++
+	b.pending = false
+	b.mu.Unlock()
+}
+
+// closeLocked is Close with b.mu held; it unlocks it.
+func (b *trackBody) closeLocked() error {
 	if !b.used.Load() && !b.settled {
 		b.pending = true
 		b.mu.Unlock()
