@@ -974,22 +974,26 @@ func (b *trackBody) unread(p []byte, used bool) {
 	b.used.Store(used)
 }
 
-func (b *trackBody) Close() error {
-	b.mu.Lock()
-	return b.closeLocked()
-}
+func (b *trackBody) Close() error { return b.closeFor(-1) }
 
-// closeFor is Close asked by attempt n (see attemptNo): once the body has
-// gone to a later attempt, an earlier one's close, which may come late from
-// a goroutine of its own (see peers.roundTrip), is not the later one's to
-// suffer. An attempt that ended has nothing of the body to stop.
+// closeFor is Close asked by attempt n (see attemptNo), or by the attempt
+// under way if n < 0: once the body has gone to a later attempt, an earlier
+// one's close, which may come late from a goroutine of its own (see
+// peers.roundTrip), is not the later one's to suffer. An attempt that ended
+// has nothing of the body to stop.
 func (b *trackBody) closeFor(n int) error {
 	b.mu.Lock()
-	if b.attempt != n {
+	switch {
+	case n >= 0 && n != b.attempt:
+		b.mu.Unlock()
+		return nil
+	case !b.used.Load() && !b.settled:
+		b.pending = true
 		b.mu.Unlock()
 		return nil
 	}
-	return b.closeLocked()
+	b.mu.Unlock()
+	return b.closeNow()
 }
 
 func (b *trackBody) attemptNo() int {
@@ -1007,17 +1011,6 @@ func (b *trackBody) again() {
 	b.attempt++
 	b.pending = false
 	b.mu.Unlock()
-}
-
-// closeLocked is Close with b.mu held; it unlocks it.
-func (b *trackBody) closeLocked() error {
-	if !b.used.Load() && !b.settled {
-		b.pending = true
-		b.mu.Unlock()
-		return nil
-	}
-	b.mu.Unlock()
-	return b.closeNow()
 }
 
 // settle is RoundTrip returning a response: a close that an attempt asked
