@@ -148,8 +148,9 @@ var closedChan = func() chan struct{} {
 
 const defaultMaxHeaderBytes = 10 << 20
 
-// writerStopped, if set, runs in an exchange's writer between its stop
-// (writeDone) and the end of its part. Tests use it to hold the writer there.
+// writerStopped, if set, runs in an exchange's writer just after its stop
+// (writeDone), before the end of its part if that is still to come. Tests
+// use it to hold the writer there.
 var writerStopped atomic.Pointer[func()]
 
 // abortOnCancel tears down the connection of an exchange whose context was
@@ -228,11 +229,11 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 			// The owner answered before it took any of the body, and
 			// skipped the request: once our writer has stopped without
 			// sending any of it, the stream is in step for the next
-			// exchange. The writer may not have ended its part yet, and
-			// the caller may cancel its context the moment this returns:
-			// from now on that context no longer concerns the stream.
+			// exchange. The writer ended its part before it stopped
+			// (endWritePartFirst): this finish ends the exchange, and
+			// the caller's context, which it may cancel the moment this
+			// returns, no longer concerns the stream.
 			<-x.writeDone
-			x.unwatchCtx()
 			x.finish(true)
 			return nil, err
 		}
@@ -410,6 +411,9 @@ func (x *exchange) declineWithoutError(r *http.Request) *http.Request {
 // before its part of the exchange ends.
 func (x *exchange) writeLoop(r *http.Request) {
 	ok, part := x.writeBody(r)
+	if part && x.endWritePartFirst(ok) {
+		part = false
+	}
 	close(x.writeDone)
 	if h := writerStopped.Load(); h != nil {
 		(*h)()
@@ -417,6 +421,20 @@ func (x *exchange) writeLoop(r *http.Request) {
 	if part {
 		x.finish(ok)
 	}
+}
+
+// endWritePartFirst ends the writer's part before writeDone closes if the
+// reader's is still running, which then ends the exchange: a reader that
+// waits for writeDone before it returns (a refused lease's, or a failure's)
+// returns with the connection already back in its pool, or closed, and not
+// with the writer's part left to a goroutine the scheduler may hold back.
+// When the reader's part is over, the writer's ends the exchange, after
+// writeDone, as finish requires.
+func (x *exchange) endWritePartFirst(ok bool) bool {
+	if !ok {
+		x.keepAlive.Store(false)
+	}
+	return x.pending.CompareAndSwap(2, 1)
 }
 
 // writeBody is writeLoop's write; it reports how the write's part of the

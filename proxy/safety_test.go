@@ -951,6 +951,11 @@ func (r *readCount) Close() error { return nil }
 // next exchange. Issue 10, item 3.
 func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
 	dir := filepath.Dir(startFakeOwnerAt(t, &nothingSentAcceptor{}))
+	// A writer held after its stop must not hold the stream back from the
+	// pool once roundTrip has returned.
+	hold := func() { time.Sleep(50 * time.Millisecond) }
+	writerStopped.Store(&hold)
+	t.Cleanup(func() { writerStopped.Store(nil) })
 	p := newPeers(dir, 4)
 	defer p.close()
 	o := &remoteOpts{maxHeaderBytes: 1 << 20}
