@@ -41,13 +41,25 @@ func TestAdv47KnownLengthLongBodyFailsAsNetHTTP(t *testing.T) {
 				warm(t, owner, up.URL+"/warm") // a failure before may have broken its connection
 				rt := map[string]http.RoundTripper{"net/http": http.DefaultTransport, "owner": owner.tr, "sibling": client.tr}[name]
 				before := client.node.Stats().ReusedRemote
-				req, _ := http.NewRequest("POST", up.URL+"/long", nil)
-				req.Body = io.NopCloser(strings.NewReader(strings.Repeat("a", size)))
-				req.ContentLength = 3
-				if withTrailers {
-					req.Trailer = http.Header{"X-T": {"t"}}
+				send := func() h2Outcome {
+					req, _ := http.NewRequest("POST", up.URL+"/long", nil)
+					req.Body = io.NopCloser(strings.NewReader(strings.Repeat("a", size)))
+					req.ContentLength = 3
+					if withTrailers {
+						req.Trailer = http.Header{"X-T": {"t"}}
+					}
+					return roundTripOutcome(rt, req)
 				}
-				o := roundTripOutcome(rt, req)
+				o := send()
+				// net/http's RoundTrip picks at random between its
+				// writer's error and its read loop's failure on the
+				// connection the writer closed, once both are there: on
+				// a loaded machine, "use of closed network connection".
+				// Its row needs the error once in a few tries; orbit's
+				// reader takes the writer's error when there is one.
+				for try := 1; name == "net/http" && try < 5 && !strings.Contains(o.err, "ContentLength=3 with Body length"); try++ {
+					o = send()
+				}
 				if name == "sibling" && client.node.Stats().ReusedRemote == before {
 					t.Fatalf("not through the owner (%+v)", client.node.Stats())
 				}

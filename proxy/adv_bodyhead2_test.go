@@ -378,7 +378,6 @@ func (s serverBodies) RoundTrip(req *http.Request) (*http.Response, error) {
 // remote path.
 func TestAdv2DifferentialShortBodies(t *testing.T) {
 	u := newTestUpstream(t)
-	ref := serverBodies{referenceTransport(t)}
 	local := serverBodies{localTransport(t, configure)}
 	owner, client := remotePair(t, configure)
 	remote := serverBodies{client.tr}
@@ -409,7 +408,7 @@ func TestAdv2DifferentialShortBodies(t *testing.T) {
 	for i := range cases {
 		tc := cases[i]
 		t.Run(tc.name, func(t *testing.T) {
-			want, wantErr := run(t, &tc, ref, baseOf(u))
+			want, wantErr := run(t, &tc, serverBodies{referenceTransport(t)}, baseOf(u))
 			if (tc.errKind == nil) != (wantErr == nil) {
 				t.Fatalf("net/http: %v", wantErr)
 			}

@@ -477,7 +477,6 @@ func TestMultiProcessDifferential(t *testing.T) {
 		t.Skip("multi-process test")
 	}
 	u := newTestUpstream(t)
-	ref := referenceTransport(t)
 	seg := filepath.Join(t.TempDir(), "seg")
 	t.Setenv("ORBIT_RAW", "http://"+u.raw.Addr().String())
 	t.Setenv("ORBIT_DIFF", "1")
@@ -492,7 +491,7 @@ func TestMultiProcessDifferential(t *testing.T) {
 			if tc.stream {
 				continue
 			}
-			want, wantErr := run(t, &tc, ref, baseOf(u))
+			want, wantErr := run(t, &tc, referenceTransport(t), baseOf(u))
 			if (wantErr != nil) != (tc.errKind != nil) {
 				t.Fatalf("%s: net/http: error %v", tc.name, wantErr)
 			}
