@@ -425,9 +425,9 @@ func (x *exchange) writeLoop(r *http.Request) {
 
 // endWritePartFirst ends the writer's part before writeDone closes if the
 // reader's is still running, which then ends the exchange: a reader that
-// waits for writeDone before it returns (a refused lease's, or a failure's)
-// returns with the connection already back in its pool, or closed, and not
-// with the writer's part left to a goroutine the scheduler may hold back.
+// waits for writeDone before it ends its part (a refused lease's) returns
+// with the connection already back in its pool, and not with the writer's
+// part left to a goroutine the scheduler may hold back.
 // When the reader's part is over, the writer's ends the exchange, after
 // writeDone, as finish requires.
 func (x *exchange) endWritePartFirst(ok bool) bool {
