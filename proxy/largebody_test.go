@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // echoBody answers with the request's body, of the same declared length.
@@ -225,6 +227,47 @@ func TestLargeBodyPrefersItsOwnConnection(t *testing.T) {
 			body := randomBytes(tc.size)
 			if got := postEcho(t, client.tr, srv.URL+"/echo", body); !bytes.Equal(got, body) {
 				t.Fatalf("echo differs (%d bytes back)", len(got))
+			}
+			if st := client.node.Stats(); st.Created != tc.created || st.ReusedRemote != tc.remoter {
+				t.Errorf("created %d, through the sibling %d; want %d, %d", st.Created, st.ReusedRemote, tc.created, tc.remoter)
+			}
+		})
+	}
+}
+
+// TestCreateBeforeRemoteDialsFirst: under CreateBeforeRemote every request
+// does what a large body does under LocalFirst. With a sibling's idle
+// connection there, a small request opens a connection of its own while the
+// key's budget allows; with the budget spent it goes through the sibling;
+// and when its dial fails (the upstream takes no new connection) it still
+// goes through the sibling, as under LocalFirst.
+func TestCreateBeforeRemoteDialsFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		maxConns         int
+		refuseNew        bool
+		created, remoter uint64
+	}{
+		{"budget left", 2, false, 1, 0},
+		{"budget spent", 1, false, 0, 1},
+		{"dial refused", 2, true, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(echoBody))
+			defer srv.Close()
+			ms := newFleet(t, 2, func(tr *Transport) {
+				tr.MaxConnsPerKey = tc.maxConns
+				tr.Policy = orbitpool.CreateBeforeRemote{}
+			})
+			owner, client := ms[0], ms[1]
+			warm(t, owner, srv.URL+"/warm")
+			if tc.refuseNew {
+				// Connections made stay served; new ones are refused.
+				srv.Listener.Close()
+			}
+			body := []byte("small")
+			if got := postEcho(t, client.tr, srv.URL+"/echo", body); !bytes.Equal(got, body) {
+				t.Fatalf("echo differs: %q", got)
 			}
 			if st := client.node.Stats(); st.Created != tc.created || st.ReusedRemote != tc.remoter {
 				t.Errorf("created %d, through the sibling %d; want %d, %d", st.Created, st.ReusedRemote, tc.created, tc.remoter)

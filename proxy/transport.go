@@ -79,7 +79,8 @@ type Transport struct {
 	// (the remote path costs about 1.7 times the local path's CPU per
 	// MiB, BenchmarkLargeBody), and uses a sibling's once the budget is
 	// spent or when that dial fails (the admission backstop refuses it, or
-	// the upstream takes no new connection).
+	// the upstream takes no new connection). Under
+	// orbitpool.CreateBeforeRemote every request goes so.
 	Policy orbitpool.Policy
 	// MaxResponseHeaderBytes limits the response header. Default 10 MiB.
 	MaxResponseHeaderBytes int64
@@ -603,12 +604,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		policy = orbitpool.LocalFirst{}
 	}
 	// A request with a large body prefers a connection of its own to a
-	// sibling relaying every byte of it; that dial is only a preference,
-	// and one that fails (refused by admission or by the upstream) goes
-	// back to the policy it replaced, which may find a sibling's.
+	// sibling relaying every byte of it, as every request does under
+	// CreateBeforeRemote; that dial is only a preference, and one that
+	// fails (refused by admission or by the upstream) goes back to
+	// LocalFirst, which may find a sibling's.
 	var fallback orbitpool.Policy
-	if _, ok := policy.(orbitpool.LocalFirst); ok && req.ContentLength >= largeBody {
-		fallback, policy = policy, orbitpool.CreateBeforeRemote{}
+	switch policy.(type) {
+	case orbitpool.LocalFirst:
+		if req.ContentLength >= largeBody {
+			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
+		}
+	case orbitpool.CreateBeforeRemote:
+		fallback = orbitpool.LocalFirst{}
 	}
 	avoiding := false
 	near := t.nearWindow()
