@@ -143,6 +143,7 @@ func TestValidateErrors(t *testing.T) {
 		{"conns_per_process", appConfig(`{"conns_per_process": -3}`), "conns_per_process must be between 1 and"},
 		{"policy", appConfig(`{"policy": "random"}`), `unknown policy "random": want local_first or local_only`},
 		{"max_conns_per_host", appConfig(`{"max_conns_per_host": -1}`), "max_conns_per_host must not be negative, got -1"},
+		{"local_only with a cap", appConfig(`{"policy": "local_only", "max_conns_per_host": 16}`), "max_conns_per_host 16 cannot be shared under policy local_only"},
 		{"max_dialing_per_host", appConfig(`{"max_dialing_per_host": -1}`), "max_dialing_per_host must not be negative, got -1"},
 		{"wait_timeout", appConfig(`{"wait_timeout": -1}`), "wait_timeout must be positive, got -1ns"},
 		{"deadline_near_window negative", appConfig(`{"deadline_near_window": "-1s"}`), "deadline_near_window must not be negative, got -1s"},
@@ -161,6 +162,9 @@ func TestValidateErrors(t *testing.T) {
 		{"expect_continue_timeout", transportConfig(`{"protocol": "orbit_pool", "expect_continue_timeout": "-1s"}`), "expect_continue_timeout must not be negative, got -1s"},
 		{"max_response_header_size", transportConfig(`{"protocol": "orbit_pool", "max_response_header_size": -1}`), "max_response_header must not be negative, got -1"},
 		{"transport max_conns_per_host", transportConfig(`{"protocol": "orbit_pool", "max_conns_per_host": -1}`), "max_conns_per_host must not be negative, got -1"},
+		{"transport cap under local_only", `{"apps": {"orbit_pool": {"policy": "local_only"}, "http": {"servers": {"s": {"listen": [":0"], "routes": [{"handle": [
+			{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:9000"}], "transport": {"protocol": "orbit_pool", "max_conns_per_host": 8}}]}]}}}}}`,
+			"max_conns_per_host 8 cannot be shared under policy local_only"},
 		{"transport max_dialing_per_host", transportConfig(`{"protocol": "orbit_pool", "max_dialing_per_host": -1}`), "max_dialing_per_host must not be negative, got -1"},
 		{"transport wait_timeout", transportConfig(`{"protocol": "orbit_pool", "wait_timeout": "-1s"}`), "wait_timeout must be positive, got -1s"},
 		{"transport timeout", transportConfig(`{"protocol": "orbit_pool", "timeout": "-1s"}`), "timeout must not be negative, got -1s"},
@@ -183,6 +187,17 @@ func TestValidateErrors(t *testing.T) {
 				t.Fatalf("error %q does not contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestPolicyAndCapValidate: local_only without a cap, and a cap under
+// local_first, are valid; only the two together are refused (see
+// TestValidateErrors).
+func TestPolicyAndCapValidate(t *testing.T) {
+	for _, app := range []string{`{"policy": "local_only"}`, `{"max_conns_per_host": 16}`, `{"policy": "local_first", "max_conns_per_host": 16}`} {
+		if err := validateJSON(t, appConfig(app)); err != nil {
+			t.Errorf("%s: %v", app, err)
+		}
 	}
 }
 

@@ -329,6 +329,8 @@ func (t *Transport) Validate() error {
 		return fmt.Errorf("max_conns_per_host must not be negative, got %d", t.MaxConnsPerHost)
 	case t.MaxDialingPerHost < 0:
 		return fmt.Errorf("max_dialing_per_host must not be negative, got %d", t.MaxDialingPerHost)
+	case t.app.checkCap(t.limits.MaxResources) != nil:
+		return t.app.checkCap(t.limits.MaxResources)
 	case t.WaitTimeout < 0:
 		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(t.WaitTimeout))
 	case t.Timeout < 0:

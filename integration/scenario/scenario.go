@@ -79,6 +79,19 @@ func (v Variant) orbit() bool {
 	return v == Orbit || v == OrbitLocalOnly || windowed
 }
 
+// Unfit says why v cannot run s, or nothing if it can: a scenario whose
+// client is not plain HTTP runs only on Caddy fleets, and policy local_only
+// takes no fleet-wide cap (the orbit_pool app refuses the two together).
+func (v Variant) Unfit(s Scenario) string {
+	switch {
+	case s.Client != nil && !v.Caddy():
+		return "its client is not plain HTTP"
+	case v == OrbitLocalOnly && s.MaxConns > 0:
+		return "policy local_only takes no max_conns_per_host"
+	}
+	return ""
+}
+
 // Caddy reports whether v is a fleet of Caddy workers, rather than a peer.
 func (v Variant) Caddy() bool { return v.orbit() || v == Stock || v == StockDefault }
 

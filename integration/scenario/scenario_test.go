@@ -271,6 +271,10 @@ func TestCaddyfileChangesOnlyTheTransport(t *testing.T) {
 	if lo := Caddyfile(s, OrbitLocalOnly, 8080, "https://127.0.0.1:9443", "/dev/shm/x", "/tmp/s", 4); !addsOnly(lo, "\t\tpolicy local_only\n") {
 		t.Errorf("orbit-local-only config is not orbit's with policy local_only:\n%s", lo)
 	}
+	capped := Scenario{MaxConns: 16}
+	if OrbitLocalOnly.Unfit(capped) == "" || Orbit.Unfit(capped) != "" || OrbitLocalOnly.Unfit(Scenario{}) != "" {
+		t.Error("local-only is not left out of exactly the scenarios with a cap")
+	}
 	if Variant("orbit-window-x").orbit() || Variant("orbit-window--1").orbit() {
 		t.Error("a malformed window variant counts as orbit")
 	}

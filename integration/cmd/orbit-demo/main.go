@@ -132,8 +132,8 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 				s.Name = fmt.Sprintf("%s#%d", s.Name, round)
 			}
 			for _, v := range vs {
-				if s.Client != nil && !v.Caddy() {
-					fmt.Fprintf(os.Stderr, "%s: not run on %s (its client is not plain HTTP)\n", s.Name, v)
+				if why := v.Unfit(s); why != "" {
+					fmt.Fprintf(os.Stderr, "%s: not run on %s (%s)\n", s.Name, v, why)
 					continue
 				}
 				fmt.Fprintf(os.Stderr, "%s, %d workers, %s, %d connections for %v\n", s.Name, workers, v, s.Conns, d)
