@@ -80,7 +80,10 @@ type Transport struct {
 	// MiB, BenchmarkLargeBody), and uses a sibling's once the budget is
 	// spent or when that dial fails (the admission backstop refuses it, or
 	// the upstream takes no new connection). Under
-	// orbitpool.CreateBeforeRemote every request goes so.
+	// orbitpool.CreateBeforeRemote every request goes so. Under
+	// orbitpool.LocalOnly, MaxConnsPerKey is best left 0: a process whose
+	// siblings hold the capped connections waits for one until its
+	// requests time out (the orbit_pool app refuses the two together).
 	Policy orbitpool.Policy
 	// MaxResponseHeaderBytes limits the response header. Default 10 MiB.
 	MaxResponseHeaderBytes int64
