@@ -169,8 +169,9 @@ func TestAdv10ProbedBodyThroughSiblingLikeLocal(t *testing.T) {
 // lease on stays in step, and the sibling keeps it, also when the caller
 // cancels its context the moment RoundTrip returns (a server cancels a
 // request's context as its handler returns) while the refused exchange's
-// writer has stopped but not yet ended its part. The hook holds the writer
-// there; CI met the window without it, on a loaded machine.
+// writer is held just after its stop. The hook holds it there: CI met that
+// window on a loaded machine, when the writer ended its part only after its
+// stop (it now ends it before, see endWritePartFirst).
 func TestAdv10RefusedStreamKeptPastCallersCancel(t *testing.T) {
 	u := newAdv10Upstream(t, false, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
 		io.Copy(io.Discard, req.Body)
