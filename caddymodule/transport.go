@@ -329,8 +329,6 @@ func (t *Transport) Validate() error {
 		return fmt.Errorf("max_conns_per_host must not be negative, got %d", t.MaxConnsPerHost)
 	case t.MaxDialingPerHost < 0:
 		return fmt.Errorf("max_dialing_per_host must not be negative, got %d", t.MaxDialingPerHost)
-	case t.app.checkCap(t.limits.MaxResources) != nil:
-		return t.app.checkCap(t.limits.MaxResources)
 	case t.WaitTimeout < 0:
 		return fmt.Errorf("wait_timeout must be positive, got %s", time.Duration(t.WaitTimeout))
 	case t.Timeout < 0:
@@ -341,6 +339,9 @@ func (t *Transport) Validate() error {
 		return fmt.Errorf("keepalive_max_lifetime must not be negative, got %s", time.Duration(t.KeepAlive.MaxLifetime))
 	case t.KeepAlive.MaxRequests < 0:
 		return fmt.Errorf("keepalive_max_requests must not be negative, got %d", t.KeepAlive.MaxRequests)
+	}
+	if err := t.app.checkCap(t.limits.MaxResources); err != nil {
+		return err
 	}
 	for _, h := range t.DeadlineHeaders {
 		if !validHeaderName(h) {
