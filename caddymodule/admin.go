@@ -98,6 +98,7 @@ type NodeView struct {
 	LeasesRefused    uint64 `json:"leases_refused"`
 	Retired          uint64 `json:"retired"`
 	Rebalanced       uint64 `json:"rebalanced"`
+	DialsPassed      uint64 `json:"dials_passed"`
 	Retries          uint64 `json:"retries"`
 	IdlePeerStreams  int    `json:"idle_peer_streams"`
 }
@@ -188,6 +189,7 @@ func (f *fleet) view() (FleetView, error) {
 		LeasesRefused:    st.Refused,
 		Retired:          st.Retired,
 		Rebalanced:       st.Rebalanced,
+		DialsPassed:      st.DialsPassed,
 		Retries:          st.Retries,
 		IdlePeerStreams:  st.IdlePeerConns,
 	}

@@ -171,7 +171,7 @@ func returnLeakedPermit(st *permitState) {
 	if st.p.closed.Load() || !cp.take() {
 		return
 	}
-	if err := cp.release(); err != nil {
+	if err := cp.release(-1); err != nil {
 		st.p.leaked(fmt.Errorf("orbitpool: return a garbage-collected creation permit: %w", err))
 		return
 	}

@@ -80,3 +80,61 @@ func TestUnregisterTowardTheNeediest(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseTowardTheNeediest: as TestUnregisterTowardTheNeediest, with
+// the unit that of a creation permit lane A gives up instead of a resource
+// it unregisters: A holds two busy resources and a permit, C one resource,
+// B none, and the key is at its cap of four. The permit closed toward B
+// gives its unit to B's waiter, passing C's older one, within the window;
+// in strict order C's waiter gets it.
+func TestCloseTowardTheNeediest(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window uint32
+		served int // 0 is C's waiter, 1 is B's
+	}{
+		{"window", 4, 1},
+		{"strict", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWinFleet(t, 4, 3, func(int) uint32 { return tc.window })
+			pa, pb, pc := f.ps[0], f.ps[1], f.ps[2]
+			lim := Limits{MaxResources: 4}
+			for _, p := range []*Pool{pa, pa, pc} {
+				if _, err := p.Register(f.k, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cp, err := pa.ClaimCreate(f.k, lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range []*Pool{pa, pa, pc} {
+				if plan, err := p.Acquire(context.Background(), f.k, LocalOnly{}, lim); err != nil || plan.Kind != PlanReuseLocal {
+					t.Fatalf("lane %d: acquire its own resource: %v %v", p.Lane(), plan.Kind, err)
+				}
+			}
+			ws := []*winWaiter{f.arrive(2, LocalFirst{}, lim), f.arrive(1, LocalFirst{}, lim)}
+			defer func() {
+				for _, w := range ws {
+					w.cancel()
+				}
+			}()
+			if lane, held, own, ok := pa.Neediest(f.k); !ok || own != 2 || (tc.served == 1) != (lane == pb.Lane() && held == 0) {
+				t.Fatalf("Neediest = lane %d holding %d, own %d, ok %v", lane, held, own, ok)
+			}
+			if err := cp.CloseToward(pb.Lane()); err != nil {
+				t.Fatal(err)
+			}
+			served, unserved, plans := collect(ws, 100*time.Millisecond)
+			if len(served) != 1 || served[0] != ws[tc.served] || plans[0].Kind != PlanCreate {
+				t.Fatalf("window %d: the unit went to %d waiters (want only waiter %d, in lane %d, to create); %d still wait",
+					tc.window, len(served), tc.served, ws[tc.served].lane, len(unserved))
+			}
+			plans[0].Permit.Close()
+			if err := cp.CloseToward(pb.Lane()); err != nil {
+				t.Errorf("a second close of the permit: %v, want none", err)
+			}
+		})
+	}
+}

@@ -146,11 +146,25 @@ func (cp *CreationPermit) Close() error {
 	if !cp.take() {
 		return nil
 	}
-	return cp.release()
+	return cp.release(-1)
 }
 
-// release frees the permit's slot and budget; the permit is taken.
-func (cp *CreationPermit) release() error {
+// CloseToward is Close for a permit given up so that lane, which waits for
+// the key while holding fewer of its resources (see Neediest), creates the
+// resource instead: the unit goes to that lane's oldest waiter rather than
+// the fleet's, as UnregisterToward's does. Where a resource is created
+// settles which process owns it, and so which process's requests reach it
+// without a relay.
+func (cp *CreationPermit) CloseToward(lane int) error {
+	if !cp.take() {
+		return nil
+	}
+	return cp.release(lane)
+}
+
+// release frees the permit's slot and budget, its unit going to lane prefer
+// within the order window (-1: in strict order); the permit is taken.
+func (cp *CreationPermit) release(prefer int) error {
 	p := cp.p
 	s := p.seg
 	off := s.slotOff(p.lane, cp.slot)
@@ -171,7 +185,9 @@ func (cp *CreationPermit) release() error {
 	p.laneMu.Unlock()
 	if ok {
 		p.keyRelease(cp.key.idx, cp.key.gen, true)
-		p.wake(cp.key.idx, 1)
+		if p.queued(cp.key.idx) {
+			p.grant(cp.key.idx, 1, prefer)
+		}
 		p.returned(off, freed, cp.key.idx)
 	}
 	return nil

@@ -3,6 +3,7 @@ package proxy
 import (
 	"time"
 
+	"github.com/orbitproxy/orbit/orbitpool"
 	"go.uber.org/zap"
 )
 
@@ -62,6 +63,29 @@ func (n *Node) balanceToward(oc *owned, kc *keyCap) int {
 		return -1
 	}
 	n.stats.rebalanced.Add(1)
+	return lane
+}
+
+// dialToward reports the sibling that should dial the next connection of a
+// capped key in this process's place, or -1 to dial here: one that waits for
+// the key (within the order window) holding fewer of its connections than
+// this process. Handing it the unit (orbitpool.CreationPermit.CloseToward)
+// settles ownership where a move would later, without the connection a move
+// costs the upstream (and for TLS a handshake): on a key whose connections
+// are dialed again and again (retired by a request limit, closed by the
+// upstream), the process whose request waited longest dials each one, and
+// the balancer would move them back. A cold start is left to moves: its
+// first dials come before any sibling waits.
+func (n *Node) dialToward(key orbitpool.Key) int {
+	kc := n.capOf(key)
+	if kc == nil || n.fixed || n.pool.OrderWindow() == 0 || kc.max.Load() <= 0 {
+		return -1
+	}
+	lane, held, own, ok := n.pool.Neediest(key)
+	if !ok || own <= held {
+		return -1
+	}
+	n.stats.dialsPassed.Add(1)
 	return lane
 }
 

@@ -3,7 +3,10 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -15,7 +18,7 @@ import (
 )
 
 // windowFleet is newFleet with the pools' order window at window.
-func windowFleet(t *testing.T, n int, window uint32, conf func(*Transport)) []*member {
+func windowFleet(t testing.TB, n int, window uint32, conf func(*Transport)) []*member {
 	t.Helper()
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
@@ -201,5 +204,100 @@ func TestFixedOwnershipMovesNothing(t *testing.T) {
 	}
 	if errs != 0 {
 		t.Errorf("%d requests failed", errs)
+	}
+}
+
+// TestDialGoesToTheNeediest: a capped key's connection closes while both
+// processes wait for one, the first holding the other connection and the
+// second none. The unit goes to the first process's older waiter, which
+// leaves the dial to its sibling rather than come to hold both connections
+// (a move would then cost the upstream one more): the sibling dials, and
+// every request is answered. In strict order (a window of 0) nothing is
+// passed on.
+func TestDialGoesToTheNeediest(t *testing.T) {
+	for _, tc := range []struct {
+		window  uint32
+		created [2]uint64
+		passed  uint64
+	}{
+		{16, [2]uint64{2, 1}, 1},
+		{0, [2]uint64{3, 0}, 0},
+	} {
+		const limit = 2
+		var inFlight atomic.Int64
+		release := map[string]chan struct{}{"/close": make(chan struct{}), "/hold": make(chan struct{})}
+		free := map[string]func(){}
+		for path, ch := range release {
+			free[path] = sync.OnceFunc(func() { close(ch) })
+			defer free[path]()
+		}
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inFlight.Add(1)
+			defer inFlight.Add(-1)
+			if ch := release[r.URL.Path]; ch != nil {
+				<-ch
+			}
+			if r.URL.Path == "/close" {
+				w.Header().Set("Connection", "close")
+			}
+		}))
+		t.Cleanup(up.Close)
+		ms := windowFleet(t, 2, tc.window, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+		waiting := func(n int) {
+			t.Helper()
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				snap, err := ms[0].pool.Snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := 0
+				for _, k := range snap.Keys {
+					got += k.Waiting
+				}
+				if got == n && int(inFlight.Load()) == limit {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("window %d: %d requests wait and %d are at the upstream; want %d and %d", tc.window, got, inFlight.Load(), n, limit)
+				}
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		get := func(m *member, path string) {
+			wg.Go(func() {
+				if err := getBody(context.Background(), m.tr, up.URL+path); err != nil {
+					errs <- fmt.Errorf("%s: %w", path, err)
+				}
+			})
+		}
+		get(ms[0], "/close")
+		get(ms[0], "/hold")
+		waiting(0)
+		get(ms[0], "/")
+		waiting(1)
+		get(ms[1], "/")
+		waiting(2)
+		free["/close"]()
+		// The connection that closed is dialed again before the one held
+		// is free. Within the window, the second process's request runs
+		// on the connection it dials, and the first's, which passed that
+		// dial on, waits for a free one.
+		for deadline := time.Now().Add(5 * time.Second); ms[0].node.Stats().Created+ms[1].node.Stats().Created < limit+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("window %d: the connection that closed was not dialed again", tc.window)
+			}
+		}
+		free["/hold"]()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("window %d: %v", tc.window, err)
+		}
+		a, b := ms[0].node.Stats(), ms[1].node.Stats()
+		if a.Created != tc.created[0] || b.Created != tc.created[1] || a.DialsPassed != tc.passed {
+			t.Errorf("window %d: the processes dialed %d and %d connections, the first passing %d dials on; want %v and %d",
+				tc.window, a.Created, b.Created, a.DialsPassed, tc.created, tc.passed)
+		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	countingupstream "github.com/orbitproxy/orbit/integration/upstream"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"golang.org/x/sys/unix"
 )
@@ -637,4 +638,40 @@ func BenchmarkIdleCheck(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkCappedChurn: three processes share a key capped at 6 whose
+// connections each carry 20 requests before they are retired, so that the
+// key is dialed again all the time; each loop sends 6000 requests from 4
+// goroutines per process. It reports what ownership cost the upstream: the
+// connections dialed and moved per loop (300 are the request limit's), and
+// the dials passed to a sibling holding fewer (see dialToward).
+func BenchmarkCappedChurn(b *testing.B) {
+	const limit, perConn, total = 6, 20, 6000
+	var created, moved, passed uint64
+	for b.Loop() {
+		b.StopTimer()
+		up := startCappedUpstream(b, countingupstream.Options{MaxConns: limit, Delay: 500 * time.Microsecond})
+		ms := windowFleet(b, 3, 16, func(tr *Transport) {
+			tr.MaxConnsPerKey = limit
+			tr.MaxRequestsPerConn = perConn
+		})
+		b.StartTimer()
+		if errs := steadyLoad(ms, []int{4, 4, 4}, up.URL+"/", total); errs != 0 {
+			b.Fatalf("%d requests failed", errs)
+		}
+		b.StopTimer()
+		for _, m := range ms {
+			st := m.node.Stats()
+			created, moved, passed = created+st.Created, moved+st.Rebalanced, passed+st.DialsPassed
+		}
+		if st := up.Stats(); st.Refused != 0 || st.Peak > limit {
+			b.Fatalf("the upstream refused %d connections and saw %d at once, with the cap at %d", st.Refused, st.Peak, limit)
+		}
+		b.StartTimer()
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(created)/n, "dialed/op")
+	b.ReportMetric(float64(moved)/n, "moved/op")
+	b.ReportMetric(float64(passed)/n, "passed/op")
 }

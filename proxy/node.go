@@ -119,15 +119,19 @@ type NodeStats struct {
 	// Rebalanced counts connections of a capped key retired because this
 	// process held at least two more of them than a sibling waiting for
 	// one, so that the sibling creates the replacement.
-	Rebalanced    uint64
+	Rebalanced uint64
+	// DialsPassed counts dials of a capped key's connections this process
+	// left to a sibling waiting for one while holding fewer, which dialed
+	// it instead (see Rebalanced, which costs a connection).
+	DialsPassed   uint64
 	Retries       uint64 // requests sent again after a retry-safe failure
 	OpenConns     int    // upstream connections owned now
 	IdlePeerConns int    // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced atomic.Uint64
-	followed                                                                                         atomic.Uint64 // HTTP/2 state changes seen by the follower
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed atomic.Uint64
+	followed                                                                                                      atomic.Uint64 // HTTP/2 state changes seen by the follower
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -267,6 +271,7 @@ func (n *Node) Stats() NodeStats {
 		ReusedRemote: n.stats.reusedRemote.Load(),
 		ServedRemote: n.stats.servedRemote.Load(),
 		Rebalanced:   n.stats.rebalanced.Load(),
+		DialsPassed:  n.stats.dialsPassed.Load(),
 		Retired:      n.stats.retired.Load(),
 		Retries:      n.stats.retries.Load(),
 

@@ -13,7 +13,7 @@ import (
 )
 
 // startCappedUpstream starts a counting upstream, closed when t ends.
-func startCappedUpstream(t *testing.T, o countingupstream.Options) *countingupstream.Server {
+func startCappedUpstream(t testing.TB, o countingupstream.Options) *countingupstream.Server {
 	t.Helper()
 	up, err := countingupstream.Start(o)
 	if err != nil {

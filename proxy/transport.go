@@ -620,6 +620,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	case orbitpool.CreateBeforeRemote:
 		fallback = orbitpool.LocalFirst{}
 	}
+	// A request of the default policy may leave its dial to a sibling
+	// that holds fewer of a capped key's connections (see dialToward),
+	// once: it then waits behind that sibling's requests.
+	_, mayPass := policy.(orbitpool.LocalFirst)
 	avoiding := false
 	near := t.nearWindow()
 	for {
@@ -733,6 +737,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return resp, err
 
 		case orbitpool.PlanCreate:
+			if mayPass {
+				mayPass = false
+				if lane := n.dialToward(e.key); lane >= 0 {
+					plan.Permit.CloseToward(lane)
+					continue
+				}
+			}
 			if err := claimVerdict(ctx, near); err != nil {
 				plan.Permit.Close()
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
