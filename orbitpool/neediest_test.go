@@ -6,6 +6,17 @@ import (
 	"time"
 )
 
+// towardCases are the order windows a unit given toward lane B is tested
+// under, with the waiter it must reach.
+var towardCases = []struct {
+	name   string
+	window uint32
+	served int // index of the waiter Neediest names and the unit must go to: 0 is C's, 1 is B's
+}{
+	{"window", 4, 1},
+	{"strict", 0, 0},
+}
+
 // TestUnregisterTowardTheNeediest: lane A holds three busy resources of a
 // key at its cap of four, lane C one, lane B none; C's waiter arrived before
 // B's. Neediest, asked by A, names B when B's waiter is within the order
@@ -14,14 +25,7 @@ import (
 // in strict order C's waiter gets it. A resource that is leaving (capacity
 // 0) does not count as held.
 func TestUnregisterTowardTheNeediest(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		window uint32
-		served int // index of the waiter Neediest names and the unit must go to: 0 is C's, 1 is B's
-	}{
-		{"window", 4, 1},
-		{"strict", 0, 0},
-	} {
+	for _, tc := range towardCases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newWinFleet(t, 4, 3, func(int) uint32 { return tc.window })
 			pa, pb, pc := f.ps[0], f.ps[1], f.ps[2]
@@ -41,17 +45,8 @@ func TestUnregisterTowardTheNeediest(t *testing.T) {
 				t.Fatal("Neediest named a lane while no sibling waits")
 			}
 			// Each lane's own use makes its resources busy.
-			for _, p := range []*Pool{pa, pa, pa, pc} {
-				if plan, err := p.Acquire(context.Background(), f.k, LocalOnly{}, lim); err != nil || plan.Kind != PlanReuseLocal {
-					t.Fatalf("lane %d: acquire its own resource: %v %v", p.Lane(), plan.Kind, err)
-				}
-			}
-			ws := []*winWaiter{f.arrive(2, LocalFirst{}, lim), f.arrive(1, LocalFirst{}, lim)}
-			defer func() {
-				for _, w := range ws {
-					w.cancel()
-				}
-			}()
+			useOwn(t, f, lim, pa, pa, pa, pc)
+			ws := waitInCThenB(t, f, lim)
 
 			wantLane, wantHeld := pb.Lane(), 0
 			if tc.served == 0 {
@@ -71,12 +66,7 @@ func TestUnregisterTowardTheNeediest(t *testing.T) {
 			if err := pa.UnregisterToward(ids[0], pb.Lane()); err != nil {
 				t.Fatal(err)
 			}
-			served, unserved, plans := collect(ws, 100*time.Millisecond)
-			if len(served) != 1 || served[0] != ws[tc.served] || plans[0].Kind != PlanCreate {
-				t.Fatalf("window %d: the unit went to %d waiters (want only waiter %d, in lane %d, to create); %d still wait",
-					tc.window, len(served), tc.served, ws[tc.served].lane, len(unserved))
-			}
-			plans[0].Permit.Close()
+			servedToCreate(t, ws, tc.served, tc.window)
 		})
 	}
 }
@@ -88,14 +78,7 @@ func TestUnregisterTowardTheNeediest(t *testing.T) {
 // gives its unit to B's waiter, passing C's older one, within the window;
 // in strict order C's waiter gets it.
 func TestCloseTowardTheNeediest(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		window uint32
-		served int // 0 is C's waiter, 1 is B's
-	}{
-		{"window", 4, 1},
-		{"strict", 0, 0},
-	} {
+	for _, tc := range towardCases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newWinFleet(t, 4, 3, func(int) uint32 { return tc.window })
 			pa, pb, pc := f.ps[0], f.ps[1], f.ps[2]
@@ -109,32 +92,52 @@ func TestCloseTowardTheNeediest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, p := range []*Pool{pa, pa, pc} {
-				if plan, err := p.Acquire(context.Background(), f.k, LocalOnly{}, lim); err != nil || plan.Kind != PlanReuseLocal {
-					t.Fatalf("lane %d: acquire its own resource: %v %v", p.Lane(), plan.Kind, err)
-				}
-			}
-			ws := []*winWaiter{f.arrive(2, LocalFirst{}, lim), f.arrive(1, LocalFirst{}, lim)}
-			defer func() {
-				for _, w := range ws {
-					w.cancel()
-				}
-			}()
+			useOwn(t, f, lim, pa, pa, pc)
+			ws := waitInCThenB(t, f, lim)
 			if lane, held, own, ok := pa.Neediest(f.k); !ok || own != 2 || (tc.served == 1) != (lane == pb.Lane() && held == 0) {
 				t.Fatalf("Neediest = lane %d holding %d, own %d, ok %v", lane, held, own, ok)
 			}
 			if err := cp.CloseToward(pb.Lane()); err != nil {
 				t.Fatal(err)
 			}
-			served, unserved, plans := collect(ws, 100*time.Millisecond)
-			if len(served) != 1 || served[0] != ws[tc.served] || plans[0].Kind != PlanCreate {
-				t.Fatalf("window %d: the unit went to %d waiters (want only waiter %d, in lane %d, to create); %d still wait",
-					tc.window, len(served), tc.served, ws[tc.served].lane, len(unserved))
-			}
-			plans[0].Permit.Close()
+			servedToCreate(t, ws, tc.served, tc.window)
 			if err := cp.CloseToward(pb.Lane()); err != nil {
 				t.Errorf("a second close of the permit: %v, want none", err)
 			}
 		})
 	}
+}
+
+// useOwn acquires, for each of ps, one of its own resources of f's key.
+func useOwn(t *testing.T, f *winFleet, lim Limits, ps ...*Pool) {
+	t.Helper()
+	for _, p := range ps {
+		if plan, err := p.Acquire(context.Background(), f.k, LocalOnly{}, lim); err != nil || plan.Kind != PlanReuseLocal {
+			t.Fatalf("lane %d: acquire its own resource: %v %v", p.Lane(), plan.Kind, err)
+		}
+	}
+}
+
+// waitInCThenB queues a waiter in f's third pool (C) and then one in its
+// second (B), both canceled when the test ends.
+func waitInCThenB(t *testing.T, f *winFleet, lim Limits) []*winWaiter {
+	ws := []*winWaiter{f.arrive(2, LocalFirst{}, lim), f.arrive(1, LocalFirst{}, lim)}
+	t.Cleanup(func() {
+		for _, w := range ws {
+			w.cancel()
+		}
+	})
+	return ws
+}
+
+// servedToCreate checks that one unit reached ws[want], and only it, as a
+// permit to create, and closes that permit.
+func servedToCreate(t *testing.T, ws []*winWaiter, want int, window uint32) {
+	t.Helper()
+	served, unserved, plans := collect(ws, 100*time.Millisecond)
+	if len(served) != 1 || served[0] != ws[want] || plans[0].Kind != PlanCreate {
+		t.Fatalf("window %d: the unit went to %d waiters (want only waiter %d, in lane %d, to create); %d still wait",
+			window, len(served), want, ws[want].lane, len(unserved))
+	}
+	plans[0].Permit.Close()
 }
