@@ -103,10 +103,11 @@
 // processes a wake-up and the waiter's relay through the owner. Creation
 // budget goes in strict order, so the process whose waiters wait longest
 // creates the next resource, except that a process that holds more than its
-// share may unregister a resource toward a sibling that waits while holding
-// fewer ([Pool.Neediest], [Pool.UnregisterToward]): that sibling's oldest
-// waiter gets the unit if it is within the same window. The window is 0,
-// strict order, unless the embedder sets it.
+// share may unregister a resource, or give up a creation permit, toward a
+// sibling that waits while holding fewer ([Pool.Neediest],
+// [Pool.UnregisterToward], [CreationPermit.CloseToward]): that sibling's
+// oldest waiter gets the unit if it is within the same window. The window is
+// 0, strict order, unless the embedder sets it.
 //
 // What is not strict: some returns are announced as more units than there may
 // be (a waiter that found capacity nobody handed it has the next waiter look
