@@ -541,11 +541,15 @@ func (p *Pool) ring(l int) {
 // visible, and a waiter publishes itself before it checks for capacity, so
 // when no lane has a waiter left to grant, nobody can be left asleep: units
 // with no one to take them are simply left for whoever comes.
-func (p *Pool) wake(k int, n uint64) {
+func (p *Pool) wake(k int, n uint64) { p.wakeToward(k, n, -1) }
+
+// wakeToward is wake with the units going to lane prefer's waiters within
+// the order window (see grant); -1 prefers none.
+func (p *Pool) wakeToward(k int, n uint64, prefer int) {
 	if n == 0 || !p.queued(k) {
 		return
 	}
-	p.grant(k, n, -1)
+	p.grant(k, n, prefer)
 }
 
 // grant is wake's work once the key has waiters. prefer is the lane the

@@ -185,9 +185,7 @@ func (cp *CreationPermit) release(prefer int) error {
 	p.laneMu.Unlock()
 	if ok {
 		p.keyRelease(cp.key.idx, cp.key.gen, true)
-		if p.queued(cp.key.idx) {
-			p.grant(cp.key.idx, 1, prefer)
-		}
+		p.wakeToward(cp.key.idx, 1, prefer)
 		p.returned(off, freed, cp.key.idx)
 	}
 	return nil
@@ -286,9 +284,7 @@ func (p *Pool) unregister(id ResourceID, prefer int) error {
 		return fmt.Errorf("orbitpool: resource %v names key entry %d of %d: %w", id, k, p.l.nkeys, ErrCorrupt)
 	}
 	p.keyRelease(k, kg, false)
-	if p.queued(k) {
-		p.grant(k, 1, prefer)
-	}
+	p.wakeToward(k, 1, prefer)
 	p.returned(off, freed, k)
 	return nil
 }

@@ -51,11 +51,10 @@ const moveCloseWait = 2 * time.Second
 // sibling has dialed its replacement (the key is below its cap meanwhile),
 // counts would be stale.
 func (n *Node) balanceToward(oc *owned, kc *keyCap) int {
-	if kc == nil || n.fixed || n.pool.OrderWindow() == 0 {
+	if !n.balances(kc) {
 		return -1
 	}
-	limit := kc.max.Load()
-	if limit <= 0 || kc.uses.Add(1)%balanceEvery != 0 || kc.off.Load() || kc.moving.Load() || int64(n.pool.Live(oc.key)) < limit {
+	if kc.uses.Add(1)%balanceEvery != 0 || kc.off.Load() || kc.moving.Load() || int64(n.pool.Live(oc.key)) < kc.max.Load() {
 		return -1
 	}
 	lane, held, own, ok := n.pool.Neediest(oc.key)
@@ -77,8 +76,7 @@ func (n *Node) balanceToward(oc *owned, kc *keyCap) int {
 // the balancer would move them back. A cold start is left to moves: its
 // first dials come before any sibling waits.
 func (n *Node) dialToward(key orbitpool.Key) int {
-	kc := n.capOf(key)
-	if kc == nil || n.fixed || n.pool.OrderWindow() == 0 || kc.max.Load() <= 0 {
+	if !n.balances(n.capOf(key)) {
 		return -1
 	}
 	lane, held, own, ok := n.pool.Neediest(key)
@@ -87,6 +85,13 @@ func (n *Node) dialToward(key orbitpool.Key) int {
 	}
 	n.stats.dialsPassed.Add(1)
 	return lane
+}
+
+// balances reports whether where the connections of the key whose record is
+// kc live is evened out: the key is capped, ownership is not fixed, and the
+// pool's order window lets a unit go to the sibling that holds fewer.
+func (n *Node) balances(kc *keyCap) bool {
+	return kc != nil && !n.fixed && n.pool.OrderWindow() != 0 && kc.max.Load() > 0
 }
 
 // moveEnded ends a move (lane >= 0) of oc that did not get as far as
