@@ -132,6 +132,25 @@ func TestReloadUnderLoadFailsNothing(t *testing.T) {
 	noErrors(t, row)
 }
 
+// TestCappedReloadUnderLoadFailsNothing: a reload under load, with a cap
+// the upstream enforces too. The new workers' requests wait for the cap's
+// connections, which move and are dialed again as the old workers leave:
+// nothing fails, and the upstream never sees more than the cap.
+func TestCappedReloadUnderLoadFailsNothing(t *testing.T) {
+	const limit = 8
+	row := runOrbit(t, Scenario{
+		Name:     "capped-reload",
+		Upstream: upstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond},
+		MaxConns: limit,
+		During:   reloadFleet,
+		Duration: 3 * time.Second,
+	})
+	noErrors(t, row)
+	if row.Upstream.Peak > limit || row.Upstream.Refused != 0 {
+		t.Fatalf("upstream saw %d connections at peak and refused %d, cap %d", row.Upstream.Peak, row.Upstream.Refused, limit)
+	}
+}
+
 // fleetTable is the part of the admin route's answer the tests read.
 type fleetTable struct {
 	Fleets []struct {
