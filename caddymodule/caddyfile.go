@@ -146,6 +146,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //	    wait_timeout            <duration>
 //	    timeout                 <duration>
 //	    deadline_header         <header_name...>
+//	    relay_unreplayable
 //	    keepalive               off|<idle_duration>
 //	    keepalive_interval      off|<interval>
 //	    keepalive_max_lifetime  <duration>
@@ -205,6 +206,11 @@ func (t *Transport) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			t.WaitTimeout, err = durationArg(d, false)
 		case "timeout":
 			t.Timeout, err = durationArg(d, false)
+		case "relay_unreplayable":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			t.RelayUnreplayable = true
 		case "deadline_header":
 			names := d.RemainingArgs()
 			if len(names) == 0 {

@@ -85,6 +85,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"tls argument", transportBlock("tls yes"), "wrong argument count"},
 		{"tls_client_auth", transportBlock("tls_client_auth a b c"), "wrong argument count"},
 		{"tls_insecure_skip_verify", transportBlock("tls_insecure_skip_verify yes"), "wrong argument count"},
+		{"relay_unreplayable argument", transportBlock("relay_unreplayable yes"), "wrong argument count"},
 		{"tls_curves", transportBlock("tls_curves"), "wrong argument count"},
 		{"tls_timeout", transportBlock("tls_timeout x"), "bad tls_timeout value 'x'"},
 		{"tls_trust_pool missing", transportBlock("tls_trust_pool"), "wrong argument count"},

@@ -131,6 +131,18 @@ type Transport struct {
 	// (context, header, timeout, write_timeout or none).
 	DeadlineHeaders []string `json:"deadline_headers,omitempty"`
 
+	// RelayUnreplayable lets a request that could not be sent again if a
+	// sibling died during its exchange (a POST, say, without an
+	// Idempotency-Key) go through a sibling's idle HTTP/1.1 connection
+	// before it dials one of its own, as other requests do: the fleet then
+	// holds fewer connections for such traffic, and a worker killed
+	// outright fails the siblings' requests it was relaying that way,
+	// which the stock transport would have served. Default false: such a
+	// request takes its own process's connection, else dials, and goes
+	// through a sibling only when max_conns_per_host or
+	// max_dialing_per_host leaves no dial.
+	RelayUnreplayable bool `json:"relay_unreplayable,omitempty"`
+
 	// Versions are the HTTP versions spoken to the upstream, as the stock
 	// `http` transport names them: "1.1"; "2", HTTP/2 to TLS upstreams by
 	// ALPN (h2, falling back to http/1.1); "h2c", HTTP/2 with prior
@@ -399,6 +411,7 @@ func (t *Transport) inner(f *fleet) *proxy.Transport {
 		ExpectContinueTimeout:  ect,
 		ResponseHeaderTimeout:  time.Duration(t.ResponseHeaderTimeout),
 		KeyExtra:               t.keyExtra,
+		RelayUnreplayable:      t.RelayUnreplayable,
 		HTTP2:                  slices.Contains(t.Versions, "2") || slices.Contains(t.Versions, "h2c"),
 		H2C:                    slices.Contains(t.Versions, "h2c"),
 	}

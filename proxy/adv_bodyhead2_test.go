@@ -526,7 +526,9 @@ func TestShutdownTimeoutRefusesWaitingRequest(t *testing.T) {
 	close(u.release)
 	gov := governor.New(1, 0)
 	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: time.Second},
-		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+		// A cap of the owner's one connection: a POST dials its own
+		// connection while the cap allows.
+		func(tr *Transport) { tr.MaxConnsPerKey = 1 })
 	warm(t, owner, u.srv.URL+"/warm")
 	held := gov.Acquire()
 	defer held.Release()

@@ -84,7 +84,8 @@ func TestOwnerWithoutRoomRejectsByDeadline(t *testing.T) {
 
 // TestOwnerBusyRetriedElsewhere: without a deadline the owner waits at most
 // MaxLeaseWait; its rejection makes the caller avoid that owner and dial its
-// own connection, and the request succeeds.
+// own connection, and the request succeeds. (The POST carries an
+// Idempotency-Key: one that could not be sent again would dial first.)
 func TestOwnerBusyRetriedElsewhere(t *testing.T) {
 	u := newTestUpstream(t)
 	gov := governor.New(1, 0)
@@ -95,6 +96,7 @@ func TestOwnerBusyRetriedElsewhere(t *testing.T) {
 	defer held.Release()
 
 	req, _ := http.NewRequest("POST", u.url("/sink"), strings.NewReader("payload"))
+	req.Header.Set("Idempotency-Key", "1")
 	resp, err := client.tr.RoundTrip(req)
 	if err != nil {
 		t.Fatalf("request failed: %v", err)

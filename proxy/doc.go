@@ -21,6 +21,12 @@
 //   - or wait on the pool until capacity returns anywhere in the fleet or the
 //     request's context ends.
 //
+// A request whose body is 1 MiB or more, and an HTTP/1.1 request that is not
+// replayable (one a sibling's death during its exchange would fail where a
+// connection of its own process would not), creates before it reserves a
+// sibling's connection ([orbitpool.CreateBeforeRemote]), unless
+// [Transport.RelayUnreplayable] lets the latter go as any other.
+//
 // Failures are [*Error] values. [IsRetrySafe] tells those after which nothing
 // of the request can have reached the upstream (a dial, a refused lease, an
 // admission refusal, a write that the kernel took no byte of): the caller may

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,9 +42,19 @@ func randomBytes(n int) []byte {
 // postEcho sends body through rt and returns what came back.
 func postEcho(t *testing.T, rt http.RoundTripper, url string, body []byte) []byte {
 	t.Helper()
+	return postEchoHeader(t, rt, url, body)
+}
+
+// postEchoHeader is postEcho with header fields, given as name and value
+// pairs.
+func postEchoHeader(t *testing.T, rt http.RoundTripper, url string, body []byte, fields ...string) []byte {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+	for i := 0; i+1 < len(fields); i += 2 {
+		req.Header.Set(fields[i], fields[i+1])
+	}
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		t.Fatalf("POST %d bytes: %v", len(body), err)
@@ -206,8 +217,9 @@ func TestSplicedResponseSiblingGone(t *testing.T) {
 // TestLargeBodyPrefersItsOwnConnection: under LocalFirst, a request that
 // declares a body of largeBody or more opens a connection of its own, within
 // the key's budget, rather than have a sibling relay every byte of it; with
-// the budget spent it goes through the sibling; a smaller body goes through
-// the sibling at once.
+// the budget spent it goes through the sibling; a smaller body that could
+// be sent again (it carries an Idempotency-Key) goes through the sibling at
+// once.
 func TestLargeBodyPrefersItsOwnConnection(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(echoBody))
 	defer srv.Close()
@@ -225,9 +237,56 @@ func TestLargeBodyPrefersItsOwnConnection(t *testing.T) {
 			owner, client := ms[0], ms[1]
 			warm(t, owner, srv.URL+"/warm")
 			body := randomBytes(tc.size)
-			if got := postEcho(t, client.tr, srv.URL+"/echo", body); !bytes.Equal(got, body) {
+			if got := postEchoHeader(t, client.tr, srv.URL+"/echo", body, "Idempotency-Key", "1"); !bytes.Equal(got, body) {
 				t.Fatalf("echo differs (%d bytes back)", len(got))
 			}
+			if st := client.node.Stats(); st.Created != tc.created || st.ReusedRemote != tc.remoter {
+				t.Errorf("created %d, through the sibling %d; want %d, %d", st.Created, st.ReusedRemote, tc.created, tc.remoter)
+			}
+		})
+	}
+}
+
+// TestUnreplayablePrefersItsOwnConnection: under LocalFirst, with a
+// sibling's idle connection there, an HTTP/1.1 request that could not be
+// sent again if that sibling died during its exchange (a POST without an
+// Idempotency-Key) opens a connection of its own while the key's budget
+// allows, so that only its own process's death can fail it; with the
+// budget spent it goes through the sibling. A GET goes through the sibling,
+// and so does the POST with RelayUnreplayable.
+func TestUnreplayablePrefersItsOwnConnection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(echoBody))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name             string
+		method           string
+		maxConns         int
+		relay            bool
+		created, remoter uint64
+	}{
+		{"POST", "POST", 2, false, 1, 0},
+		{"POST, budget spent", "POST", 1, false, 0, 1},
+		{"GET", "GET", 2, false, 0, 1},
+		{"POST, RelayUnreplayable", "POST", 2, true, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := newFleet(t, 2, func(tr *Transport) {
+				tr.MaxConnsPerKey = tc.maxConns
+				tr.RelayUnreplayable = tc.relay
+			})
+			owner, client := ms[0], ms[1]
+			warm(t, owner, srv.URL+"/warm")
+			var body io.Reader
+			if tc.method == "POST" {
+				body = strings.NewReader("small")
+			}
+			req, _ := http.NewRequest(tc.method, srv.URL+"/echo", body)
+			resp, err := client.tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
 			if st := client.node.Stats(); st.Created != tc.created || st.ReusedRemote != tc.remoter {
 				t.Errorf("created %d, through the sibling %d; want %d, %d", st.Created, st.ReusedRemote, tc.created, tc.remoter)
 			}

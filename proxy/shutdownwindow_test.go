@@ -115,7 +115,9 @@ func TestShutdownEndsWaitForWorker(t *testing.T) {
 	gov := governor.New(1, 0)
 	const leaseWait = 5 * time.Second
 	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: leaseWait},
-		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+		// A cap of the owner's one connection: a POST dials its own
+		// connection while the cap allows.
+		func(tr *Transport) { tr.MaxConnsPerKey = 1 })
 	warm(t, owner, u.srv.URL+"/warm")
 	held := gov.Acquire()
 	defer held.Release()

@@ -71,6 +71,11 @@ type Transport struct {
 	// (orbitpool.PendingReservations) counts as full, so a burst of more
 	// than that from one sibling at once may still dial a second one.
 	MaxDialingPerKey int
+	// RelayUnreplayable lets a request that is not replayable go through
+	// a sibling's idle HTTP/1.1 connection before it dials one of its own,
+	// under LocalFirst, as a replayable one does (see Policy). Default
+	// false.
+	RelayUnreplayable bool
 	// Policy chooses between local reuse, remote reuse, creation and
 	// waiting. Default orbitpool.LocalFirst. Under LocalFirst, a request
 	// whose body declares 1 MiB or more goes by
@@ -79,7 +84,10 @@ type Transport struct {
 	// (the remote path costs about 1.7 times the local path's CPU per
 	// MiB, BenchmarkLargeBody), and uses a sibling's once the budget is
 	// spent or when that dial fails (the admission backstop refuses it, or
-	// the upstream takes no new connection). Under
+	// the upstream takes no new connection). So does an HTTP/1.1 request
+	// that could not be sent again if its sibling died during the exchange
+	// (not replayable: a POST without an Idempotency-Key), which would fail
+	// where the stock transport's would not (unless RelayUnreplayable). Under
 	// orbitpool.CreateBeforeRemote every request goes so. Under
 	// orbitpool.LocalOnly, MaxConnsPerKey is best left 0: a process whose
 	// siblings hold the capped connections waits for one until its
@@ -608,13 +616,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	}
 	// A request with a large body prefers a connection of its own to a
 	// sibling relaying every byte of it, as every request does under
-	// CreateBeforeRemote; that dial is only a preference, and one that
-	// fails (refused by admission or by the upstream) goes back to
-	// LocalFirst, which may find a sibling's.
+	// CreateBeforeRemote; so does an HTTP/1.1 request that could not be
+	// sent again if the sibling died with its exchange under way (see
+	// isReplayable): on a connection of its own, only the death of its own
+	// process fails it, as with the stock transport. (An HTTP/2 upstream's
+	// one connection carries every process's streams, whatever their
+	// method.) That dial is only a preference, and one that fails (refused
+	// by admission or by the upstream), or that the key's budget does not
+	// allow, goes back to LocalFirst, which may find a sibling's.
 	var fallback orbitpool.Policy
 	switch policy.(type) {
 	case orbitpool.LocalFirst:
-		if req.ContentLength >= largeBody {
+		if req.ContentLength >= largeBody || !isReplayable(req) && !e.speaksH2() && !t.RelayUnreplayable {
 			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 		}
 	case orbitpool.CreateBeforeRemote:

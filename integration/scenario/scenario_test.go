@@ -167,48 +167,100 @@ type fleetTable struct {
 }
 
 func TestKillUnderLoadRestoresCapacity(t *testing.T) {
-	var killed int
-	var table fleetTable
-	s := Scenario{
+	row := runKill(t, Scenario{
 		Name:     "kill",
 		Upstream: upstream.Options{Delay: 2 * time.Millisecond},
-		Duration: 3 * time.Second,
-		During: func(ctx context.Context, p Proxy, row *Row) error {
-			f := p.(*Fleet)
-			time.Sleep(time.Second)
-			var err error
-			if killed, err = f.KillWorker(0); err != nil {
+	})
+	failedOnlyOnTheKilled(t, row)
+}
+
+// TestCappedKillUnderLoadKeepsTheCap: a worker killed under load while a
+// cap the upstream enforces too is full. Its share of the cap comes back
+// to the fleet only once the kernel has closed its connections, so the
+// upstream never sees more than the cap; the survivors' waiting requests
+// are served by the reclaimed units, and only the requests on the killed
+// worker's own client connections fail.
+func TestCappedKillUnderLoadKeepsTheCap(t *testing.T) {
+	const limit = 8
+	row := runKill(t, Scenario{
+		Name:     "capped-kill",
+		Upstream: upstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond},
+		MaxConns: limit,
+	})
+	if row.Upstream.Peak > limit || row.Upstream.Refused != 0 {
+		t.Fatalf("upstream saw %d connections at peak and refused %d, cap %d", row.Upstream.Peak, row.Upstream.Refused, limit)
+	}
+	failedOnlyOnTheKilled(t, row)
+}
+
+// TestKillUnderPostLoadFailsOnlyItsOwnClients: a worker killed under a
+// load of POSTs, which no one may send again once they may have reached the
+// upstream. Its own clients' requests fail, as with the stock transport;
+// no surviving worker answers any request with an error, which it would
+// for a sibling's POST relayed through the killed worker's connection: a
+// POST dials a connection of its own rather than go through a sibling
+// while the key's budget allows.
+func TestKillUnderPostLoadFailsOnlyItsOwnClients(t *testing.T) {
+	row := runKill(t, Scenario{
+		Name:     "kill-post",
+		Method:   "POST",
+		Path:     "/echo",
+		Body:     []byte(strings.Repeat("p", 1024)),
+		Upstream: upstream.Options{Delay: 2 * time.Millisecond},
+	})
+	for kind, n := range row.Load.Errors {
+		if strings.HasPrefix(kind, "status ") {
+			t.Errorf("a surviving worker answered %d requests with %s", n, kind)
+		}
+	}
+	failedOnlyOnTheKilled(t, row)
+}
+
+// runKill runs s for 3s on orbit, killing worker 0 a second in, and then
+// waits, after the load, until a surviving worker sees the fleet whole
+// again: the dead process gone, nothing in flight, pending or waiting.
+func runKill(t *testing.T, s Scenario) Row {
+	t.Helper()
+	var killed int
+	var table fleetTable
+	s.Duration = 3 * time.Second
+	s.During = func(ctx context.Context, p Proxy, row *Row) error {
+		f := p.(*Fleet)
+		time.Sleep(time.Second)
+		var err error
+		if killed, err = f.KillWorker(0); err != nil {
+			return err
+		}
+		time.Sleep(3 * time.Second)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			resp, err := f.Admin(1, "/orbit_pool/")
+			if err != nil {
 				return err
 			}
-			// After the load, a surviving worker must see the fleet
-			// whole again: the dead process gone, nothing in flight,
-			// pending or waiting.
-			time.Sleep(3 * time.Second)
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				resp, err := f.Admin(1, "/orbit_pool/")
-				if err != nil {
-					return err
-				}
-				table = fleetTable{}
-				err = json.NewDecoder(resp.Body).Decode(&table)
-				resp.Body.Close()
-				if err != nil {
-					return err
-				}
-				if restored(table, killed) || time.Now().After(deadline) {
-					return nil
-				}
-				time.Sleep(50 * time.Millisecond)
+			table = fleetTable{}
+			err = json.NewDecoder(resp.Body).Decode(&table)
+			resp.Body.Close()
+			if err != nil {
+				return err
 			}
-		},
+			if restored(table, killed) || time.Now().After(deadline) {
+				return nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	row := runOrbit(t, s)
 	if !restored(table, killed) {
 		t.Fatalf("fleet not restored after killing pid %d: %+v", killed, table)
 	}
-	// Requests on the killed worker's client connections fail; nothing
-	// else may.
+	return row
+}
+
+// failedOnlyOnTheKilled: requests on the killed worker's client
+// connections fail; nothing else may, and most requests succeed.
+func failedOnlyOnTheKilled(t *testing.T, row Row) {
+	t.Helper()
 	if n := row.Load.ErrorCount(); n > shortConns {
 		t.Fatalf("%d errors, more than the %d client connections: %s", n, shortConns, row.Load.ErrorSummary())
 	}
