@@ -23,13 +23,13 @@ import (
 
 // startCaddy loads a Caddyfile made of the orbit_pool options opts and the
 // site blocks sites into the in-process Caddy.
-func startCaddy(t *testing.T, opts, sites string) *caddytest.Tester {
+func startCaddy(t testing.TB, opts, sites string) *caddytest.Tester {
 	t.Helper()
 	return startCaddyGlobal(t, "", opts, sites)
 }
 
 // startCaddyGlobal is startCaddy with more global options.
-func startCaddyGlobal(t *testing.T, global, opts, sites string) *caddytest.Tester {
+func startCaddyGlobal(t testing.TB, global, opts, sites string) *caddytest.Tester {
 	t.Helper()
 	cfg := fmt.Sprintf(`{
 	admin `+adminAddr+`
