@@ -140,7 +140,7 @@ type Transport struct {
 	// which the stock transport would have served. Default false: such a
 	// request takes its own process's connection, else dials, and goes
 	// through a sibling only when max_conns_per_host or
-	// max_dialing_per_host leaves no dial.
+	// max_dialing_per_host leaves no dial, or the dial fails.
 	RelayUnreplayable bool `json:"relay_unreplayable,omitempty"`
 
 	// Versions are the HTTP versions spoken to the upstream, as the stock

@@ -621,9 +621,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	// isReplayable): on a connection of its own, only the death of its own
 	// process fails it, as with the stock transport. (An HTTP/2 upstream's
 	// one connection carries every process's streams, whatever their
-	// method.) That dial is only a preference, and one that fails (refused
-	// by admission or by the upstream), or that the key's budget does not
-	// allow, goes back to LocalFirst, which may find a sibling's.
+	// method.) That dial is only a preference: without budget for it the
+	// request takes a sibling's connection, and a dial that fails (refused
+	// by admission or by the upstream) goes back to LocalFirst, which may
+	// find a sibling's.
 	var fallback orbitpool.Policy
 	switch policy.(type) {
 	case orbitpool.LocalFirst:

@@ -35,6 +35,10 @@ func Catalogue(d time.Duration) []Scenario {
 		{Name: "stampede", Duration: d, Upstream: upstream.Options{Delay: 20 * time.Millisecond}, MaxConns: 64, MaxDialing: 8},
 		{Name: "capped", Duration: d, Upstream: upstream.Options{MaxConns: 16, Delay: 5 * time.Millisecond}, MaxConns: 16},
 		{Name: "kill", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: killOneWorker},
+		// A worker's death under POSTs, which no client sends again: the
+		// errors beyond the killed worker's own clients' are requests a
+		// surviving worker failed.
+		{Name: "kill-post", Duration: d, Method: "POST", Path: "/echo", Body: smallBody, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: killOneWorker},
 		{Name: "reload", Duration: d, Upstream: upstream.Options{Delay: 5 * time.Millisecond}, During: reloadFleet},
 		// What restarts cost a TLS upstream: reloads and a worker's death
 		// under load, each a chance to drop connections and handshake
