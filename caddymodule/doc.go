@@ -15,9 +15,10 @@
 // sibling forward it, else dials one within the upstream's fleet-wide budget,
 // else waits for capacity until its wait timeout, and is refused with a clear
 // status (503 or 504) rather than a late failure. A request that could not be
-// sent again if the sibling died during its exchange (a POST without an
-// Idempotency-Key), or that carries 1 MiB or more, dials before it reserves
-// a sibling's HTTP/1.1 connection. Load balancing, health
+// sent again if the sibling died during its exchange (one with a body, as
+// reverse_proxy gives the transport no way to read a body twice, or a POST
+// without an Idempotency-Key), or that carries 1 MiB or more, dials before
+// it reserves a sibling's HTTP/1.1 connection. Load balancing, health
 // checks, retries, header manipulation, streaming and WebSockets are
 // reverse_proxy's and keep working unchanged.
 //

@@ -132,9 +132,11 @@ type Transport struct {
 	DeadlineHeaders []string `json:"deadline_headers,omitempty"`
 
 	// RelayUnreplayable lets a request that could not be sent again if a
-	// sibling died during its exchange (a POST, say, without an
-	// Idempotency-Key) go through a sibling's idle HTTP/1.1 connection
-	// before it dials one of its own, as other requests do: the fleet then
+	// sibling died during its exchange (one with a body, which
+	// reverse_proxy gives the transport no way to read twice, or a POST
+	// without an Idempotency-Key) go through a sibling's idle HTTP/1.1
+	// connection before it dials one of its own, as other requests do:
+	// the fleet then
 	// holds fewer connections for such traffic, and a worker killed
 	// outright fails the siblings' requests it was relaying that way,
 	// which the stock transport would have served. Default false: such a

@@ -249,25 +249,31 @@ func TestLargeBodyPrefersItsOwnConnection(t *testing.T) {
 
 // TestUnreplayablePrefersItsOwnConnection: under LocalFirst, with a
 // sibling's idle connection there, an HTTP/1.1 request that could not be
-// sent again if that sibling died during its exchange (a POST without an
-// Idempotency-Key) opens a connection of its own while the key's budget
-// allows, so that only its own process's death can fail it; with the
-// budget spent it goes through the sibling. A GET goes through the sibling,
-// and so does the POST with RelayUnreplayable.
+// sent again if that sibling died during its exchange opens a connection of
+// its own while the key's budget allows, so that only its own process's
+// death can fail it; with the budget spent it goes through the sibling.
+// Not replayable: a POST without an Idempotency-Key, and one with a key
+// whose body cannot be read again (no GetBody, as reverse_proxy hands every
+// body on). Replayable, and through the sibling: a GET, and a POST with a
+// key and a rewindable body. With RelayUnreplayable, a POST goes through
+// the sibling too.
 func TestUnreplayablePrefersItsOwnConnection(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(echoBody))
 	defer srv.Close()
 	for _, tc := range []struct {
 		name             string
 		method           string
+		key, rewindable  bool
 		maxConns         int
 		relay            bool
 		created, remoter uint64
 	}{
-		{"POST", "POST", 2, false, 1, 0},
-		{"POST, budget spent", "POST", 1, false, 0, 1},
-		{"GET", "GET", 2, false, 0, 1},
-		{"POST, RelayUnreplayable", "POST", 2, true, 0, 1},
+		{"POST", "POST", false, true, 2, false, 1, 0},
+		{"POST, budget spent", "POST", false, true, 1, false, 0, 1},
+		{"POST with a key, body not rewindable", "POST", true, false, 2, false, 1, 0},
+		{"POST with a key", "POST", true, true, 2, false, 0, 1},
+		{"GET", "GET", false, true, 2, false, 0, 1},
+		{"POST, RelayUnreplayable", "POST", false, true, 2, true, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ms := newFleet(t, 2, func(tr *Transport) {
@@ -279,8 +285,17 @@ func TestUnreplayablePrefersItsOwnConnection(t *testing.T) {
 			var body io.Reader
 			if tc.method == "POST" {
 				body = strings.NewReader("small")
+				if !tc.rewindable {
+					body = io.NopCloser(body)
+				}
 			}
 			req, _ := http.NewRequest(tc.method, srv.URL+"/echo", body)
+			if tc.key {
+				req.Header.Set("Idempotency-Key", "1")
+			}
+			if !tc.rewindable {
+				req.ContentLength = 5
+			}
 			resp, err := client.tr.RoundTrip(req)
 			if err != nil {
 				t.Fatal(err)
@@ -332,5 +347,32 @@ func TestCreateBeforeRemoteDialsFirst(t *testing.T) {
 				t.Errorf("created %d, through the sibling %d; want %d, %d", st.Created, st.ReusedRemote, tc.created, tc.remoter)
 			}
 		})
+	}
+}
+
+// TestUnreplayableLearnsH1FromASibling: an https upstream that chooses
+// http/1.1 by ALPN, with HTTP2 on. The owner dialed and learned it; the
+// other process never dialed, so it takes the upstream for an HTTP/2 one,
+// whose one connection carries every process's streams, and its first POST
+// goes through the owner. The relayed answer tells it the connection spoke
+// HTTP/1.1: its next POSTs dial one connection of their own and keep to it.
+func TestUnreplayableLearnsH1FromASibling(t *testing.T) {
+	ts := httptest.NewTLSServer(http.HandlerFunc(echoBody)) // http/1.1 only
+	defer ts.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	ms := newFleet(t, 2, func(tr *Transport) {
+		tr.HTTP2 = true
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+	})
+	owner, client := ms[0], ms[1]
+	warm(t, owner, ts.URL+"/warm")
+	for range 5 {
+		if got := postEcho(t, client.tr, ts.URL+"/echo", []byte("small")); string(got) != "small" {
+			t.Fatalf("echo %q", got)
+		}
+	}
+	if st := client.node.Stats(); st.Created != 1 || st.ReusedRemote != 1 {
+		t.Errorf("5 POSTs in turn: created %d, through the sibling %d; want 1, 1", st.Created, st.ReusedRemote)
 	}
 }

@@ -157,8 +157,19 @@ type upstreamEntry struct {
 	name string // scheme://host:port
 	key  orbitpool.Key
 	// spokeH1 is set while an https upstream offered h2 chooses http/1.1
-	// by ALPN (as the last connection dialed here saw it).
+	// by ALPN (as the last connection dialed here, or used here through a
+	// sibling, saw it).
 	spokeH1 atomic.Bool
+}
+
+// sawProto records what an https upstream offered h2 chose on a connection
+// this process dialed or used through a sibling: a process that only ever
+// uses its siblings' connections learns it too, and stops taking an
+// HTTP/1.1 upstream for an HTTP/2 one (see once).
+func (e *upstreamEntry) sawProto(h2 bool) {
+	if e.u.Proto == protoHTTP2 && e.spokeH1.Load() == h2 {
+		e.spokeH1.Store(!h2)
+	}
 }
 
 // leasedH2 is this process's guess that a sibling's connection id speaks
@@ -737,6 +748,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			switch {
 			case err == nil:
+				e.sawProto(resp.ProtoMajor == 2)
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
 			case errors.Is(err, errOwnerLeaving), ownerDown(err):
@@ -792,9 +804,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, err
 			}
 			h2 := h2Wanted(&e.u, c)
-			if e.u.Proto == protoHTTP2 && e.spokeH1.Load() == h2 {
-				e.spokeH1.Store(!h2)
-			}
+			e.sawProto(h2)
 			if h2 {
 				return t.createH2(req, e, c, plan.Permit, release)
 			}
