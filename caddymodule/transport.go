@@ -136,12 +136,11 @@ type Transport struct {
 	// reverse_proxy gives the transport no way to read twice, or a POST
 	// without an Idempotency-Key) go through a sibling's idle HTTP/1.1
 	// connection before it dials one of its own, as other requests do:
-	// the fleet then
-	// holds fewer connections for such traffic, and a worker killed
-	// outright fails the siblings' requests it was relaying that way,
-	// which the stock transport would have served. Default false: such a
-	// request takes its own process's connection, else dials, and goes
-	// through a sibling only when max_conns_per_host or
+	// the fleet then holds fewer connections for such traffic, and a
+	// worker killed outright fails the siblings' requests it was relaying
+	// that way, which the stock transport would have served. Default
+	// false: such a request takes its own process's connection, else
+	// dials, and goes through a sibling only when max_conns_per_host or
 	// max_dialing_per_host leaves no dial, or the dial fails.
 	RelayUnreplayable bool `json:"relay_unreplayable,omitempty"`
 

@@ -92,23 +92,18 @@ func TestFastSharesConnections(t *testing.T) {
 }
 
 func TestCapHoldsFleetWide(t *testing.T) {
-	const limit = 8
-	row := runOrbit(t, Scenario{
-		Name:     "capped",
-		Upstream: upstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond},
-		MaxConns: limit,
-	})
+	row := runOrbit(t, capped("capped"))
 	noErrors(t, row)
-	heldTheCap(t, row, limit)
+	heldTheCap(t, row)
 	owned := 0
 	for _, n := range row.Owned {
 		owned += n
 	}
-	if len(row.Owned) != shortWorkers || owned == 0 || owned > limit {
-		t.Fatalf("workers owned %v upstream connections at the end, cap %d", row.Owned, limit)
+	if len(row.Owned) != shortWorkers || owned == 0 || owned > cappedLimit {
+		t.Fatalf("workers owned %v upstream connections at the end, cap %d", row.Owned, cappedLimit)
 	}
-	if row.Upstream.Accepted > int64(limit+row.Moves) {
-		t.Fatalf("the upstream accepted %d connections, cap %d: more than the %d that moves to another worker replaced", row.Upstream.Accepted, limit, row.Moves)
+	if row.Upstream.Accepted > int64(cappedLimit+row.Moves) {
+		t.Fatalf("the upstream accepted %d connections, cap %d: more than the %d that moves to another worker replaced", row.Upstream.Accepted, cappedLimit, row.Moves)
 	}
 }
 
@@ -135,24 +130,33 @@ func TestReloadUnderLoadFailsNothing(t *testing.T) {
 // connections, which move and are dialed again as the old workers leave:
 // nothing fails, and the upstream never sees more than the cap.
 func TestCappedReloadUnderLoadFailsNothing(t *testing.T) {
-	const limit = 8
-	row := runOrbit(t, Scenario{
-		Name:     "capped-reload",
-		Upstream: upstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond},
-		MaxConns: limit,
-		During:   reloadFleet,
-		Duration: 3 * time.Second,
-	})
+	s := capped("capped-reload")
+	s.During, s.Duration = reloadFleet, 3*time.Second
+	row := runOrbit(t, s)
 	noErrors(t, row)
-	heldTheCap(t, row, limit)
+	heldTheCap(t, row)
 }
 
-// heldTheCap: the upstream, which enforces limit too, never saw more than
-// limit connections open, so it refused none.
-func heldTheCap(t *testing.T, row Row, limit int) {
+// cappedLimit is the capped tests' cap on the fleet's connections to the
+// upstream, which the upstream enforces too.
+const cappedLimit = 8
+
+// capped is a capped test's scenario: a 2ms upstream that takes at most
+// cappedLimit connections, and the fleet capped at as many.
+func capped(name string) Scenario {
+	return Scenario{
+		Name:     name,
+		Upstream: upstream.Options{MaxConns: cappedLimit, Delay: 2 * time.Millisecond},
+		MaxConns: cappedLimit,
+	}
+}
+
+// heldTheCap: the upstream never saw more than cappedLimit connections
+// open, so it refused none.
+func heldTheCap(t *testing.T, row Row) {
 	t.Helper()
-	if row.Upstream.Peak > int64(limit) || row.Upstream.Refused != 0 {
-		t.Fatalf("upstream saw %d connections at peak and refused %d, cap %d", row.Upstream.Peak, row.Upstream.Refused, limit)
+	if row.Upstream.Peak > cappedLimit || row.Upstream.Refused != 0 {
+		t.Fatalf("upstream saw %d connections at peak and refused %d, cap %d", row.Upstream.Peak, row.Upstream.Refused, cappedLimit)
 	}
 }
 
@@ -186,13 +190,8 @@ func TestKillUnderLoadRestoresCapacity(t *testing.T) {
 // are served by the reclaimed units, and only the requests on the killed
 // worker's own client connections fail.
 func TestCappedKillUnderLoadKeepsTheCap(t *testing.T) {
-	const limit = 8
-	row := runKill(t, Scenario{
-		Name:     "capped-kill",
-		Upstream: upstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond},
-		MaxConns: limit,
-	})
-	heldTheCap(t, row, limit)
+	row := runKill(t, capped("capped-kill"))
+	heldTheCap(t, row)
 	failedOnlyOnTheKilled(t, row)
 }
 
@@ -208,7 +207,7 @@ func TestKillUnderPostLoadFailsOnlyItsOwnClients(t *testing.T) {
 		Name:     "kill-post",
 		Method:   "POST",
 		Path:     "/echo",
-		Body:     []byte(strings.Repeat("p", 1024)),
+		Body:     smallBody,
 		Upstream: upstream.Options{Delay: 2 * time.Millisecond},
 	})
 	for kind, n := range row.Load.Errors {
