@@ -463,9 +463,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		dcancel()
 		t.app.end()
 	}
-	wg := newWaitGuard(dctx, t.wait, func() {
-		up.wait.Observe(time.Since(start).Seconds())
-	})
+	wg := newWaitGuard(dctx, t.wait, up.wait, start)
 	out := req.WithContext(wg.ctx)
 	out.Body = body
 	// reverse_proxy leaves the server-side RequestURI on the request it

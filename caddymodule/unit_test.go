@@ -140,7 +140,8 @@ func TestClassify(t *testing.T) {
 
 func TestWaitGuard(t *testing.T) {
 	t.Run("fires", func(t *testing.T) {
-		g := newWaitGuard(context.Background(), 20*time.Millisecond, func() { t.Error("ready on a timed-out wait") })
+		var waited countWaits
+		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())
 		select {
 		case <-g.ctx.Done():
 		case <-time.After(2 * time.Second):
@@ -149,13 +150,17 @@ func TestWaitGuard(t *testing.T) {
 		if !g.expired() || !errors.Is(context.Cause(g.ctx), errWaitTimeout) {
 			t.Errorf("expired %v, cause %v", g.expired(), context.Cause(g.ctx))
 		}
+		if g.disarm(); waited.n != 0 {
+			t.Error("a timed-out wait was observed as served")
+		}
 		if _, ok := g.ctx.Deadline(); ok {
 			t.Error("the guarded context carries a deadline; it would travel to the owner")
 		}
 	})
 	t.Run("disarmed by the request head", func(t *testing.T) {
-		ready := 0
-		g := newWaitGuard(context.Background(), 20*time.Millisecond, func() { ready++ })
+		var waited countWaits
+		start := time.Now()
+		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, start)
 		trace := httptrace.ContextClientTrace(g.ctx)
 		trace.WroteHeaders()
 		time.Sleep(60 * time.Millisecond)
@@ -163,17 +168,24 @@ func TestWaitGuard(t *testing.T) {
 			t.Fatal("the wait timeout fired after the request had its connection")
 		}
 		g.disarm()
-		if ready != 1 {
-			t.Errorf("ready ran %d times", ready)
+		if waited.n != 1 {
+			t.Errorf("the wait was observed %d times", waited.n)
+		}
+		if max := time.Since(start).Seconds(); waited.sum <= 0 || waited.sum > max {
+			t.Errorf("observed a wait of %gs, want more than 0 and at most %gs", waited.sum, max)
 		}
 		g.cancel()
 	})
 	t.Run("stopped", func(t *testing.T) {
-		g := newWaitGuard(context.Background(), 20*time.Millisecond, func() { t.Error("ready on a stopped wait") })
+		var waited countWaits
+		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())
 		g.stop()
 		time.Sleep(60 * time.Millisecond)
 		if g.ctx.Err() != nil {
 			t.Fatal("a stopped guard fired")
+		}
+		if g.disarm(); waited.n != 0 {
+			t.Error("a stopped wait was observed as served")
 		}
 		g.cancel()
 	})
@@ -182,7 +194,7 @@ func TestWaitGuard(t *testing.T) {
 		parent := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
 			Got1xxResponse: func(int, textproto.MIMEHeader) error { got1xx = true; return nil },
 		})
-		g := newWaitGuard(parent, time.Second, nil)
+		g := newWaitGuard(parent, time.Second, nil, time.Now())
 		defer g.cancel()
 		httptrace.ContextClientTrace(g.ctx).Got1xxResponse(103, nil)
 		if !got1xx {
@@ -190,6 +202,14 @@ func TestWaitGuard(t *testing.T) {
 		}
 	})
 }
+
+// countWaits is a waitObserver that counts and sums what it observes.
+type countWaits struct {
+	n   int
+	sum float64
+}
+
+func (c *countWaits) Observe(v float64) { c.n++; c.sum += v }
 
 func TestTrackBody(t *testing.T) {
 	done := 0

@@ -25,39 +25,49 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // and bounds the whole exchange there, which the wait timeout must not. The
 // request's own deadline, when it has one (see Transport.deadline), is on
 // the parent context and does exactly that.
+//
+// Every request through the transport makes one, so it holds what it needs
+// itself (the trace, what it observes) rather than in closures: each is an
+// allocation per request.
 type waitGuard struct {
-	ctx    context.Context
-	cancel func()
+	ctx         context.Context
+	cancelCause context.CancelCauseFunc
+	trace       httptrace.ClientTrace
+	waited      waitObserver // observes the wait once it is over, if set
+	start       time.Time
 
 	mu       sync.Mutex
 	timer    *time.Timer
 	armed    bool
 	timedOut bool
-	onReady  func()
 }
 
-// newWaitGuard returns a guard over a context derived from parent. onReady,
-// if set, runs once when the request has its connection.
-func newWaitGuard(parent context.Context, d time.Duration, onReady func()) *waitGuard {
-	ctx, cancel := context.WithCancelCause(parent)
-	g := &waitGuard{cancel: func() { cancel(nil) }, armed: true, onReady: onReady}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: g.disarm})
-	g.ctx = ctx
+// newWaitGuard returns a guard over a context derived from parent. waited,
+// if set, observes the time since start when the request has its connection.
+func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, start time.Time) *waitGuard {
+	g := &waitGuard{armed: true, waited: waited, start: start}
+	g.ctx, g.cancelCause = context.WithCancelCause(parent)
+	g.trace.WroteHeaders = g.disarm
+	g.ctx = httptrace.WithClientTrace(g.ctx, &g.trace)
 	if d > 0 {
 		g.mu.Lock()
-		g.timer = time.AfterFunc(d, func() {
-			g.mu.Lock()
-			fire := g.armed
-			g.armed = false
-			g.timedOut = fire
-			g.mu.Unlock()
-			if fire {
-				cancel(errWaitTimeout)
-			}
-		})
+		g.timer = time.AfterFunc(d, g.fire)
 		g.mu.Unlock()
 	}
 	return g
+}
+
+// fire ends the wait: the timeout passed before the request had its
+// connection.
+func (g *waitGuard) fire() {
+	g.mu.Lock()
+	fire := g.armed
+	g.armed = false
+	g.timedOut = fire
+	g.mu.Unlock()
+	if fire {
+		g.cancelCause(errWaitTimeout)
+	}
 }
 
 // disarm stops the wait timeout: the request has its connection.
@@ -71,10 +81,9 @@ func (g *waitGuard) disarm() {
 	if g.timer != nil {
 		g.timer.Stop()
 	}
-	ready := g.onReady
 	g.mu.Unlock()
-	if ready != nil {
-		ready()
+	if g.waited != nil {
+		g.waited.Observe(time.Since(g.start).Seconds())
 	}
 }
 
@@ -87,6 +96,9 @@ func (g *waitGuard) stop() {
 		g.timer.Stop()
 	}
 }
+
+// cancel ends the guarded context, once the round trip no longer needs it.
+func (g *waitGuard) cancel() { g.cancelCause(nil) }
 
 // expired reports whether the wait timeout ended the request.
 func (g *waitGuard) expired() bool {
