@@ -142,8 +142,11 @@ func TestDeadlines(t *testing.T) {
 		resp, body, took := timedGet(t, base+"/", http.Header{"Request-Timeout": {"10"}})
 		wantRefusal(t, resp, body, took, 503, "wait_timeout", "1", 150*time.Millisecond, 3*time.Second)
 		_, metrics := get(t, "http://"+adminAddr+"/metrics")
+		// Every source's series is exposed from the start, at 0.
+		if v := sampleValue(metrics, `caddy_orbit_pool_deadlines_total{source="header"}`); v < 1 {
+			t.Errorf("deadlines_total counts %v requests whose deadline came from a header, want them counted", v)
+		}
 		for _, want := range []string{
-			`caddy_orbit_pool_deadlines_total{source="header"}`,
 			fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="deadline_near",upstream="http://%s"}`, up.hostport()),
 			fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="deadline_elapsed",upstream="http://%s"}`, up.hostport()),
 			fmt.Sprintf(`caddy_orbit_pool_refused_total{reason="wait_timeout",upstream="http://%s"}`, up.hostport()),

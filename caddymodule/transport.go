@@ -457,7 +457,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	start := time.Now()
 	dl, src := t.deadline(req, start)
 	caddyhttp.SetVar(req.Context(), VarDeadlineSource, src)
-	localMetrics.deadlines.WithLabelValues(src).Inc()
+	countDeadline(src)
 	dctx, dcancel := withDeadline(req.Context(), dl)
 	end := func() {
 		dcancel()
