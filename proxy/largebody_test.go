@@ -39,15 +39,9 @@ func randomBytes(n int) []byte {
 	return b
 }
 
-// postEcho sends body through rt and returns what came back.
-func postEcho(t *testing.T, rt http.RoundTripper, url string, body []byte) []byte {
-	t.Helper()
-	return postEchoHeader(t, rt, url, body)
-}
-
-// postEchoHeader is postEcho with header fields, given as name and value
-// pairs.
-func postEchoHeader(t *testing.T, rt http.RoundTripper, url string, body []byte, fields ...string) []byte {
+// postEcho sends body through rt, with header fields given as name and
+// value pairs, and returns what came back.
+func postEcho(t *testing.T, rt http.RoundTripper, url string, body []byte, fields ...string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -237,7 +231,7 @@ func TestLargeBodyPrefersItsOwnConnection(t *testing.T) {
 			owner, client := ms[0], ms[1]
 			warm(t, owner, srv.URL+"/warm")
 			body := randomBytes(tc.size)
-			if got := postEchoHeader(t, client.tr, srv.URL+"/echo", body, "Idempotency-Key", "1"); !bytes.Equal(got, body) {
+			if got := postEcho(t, client.tr, srv.URL+"/echo", body, "Idempotency-Key", "1"); !bytes.Equal(got, body) {
 				t.Fatalf("echo differs (%d bytes back)", len(got))
 			}
 			if st := client.node.Stats(); st.Created != tc.created || st.ReusedRemote != tc.remoter {

@@ -639,7 +639,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	var fallback orbitpool.Policy
 	switch policy.(type) {
 	case orbitpool.LocalFirst:
-		if req.ContentLength >= largeBody || !isReplayable(req) && !e.speaksH2() && !t.RelayUnreplayable {
+		if req.ContentLength >= largeBody || !t.RelayUnreplayable && !e.speaksH2() && !isReplayable(req) {
 			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 		}
 	case orbitpool.CreateBeforeRemote:
