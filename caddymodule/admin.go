@@ -99,6 +99,7 @@ type NodeView struct {
 	Retired          uint64 `json:"retired"`
 	Rebalanced       uint64 `json:"rebalanced"`
 	DialsPassed      uint64 `json:"dials_passed"`
+	DialsHeld        uint64 `json:"dials_held"`
 	Retries          uint64 `json:"retries"`
 	IdlePeerStreams  int    `json:"idle_peer_streams"`
 }
@@ -190,6 +191,7 @@ func (f *fleet) view() (FleetView, error) {
 		Retired:          st.Retired,
 		Rebalanced:       st.Rebalanced,
 		DialsPassed:      st.DialsPassed,
+		DialsHeld:        st.DialsHeld,
 		Retries:          st.Retries,
 		IdlePeerStreams:  st.IdlePeerConns,
 	}

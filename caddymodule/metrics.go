@@ -123,6 +123,7 @@ var (
 	descLeaseRefused   = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time, or an HTTP/2 connection full), admission (the admission backstop), other.", "reason")
 	descRetired        = newDesc("connections_retired_total", "Upstream connections this process closed.")
 	descRebalanced     = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
+	descDialsHeld      = newDesc("dials_held_total", "Dials of a capped upstream's connections this process held back for a moment, holding its share of them already, so that a sibling about to wait for one could dial it instead.")
 	descDialsPassed    = newDesc("dials_passed_total", "Dials of a capped upstream's connections this process left to a sibling waiting for one while holding fewer, which dialed in its place: what a rebalancing move does, without closing a connection.")
 	descRetries        = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
 	descBudgetWorkers  = newDesc("budget_workers", "The process budget's workers (the app's workers): the most exchanges, own and siblings', that run at once.")
@@ -144,7 +145,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
-		descRetired, descRebalanced, descDialsPassed, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
+		descRetired, descRebalanced, descDialsPassed, descDialsHeld, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
 		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
 		descDialsRefused,
 	} {
@@ -208,6 +209,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRetired, float64(st.Retired))
 	counter(descRebalanced, float64(st.Rebalanced))
 	counter(descDialsPassed, float64(st.DialsPassed))
+	counter(descDialsHeld, float64(st.DialsHeld))
 	counter(descRetries, float64(st.Retries))
 	counter(descLeakedGuards, float64(f.pool.LeakedGuards()), "connection")
 	counter(descLeakedGuards, float64(f.limiter.Leaked()), "permit")

@@ -12,6 +12,15 @@ import "sync/atomic"
 // lists in every lane with a waiter: a cost of the key's resources, not of
 // the fleet's size, for a caller that looks now and then.
 func (p *Pool) Neediest(key Key) (lane, held, own int, ok bool) {
+	return p.NeediestBy(key, nil)
+}
+
+// NeediestBy is Neediest with each waiting sibling's count passed through
+// adjust(lane, count) before the counts are compared, if adjust is set: for
+// a caller that knows of resources a sibling is about to create, which the
+// table does not count until they are registered. held is the adjusted
+// count.
+func (p *Pool) NeediestBy(key Key, adjust func(lane, held int) int) (lane, held, own int, ok bool) {
 	if p.closed.Load() {
 		return 0, 0, 0, false
 	}
@@ -50,7 +59,11 @@ func (p *Pool) Neediest(key Key) (lane, held, own int, ok bool) {
 		if w.ticket-oldest > p.opts.OrderWindow {
 			continue
 		}
-		if h := p.laneHeld(w.lane, ref); lane < 0 || h < held {
+		h := p.laneHeld(w.lane, ref)
+		if adjust != nil {
+			h = adjust(w.lane, h)
+		}
+		if lane < 0 || h < held {
 			lane, held = w.lane, h
 		}
 	}
@@ -69,6 +82,20 @@ func (p *Pool) laneHeld(l int, ref keyRef) int {
 			n++
 		}
 		h = atomic.LoadUint32(s.u32(off + slNext))
+	}
+	return n
+}
+
+// LiveLanes counts the lanes held by a process, this one's included: the
+// fleet's size as the table knows it, a process that died and is not yet
+// reclaimed included.
+func (p *Pool) LiveLanes() int {
+	s := p.seg
+	n := 0
+	for l := range p.l.nlanes {
+		if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
+			n++
+		}
 	}
 	return n
 }

@@ -23,7 +23,8 @@ var towardCases = []struct {
 // window of C's, and C in strict order. A resource A unregisters toward B
 // gives its unit to B's waiter, passing C's older one, within the window;
 // in strict order C's waiter gets it. A resource that is leaving (capacity
-// 0) does not count as held.
+// 0) does not count as held. Counts raised by NeediestBy's adjust are
+// compared as raised.
 func TestUnregisterTowardTheNeediest(t *testing.T) {
 	for _, tc := range towardCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,6 +56,22 @@ func TestUnregisterTowardTheNeediest(t *testing.T) {
 			lane, held, own, ok := pa.Neediest(f.k)
 			if !ok || lane != wantLane || held != wantHeld || own != 3 {
 				t.Fatalf("Neediest = lane %d holding %d, own %d, ok %v; want lane %d holding %d, own 3", lane, held, own, ok, wantLane, wantHeld)
+			}
+			if tc.served == 1 {
+				// Two resources A knows B is about to create, which the
+				// table does not count yet, make C the neediest.
+				creating := func(lane, held int) int {
+					if lane == pb.Lane() {
+						return held + 2
+					}
+					return held
+				}
+				if lane, held, _, ok := pa.NeediestBy(f.k, creating); !ok || lane != pc.Lane() || held != 1 {
+					t.Errorf("NeediestBy with B's count raised by 2 = lane %d holding %d, ok %v; want C's lane %d holding 1", lane, held, ok, pc.Lane())
+				}
+			}
+			if n := pa.LiveLanes(); n != 3 {
+				t.Errorf("LiveLanes = %d with three pools in a segment of four lanes", n)
 			}
 			if err := pa.SetCapacity(ids[2], 0); err != nil {
 				t.Fatal(err)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"time"
 
 	"github.com/orbitproxy/orbit/orbitpool"
@@ -68,23 +69,139 @@ func (n *Node) balanceToward(oc *owned, kc *keyCap) int {
 // dialToward reports the sibling that should dial the next connection of a
 // capped key in this process's place, or -1 to dial here: one that waits for
 // the key (within the order window) holding fewer of its connections than
-// this process. Handing it the unit (orbitpool.CreationPermit.CloseToward)
-// settles ownership where a move would later, without the connection a move
-// costs the upstream (and for TLS a handshake): on a key whose connections
-// are dialed again and again (retired by a request limit, closed by the
-// upstream), the process whose request waited longest dials each one, and
-// the balancer would move them back. A cold start is left to moves: its
-// first dials come before any sibling waits.
-func (n *Node) dialToward(key orbitpool.Key) int {
-	if !n.balances(n.capOf(key)) {
+// this process holds and dials. Handing it the unit
+// (orbitpool.CreationPermit.CloseToward) settles ownership where a move would
+// later, without the connection a move costs the upstream (and for TLS a
+// handshake): on a key whose connections are dialed again and again (retired
+// by a request limit, closed by the upstream), the process whose request
+// waited longest dials each one, and the balancer would move them back.
+//
+// At a cold start the first process to have requests takes the whole budget
+// before any sibling waits, and the balancer then moves most of its
+// connections. So a process that holds and dials its share of the cap
+// already (the cap over the fleet's processes, rounded up) holds its dial
+// back for up to dialHold, looking for such a sibling every dialHoldPoll: the
+// unit it holds keeps the siblings' first requests from dialing, so they
+// wait, and then take the unit. A hold that finds no sibling (the others
+// have no requests for the key) dials here, and no dial is held back for
+// dialHoldPause after it: demand that is uneven pays the hold once a pause,
+// not on every dial.
+//
+// A request that passed its dial on before (first false) passes it again
+// only while this process is past its share, and never holds it back: a unit
+// it passed may have come back to it unused (the sibling's request found a
+// connection with room), and dialing it here would undo the pass.
+func (n *Node) dialToward(ctx context.Context, kc *keyCap, key orbitpool.Key, first bool) int {
+	if !n.balances(kc) {
+		kc.dialBegins()
 		return -1
 	}
-	lane, held, own, ok := n.pool.Neediest(key)
-	if !ok || own <= held {
-		return -1
+	var until int64 // the end of the hold; 0 before it begins
+	for {
+		now := sinceStart(time.Now())
+		mayHold := first && now >= kc.noHoldUntil.Load()
+		if until != 0 {
+			mayHold = now < until && ctx.Err() == nil
+		}
+		lane, holding := n.passOrDial(kc, key, first, mayHold)
+		switch {
+		case lane >= 0:
+			n.stats.dialsPassed.Add(1)
+			return lane
+		case !holding:
+			if until != 0 {
+				kc.noHoldUntil.Store(now + int64(dialHoldPause))
+			}
+			return -1
+		case until == 0:
+			until = now + int64(dialHold)
+			n.stats.dialsHeld.Add(1)
+		}
+		time.Sleep(dialHoldPoll)
 	}
-	n.stats.dialsPassed.Add(1)
-	return lane
+}
+
+// dialHold bounds dialToward's hold. It is what a process's burst that needs
+// more than its share of a capped key, with no sibling wanting any, pays
+// once a dialHoldPause. At a cold start the siblings' first requests reach
+// their pools within a millisecond or so of the first process's, but on a
+// busy machine they may not wait within the order window as soon.
+var dialHold = 10 * time.Millisecond
+
+const (
+	dialHoldPoll  = 200 * time.Microsecond
+	dialHoldPause = time.Second
+	// maxPasses bounds how many times one request passes its dial on,
+	// and so how many times it goes back to wait.
+	maxPasses = 3
+)
+
+// passedDials is what a process knows of the dials it passed to a sibling
+// that its pool does not show yet: how many, since the sibling held base
+// connections, the last at at (nanoseconds since processStart).
+type passedDials struct {
+	base, n int
+	at      int64
+}
+
+// passedFor is how long a pass counts for its sibling before that sibling's
+// connections show it: the time of a slow dial. A pass whose dial failed
+// then stops counting.
+const passedFor = 100 * time.Millisecond
+
+// passOrDial decides, for dialToward, between passing the dial to a sibling
+// (lane >= 0, the pass recorded; if not first, only past this process's
+// share), holding it back (holding, if mayHold and past the share) and
+// dialing here (the dial counted in
+// kc.dialing, until dialEnds). Decisions on a key are made one at a time, so
+// that each sees the dials and passes of the others.
+//
+// A sibling's count includes the dials passed to it that its pool does not
+// show yet, so that passes made while the first is still being dialed do not
+// all go to the same sibling.
+func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (lane int, holding bool) {
+	kc.passMu.Lock()
+	defer kc.passMu.Unlock()
+	now := sinceStart(time.Now())
+	lane, held, own, ok := n.pool.NeediestBy(key, func(lane, held int) int {
+		p, found := kc.passed[lane]
+		switch {
+		case !found:
+			return held
+		case held >= p.base+p.n || now-p.at > int64(passedFor):
+			delete(kc.passed, lane)
+			return held
+		}
+		return p.base + p.n
+	})
+	own += int(kc.dialing.Load())
+	if ok && own > held && (first || n.pastShare(kc, own)) {
+		if kc.passed == nil {
+			kc.passed = make(map[int]passedDials)
+		}
+		p, found := kc.passed[lane]
+		if !found {
+			p.base = held
+		}
+		p.n++
+		p.at = now
+		kc.passed[lane] = p
+		return lane, false
+	}
+	if mayHold && n.pastShare(kc, own) {
+		return -1, true
+	}
+	kc.dialing.Add(1)
+	return -1, false
+}
+
+// pastShare reports whether own, the connections of a key whose record is kc
+// that this process holds and dials, is at least its share of the key's
+// cap: the cap over the fleet's processes, rounded up. A process alone in
+// the fleet has no sibling to hold a dial back for.
+func (n *Node) pastShare(kc *keyCap, own int) bool {
+	lanes := int64(n.pool.LiveLanes())
+	return lanes > 1 && int64(own) >= (kc.max.Load()+lanes-1)/lanes
 }
 
 // balances reports whether where the connections of the key whose record is

@@ -301,3 +301,111 @@ func TestDialGoesToTheNeediest(t *testing.T) {
 		}
 	}
 }
+
+// TestColdStartDialsGoToSiblings: one process's requests for a capped key
+// come first and take the whole creation budget; its siblings' come a moment
+// later. It dials its share of the cap, and passes each other dial it took
+// to a sibling that waits while holding fewer, so that the fleet dials the
+// cap and seldom more. Before, the first process dialed the whole cap and
+// then moved three connections in four, each move a connection more for the
+// upstream. Which request takes which unit varies, and a unit passed on may
+// come back unused, so each cold start may still need a move or two: the
+// test adds up several.
+func TestColdStartDialsGoToSiblings(t *testing.T) {
+	const limit, members, starts = 8, 4, 5
+	defer func(d time.Duration) { dialHold = d }(dialHold)
+	dialHold = 5 * time.Second // a hold must not end before the siblings wait, however slow the machine
+	var firstDialed, allMoved uint64
+	for range starts {
+		up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond})
+		ms := windowFleet(t, members, 64, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+		var errs atomic.Int64
+		var wg sync.WaitGroup
+		load := func(m *member) {
+			for range limit {
+				wg.Go(func() {
+					for range 25 {
+						if err := getBody(context.Background(), m.tr, up.URL+"/"); err != nil {
+							errs.Add(1)
+						}
+					}
+				})
+			}
+		}
+		load(ms[0])
+		for deadline := time.Now().Add(5 * time.Second); ms[0].node.Stats().DialsHeld == 0; time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the first process held back no dial; it dialed %d", ms[0].node.Stats().Created)
+			}
+		}
+		for _, m := range ms[1:] {
+			load(m)
+		}
+		wg.Wait()
+		moved, created, owned := ownership(ms)
+		if created-moved != limit {
+			t.Errorf("%d connections created, %d of them replacing moves; held %v: want the cap, %d, besides moves", created, moved, owned, limit)
+		}
+		if st := up.Stats(); errs.Load() != 0 || st.Refused != 0 || st.Peak > limit {
+			t.Errorf("%d requests failed; the upstream refused %d connections and saw %d at once (cap %d)", errs.Load(), st.Refused, st.Peak, limit)
+		}
+		firstDialed += ms[0].node.Stats().Created
+		allMoved += moved
+	}
+	// Without the hold: 8 and 6 moves each time.
+	if firstDialed > starts*(limit/members+2) || allMoved > 2*starts {
+		t.Errorf("over %d cold starts the first process dialed %d connections and the fleet moved %d; want at most %d and %d (its share is %d)",
+			starts, firstDialed, allMoved, starts*(limit/members+2), 2*starts, limit/members)
+	}
+}
+
+// TestDialHoldEndsAlone: a process past its share of a capped key whose
+// siblings want none of it holds its dials back for dialHold only, then dials
+// them itself; and for dialHoldPause after that, it holds none back: uneven
+// demand pays the hold once a pause.
+func TestDialHoldEndsAlone(t *testing.T) {
+	const limit = 4
+	defer func(d time.Duration) { dialHold = d }(dialHold)
+	dialHold = 50 * time.Millisecond
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(2 * time.Millisecond)
+		if r.URL.Path == "/close" {
+			w.Header().Set("Connection", "close")
+		}
+	}))
+	t.Cleanup(up.Close)
+	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+	burst := func(path string) time.Duration {
+		var slowest atomic.Int64
+		var wg sync.WaitGroup
+		for range 2 * limit {
+			wg.Go(func() {
+				start := time.Now()
+				if err := getBody(context.Background(), ms[0].tr, up.URL+path); err != nil {
+					t.Errorf("%s: %v", path, err)
+				}
+				d := int64(time.Since(start))
+				for s := slowest.Load(); d > s && !slowest.CompareAndSwap(s, d); s = slowest.Load() {
+				}
+			})
+		}
+		wg.Wait()
+		return time.Duration(slowest.Load())
+	}
+	if slowest := burst("/"); slowest < dialHold {
+		t.Errorf("the slowest request of the first burst took %s; a dial past the process's share waits %s first", slowest, dialHold)
+	}
+	st := ms[0].node.Stats()
+	if st.Created != limit || st.DialsHeld < 1 || st.DialsHeld > limit/2 || st.DialsPassed != 0 {
+		t.Fatalf("the process dialed %d connections, held %d dials back and passed %d on; want the cap, %d, 1 or 2 held back (past its share of 2), none passed",
+			st.Created, st.DialsHeld, st.DialsPassed, limit)
+	}
+	// Every connection closes after its next request, and the burst after
+	// dials them again, within the pause: none held back.
+	burst("/close")
+	burst("/")
+	if after := ms[0].node.Stats(); after.DialsHeld != st.DialsHeld || after.Created <= st.Created {
+		t.Errorf("after its connections closed, the process dialed %d more and held %d dials back; want more dialed and none held back within %s of a hold in vain",
+			after.Created-st.Created, after.DialsHeld-st.DialsHeld, dialHoldPause)
+	}
+}

@@ -172,7 +172,11 @@
 // reads as net/http's would. Under a cap, a process that holds at least two
 // more of a key's connections than a sibling waiting for one retires one in
 // good order toward that sibling, which dials the replacement (see
-// balanceEvery in balance.go): ownership evens out, then stays.
+// balanceEvery in balance.go): ownership evens out, then stays. A dial
+// goes the same way before it costs a move: a process about to dial leaves
+// the unit to such a sibling, and one that already holds its share of the
+// cap holds its dial back for a moment for a sibling about to wait, which
+// spares a cold start most of its moves (see dialToward).
 //
 // # HTTP/2 upstreams
 //

@@ -123,15 +123,19 @@ type NodeStats struct {
 	// DialsPassed counts dials of a capped key's connections this process
 	// left to a sibling waiting for one while holding fewer, which dialed
 	// it instead (see Rebalanced, which costs a connection).
-	DialsPassed   uint64
+	DialsPassed uint64
+	// DialsHeld counts dials of a capped key's connections this process
+	// held back, holding its share of them already, for a sibling that
+	// might wait for one (see DialsPassed).
+	DialsHeld     uint64
 	Retries       uint64 // requests sent again after a retry-safe failure
 	OpenConns     int    // upstream connections owned now
 	IdlePeerConns int    // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed atomic.Uint64
-	followed                                                                                                      atomic.Uint64 // HTTP/2 state changes seen by the follower
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld atomic.Uint64
+	followed                                                                                                                 atomic.Uint64 // HTTP/2 state changes seen by the follower
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -272,6 +276,7 @@ func (n *Node) Stats() NodeStats {
 		ServedRemote: n.stats.servedRemote.Load(),
 		Rebalanced:   n.stats.rebalanced.Load(),
 		DialsPassed:  n.stats.dialsPassed.Load(),
+		DialsHeld:    n.stats.dialsHeld.Load(),
 		Retired:      n.stats.retired.Load(),
 		Retries:      n.stats.retries.Load(),
 
@@ -788,7 +793,29 @@ type keyCap struct {
 	// a failed connection open past closeWait, so until then the key's
 	// failed connections close at once (see lingeredInVain).
 	noLingerUntil atomic.Int64
-	off           atomic.Bool // the upstream was slow to close a moved connection
+	off           atomic.Bool  // the upstream was slow to close a moved connection
+	dialing       atomic.Int64 // this process's dials of the key under way
+	// noHoldUntil (nanoseconds since processStart): a dial held back for a
+	// sibling found none to pass to, so until then none is held back (see
+	// dialToward).
+	noHoldUntil atomic.Int64
+	passMu      sync.Mutex
+	passed      map[int]passedDials // by lane, the dials passed there and not yet seen live
+}
+
+// dialBegins and dialEnds bracket a dial of the key by this process, which
+// counts among its connections meanwhile (see dialToward). kc may be nil: a
+// key without a cap.
+func (kc *keyCap) dialBegins() {
+	if kc != nil {
+		kc.dialing.Add(1)
+	}
+}
+
+func (kc *keyCap) dialEnds() {
+	if kc != nil {
+		kc.dialing.Add(-1)
+	}
 }
 
 // lingering reports whether a failed connection of the key waits for its

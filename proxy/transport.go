@@ -646,9 +646,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		fallback = orbitpool.LocalFirst{}
 	}
 	// A request of the default policy may leave its dial to a sibling
-	// that holds fewer of a capped key's connections (see dialToward),
-	// once: it then waits behind that sibling's requests.
+	// that holds fewer of a capped key's connections (see dialToward): it
+	// then waits behind that sibling's requests. It does so once, and
+	// again only while its process is past its share (see maxPasses).
 	_, mayPass := policy.(orbitpool.LocalFirst)
+	passes := 0
 	avoiding := false
 	near := t.nearWindow()
 	for {
@@ -763,18 +765,26 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return resp, err
 
 		case orbitpool.PlanCreate:
-			if mayPass {
-				mayPass = false
-				if lane := n.dialToward(e.key); lane >= 0 {
+			// From the choice to dial here until the pool holds the
+			// connection (or the dial failed), it counts as one of this
+			// process's connections of the key (see dialToward).
+			kc := n.capOf(e.key)
+			if mayPass && passes < maxPasses {
+				if lane := n.dialToward(ctx, kc, e.key, passes == 0); lane >= 0 {
+					passes++
 					plan.Permit.CloseToward(lane)
 					continue
 				}
+			} else {
+				kc.dialBegins()
 			}
 			if err := claimVerdict(ctx, near); err != nil {
+				kc.dialEnds()
 				plan.Permit.Close()
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
 			}
 			if !n.admitDial() {
+				kc.dialEnds()
 				plan.Permit.Close()
 				if fallback != nil && ctx.Err() == nil {
 					policy, fallback = fallback, nil
@@ -786,7 +796,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				n.dialing.Add(1)
 				defer n.dialing.Add(-1)
 				defer func() {
-					if c == nil && err == nil {
+					if c != nil {
+						return // counted until it is registered
+					}
+					kc.dialEnds()
+					if err == nil {
 						// A panic out of the dial (a callback of
 						// TLSClientConfig's) goes to the caller: the
 						// dial is over, and its creation unit with it.
@@ -806,9 +820,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			h2 := h2Wanted(&e.u, c)
 			e.sawProto(h2)
 			if h2 {
+				kc.dialEnds()
 				return t.createH2(req, e, c, plan.Permit, release)
 			}
 			exec, err := plan.Permit.RegisterAndAccept(1)
+			kc.dialEnds() // in the pool now, or not to be
 			if err != nil {
 				plan.Permit.Close()
 				c.close()
