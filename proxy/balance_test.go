@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	countingupstream "github.com/orbitproxy/orbit/integration/upstream"
+	"github.com/orbitproxy/orbit/internal/grpcmsg"
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
@@ -407,5 +409,61 @@ func TestDialHoldEndsAlone(t *testing.T) {
 	if after := ms[0].node.Stats(); after.DialsHeld != st.DialsHeld || after.Created <= st.Created {
 		t.Errorf("after its connections closed, the process dialed %d more and held %d dials back; want more dialed and none held back within %s of a hold in vain",
 			after.Created-st.Created, after.DialsHeld-st.DialsHeld, dialHoldPause)
+	}
+}
+
+// TestDialCountsEnd: a capped key's dials count among its process's
+// connections from the choice to dial until the pool holds the connection,
+// or the dial fails (see dialToward). After requests over HTTP/1.1 and
+// HTTP/2, and a dial the upstream refuses, none is left counted: a count
+// left behind would make the process hold dials back and pass them on as
+// if it held more than it does.
+func TestDialCountsEnd(t *testing.T) {
+	h1 := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(h1.Close)
+	h2 := newH2Upstream(t, 100)
+	gone := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	gone.Close()
+	for _, tc := range []struct {
+		name, url string
+		h2c, fail bool
+	}{
+		{"HTTP/1.1", h1.URL + "/", false, false},
+		{"HTTP/2", h2.url + "/unary", true, false},
+		{"refused", gone.URL + "/", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := windowFleet(t, 2, 16, func(tr *Transport) {
+				tr.MaxConnsPerKey = 4
+				tr.H2C = tc.h2c
+			})
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					var err error
+					if tc.h2c {
+						var resp *http.Response
+						req := grpcReq(t, context.Background(), tc.url, bytes.NewReader(grpcmsg.Frame([]byte("hello"))))
+						if resp, err = ms[0].tr.RoundTrip(req); err == nil {
+							_, err = grpcmsg.Read(resp.Body)
+							resp.Body.Close()
+						}
+					} else {
+						err = getBody(context.Background(), ms[0].tr, tc.url)
+					}
+					if (err != nil) != tc.fail {
+						t.Errorf("request: %v", err)
+					}
+				})
+			}
+			wg.Wait()
+			kc := ms[0].node.capOf(mustKey(t, ms[0].tr, tc.url))
+			if kc == nil {
+				t.Fatal("no record of the key's cap")
+			}
+			if n := kc.dialing.Load(); n != 0 {
+				t.Errorf("%d dials still counted once every request has ended (%d connections created)", n, ms[0].node.Stats().Created)
+			}
+		})
 	}
 }

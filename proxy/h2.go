@@ -1152,9 +1152,12 @@ func tlsNextProtos(u *upstream) []string {
 
 // createH2 starts HTTP/2 on a connection dialed under permit, registers it
 // with the peer's stream limit, one stream in use by its creator, and runs
-// req on it.
-func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permit *orbitpool.CreationPermit, release func()) (*http.Response, error) {
+// req on it. The dial counts in kc (nil for a key without a cap) until it is
+// registered or fails.
+func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permit *orbitpool.CreationPermit, kc *keyCap, release func()) (*http.Response, error) {
 	n := t.Node
+	dialEnded := sync.OnceFunc(kc.dialEnds)
+	defer dialEnded() // a panic out of startH2 included
 	cc, capacity, err := t.startH2(req.Context(), &e.u, c)
 	if err != nil {
 		permit.Close()
@@ -1169,6 +1172,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	capacity = max(capacity, 1)
 	n.beginH2Install()
 	exec, err := permit.RegisterAndAccept(capacity)
+	dialEnded()
 	if err != nil {
 		n.endH2Install()
 		permit.Close()

@@ -820,8 +820,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			h2 := h2Wanted(&e.u, c)
 			e.sawProto(h2)
 			if h2 {
-				kc.dialEnds()
-				return t.createH2(req, e, c, plan.Permit, release)
+				return t.createH2(req, e, c, plan.Permit, kc, release)
 			}
 			exec, err := plan.Permit.RegisterAndAccept(1)
 			kc.dialEnds() // in the pool now, or not to be
