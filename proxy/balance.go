@@ -152,9 +152,9 @@ const passedFor = 100 * time.Millisecond
 // passOrDial decides, for dialToward, between passing the dial to a sibling
 // (lane >= 0, the pass recorded; if not first, only past this process's
 // share), holding it back (holding, if mayHold and past the share) and
-// dialing here (the dial counted in
-// kc.dialing, until dialEnds). Decisions on a key are made one at a time, so
-// that each sees the dials and passes of the others.
+// dialing here (the dial counted in kc.dialing until dialEnds). Decisions on
+// a key are made one at a time, so that each sees the others' dials and
+// passes.
 //
 // A sibling's count includes the dials passed to it that its pool does not
 // show yet, so that passes made while the first is still being dialed do not

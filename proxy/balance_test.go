@@ -370,7 +370,7 @@ func TestDialHoldEndsAlone(t *testing.T) {
 	defer func(d time.Duration) { dialHold = d }(dialHold)
 	dialHold = 50 * time.Millisecond
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // long enough that a burst's requests overlap on a loaded machine
 		if r.URL.Path == "/close" {
 			w.Header().Set("Connection", "close")
 		}
