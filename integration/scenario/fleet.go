@@ -162,13 +162,11 @@ func (f *Fleet) owned() ([]int, error) {
 	return n, nil
 }
 
-// rebalanced reads how many connections of a capped upstream the workers
-// closed so that a sibling holding fewer dials the replacement.
-func (f *Fleet) rebalanced() (int, error) {
+// total adds up the workers' values of a counter without labels.
+func (f *Fleet) total(counter string) (int, error) {
 	n := 0
 	for i := range f.n {
-		err := f.metrics(i, "caddy_orbit_pool_connections_rebalanced_total ", func(_ string, v float64) { n += int(v) })
-		if err != nil {
+		if err := f.metrics(i, counter+" ", func(_ string, v float64) { n += int(v) }); err != nil {
 			return 0, err
 		}
 	}

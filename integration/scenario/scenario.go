@@ -286,14 +286,25 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 			if row.Owned, err = f.owned(); err != nil {
 				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 			}
-			if row.Moves, err = f.rebalanced(); err != nil {
-				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+			var passed, held int
+			for c, n := range map[string]*int{
+				"caddy_orbit_pool_connections_rebalanced_total": &row.Moves,
+				"caddy_orbit_pool_dials_passed_total":           &passed,
+				"caddy_orbit_pool_dials_held_total":             &held,
+			} {
+				if *n, err = f.total(c); err != nil {
+					return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+				}
 			}
 			note := fmt.Sprintf("upstream connections owned by each worker at the end: %v", row.Owned)
 			if row.Moves > 0 {
-				// The worker that took the first requests dialed the
-				// connections before its siblings waited for any.
+				// What the passes below did not settle: a sibling's
+				// request too far back in line, or one that did not
+				// wait before a hold ended.
 				note += fmt.Sprintf("; %d of the new connections replaced ones that moved to a worker holding fewer", row.Moves)
+			}
+			if passed > 0 || held > 0 {
+				note += fmt.Sprintf("; %d dials passed to a worker holding fewer, and %d held back for one about to wait", passed, held)
 			}
 			row.Notes = append(row.Notes, note)
 		}
