@@ -175,7 +175,8 @@ func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (l
 		return p.base + p.n
 	})
 	own += int(kc.dialing.Load())
-	if ok && own > held && (first || n.pastShare(kc, own)) {
+	past := n.pastShare(kc, own)
+	if ok && own > held && (first || past) {
 		if kc.passed == nil {
 			kc.passed = make(map[int]passedDials)
 		}
@@ -188,7 +189,7 @@ func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (l
 		kc.passed[lane] = p
 		return lane, false
 	}
-	if mayHold && n.pastShare(kc, own) {
+	if mayHold && past {
 		return -1, true
 	}
 	kc.dialing.Add(1)
