@@ -430,10 +430,12 @@ func TestGRPCOverH2CSharesStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Calls that stay 50ms at the upstream keep most of the 256 in flight
-	// there, even on a machine too busy for the proxies to forward fast:
-	// at the demo's 2ms, a loaded run peaked at 94 streams.
-	s[0].Upstream.Delay = 50 * time.Millisecond
+	// The upstream holds every call until 101 were in progress at once,
+	// one more than a connection carries: the proxies must open a second
+	// connection for the load to go on, however slowly a busy machine
+	// lets them forward it. Held a second past the load at most, a call
+	// still ends well within the client's timeout.
+	s[0].Upstream.Gather, s[0].Upstream.GatherWait = 101, shortLoad+time.Second
 	row := runOrbit(t, s[0])
 	noErrors(t, row)
 	u := row.Upstream
@@ -445,6 +447,6 @@ func TestGRPCOverH2CSharesStreams(t *testing.T) {
 		t.Errorf("%d upstream connections for %d streams at most at 100 a connection", u.Accepted, u.PeakStreams)
 	}
 	if u.PeakStreams <= 100 {
-		t.Errorf("peak %d streams: the load did not need a second connection, so the test shows nothing", u.PeakStreams)
+		t.Errorf("peak %d streams over %d connections: the proxies did not carry the 101 calls the upstream held for", u.PeakStreams, u.Accepted)
 	}
 }

@@ -55,6 +55,14 @@ type Options struct {
 	// MaxStreams concurrent streams per connection (default 100).
 	H2C        bool
 	MaxStreams uint32
+	// Gather, if positive, holds every call to "/" and "/grpc", after
+	// Delay, until Gather requests have been in progress at once, or for
+	// GatherWait (default 1s) at most. A test that asserts how a proxy
+	// carries a load of that many requests in flight then gets that load
+	// however slowly the machine lets the proxy forward it, where a
+	// delay alone gets it only at the speed the test was written on.
+	Gather     int
+	GatherWait time.Duration
 }
 
 // Stats is what the server counted since it started.
@@ -85,7 +93,13 @@ type Server struct {
 
 	delay atomic.Int64
 	max   int64
-	stats struct {
+	// gathered is closed once Options.Gather requests were in progress
+	// at once (nil without Gather).
+	gather     int64
+	gatherWait time.Duration
+	gathered   chan struct{}
+	gatherOnce sync.Once
+	stats      struct {
 		accepted, refused, open, peak, handshakes, resumed, requests atomic.Int64
 		streams, peakStreams, busy                                   atomic.Int64
 	}
@@ -105,6 +119,12 @@ func Start(o Options) (*Server, error) {
 	}
 	s := &Server{Addr: ln.Addr().String(), max: int64(o.MaxConns), done: make(chan struct{})}
 	s.delay.Store(int64(o.Delay))
+	if o.Gather > 0 {
+		s.gather, s.gatherWait, s.gathered = int64(o.Gather), o.GatherWait, make(chan struct{})
+		if s.gatherWait <= 0 {
+			s.gatherWait = time.Second
+		}
+	}
 	s.ln = &countingListener{Listener: ln, s: s}
 	s.srv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	scheme := "http"
@@ -183,13 +203,14 @@ func (s *Server) routes() http.Handler {
 			}()
 			for p := s.stats.peakStreams.Load(); n > p && !s.stats.peakStreams.CompareAndSwap(p, n); p = s.stats.peakStreams.Load() {
 			}
+			if s.gathered != nil && n >= s.gather {
+				s.gatherOnce.Do(func() { close(s.gathered) })
+			}
 			h(w, r)
 		}
 	}
 	mux.HandleFunc("/", count(func(w http.ResponseWriter, r *http.Request) {
-		if d := time.Duration(s.delay.Load()); d > 0 {
-			hold(d)
-		}
+		s.wait(r)
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, "hello from the upstream\n")
@@ -230,9 +251,7 @@ func (s *Server) routes() http.Handler {
 	}))
 	mux.HandleFunc("/ws", count(wsEcho))
 	mux.HandleFunc("/grpc", count(func(w http.ResponseWriter, r *http.Request) {
-		if d := time.Duration(s.delay.Load()); d > 0 {
-			hold(d)
-		}
+		s.wait(r)
 		w.Header().Set("Content-Type", "application/grpc")
 		w.Header().Set("Trailer", "Grpc-Status")
 		w.WriteHeader(http.StatusOK)
@@ -241,6 +260,25 @@ func (s *Server) routes() http.Handler {
 		w.Header().Set("Grpc-Status", "0")
 	}))
 	return mux
+}
+
+// wait holds a call to "/" or "/grpc" for the delay, then until the
+// requests in progress were Options.Gather at once (or GatherWait has
+// passed, or the request's context ended).
+func (s *Server) wait(r *http.Request) {
+	if d := time.Duration(s.delay.Load()); d > 0 {
+		hold(d)
+	}
+	if s.gathered == nil {
+		return
+	}
+	t := time.NewTimer(s.gatherWait)
+	defer t.Stop()
+	select {
+	case <-s.gathered:
+	case <-t.C:
+	case <-r.Context().Done():
+	}
 }
 
 // wsEcho answers an Upgrade with 101 and echoes bytes until the client

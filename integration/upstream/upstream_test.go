@@ -174,3 +174,52 @@ func TestBusyIsTimeInHandlers(t *testing.T) {
 		t.Errorf("busy %v after 3 requests of %v each", got, delay)
 	}
 }
+
+// TestGatherHoldsUntilEnoughInProgress: with Gather, no call answers until
+// that many were in progress at once, and then every one does; a call that
+// never sees them answers after GatherWait.
+func TestGatherHoldsUntilEnoughInProgress(t *testing.T) {
+	s := start(t, Options{Gather: 4, GatherWait: time.Minute})
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	done := make(chan struct{}, 4)
+	get := func() {
+		resp, err := c.Get(s.URL + "/")
+		if err != nil {
+			t.Error(err)
+		} else {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- struct{}{}
+	}
+	for range 3 {
+		go get()
+	}
+	for s.Stats().Streams < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case <-done:
+		t.Fatal("a call answered with 3 of 4 in progress")
+	case <-time.After(100 * time.Millisecond):
+	}
+	go get()
+	for range 4 {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("calls still held 10s after the fourth arrived")
+		}
+	}
+	if p := s.Stats().PeakStreams; p != 4 {
+		t.Errorf("peak %d in progress, want 4", p)
+	}
+
+	alone := start(t, Options{Gather: 4, GatherWait: 50 * time.Millisecond})
+	begin := time.Now()
+	getConcurrently(t, c, alone.URL+"/", 1)
+	if d := time.Since(begin); d < 50*time.Millisecond {
+		t.Errorf("a lone call answered after %v, before GatherWait", d)
+	}
+}
