@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/orbitproxy/orbit/internal/freeport"
 )
 
 // testDir holds the segments and sockets of this test run. Segments live as
@@ -22,7 +23,9 @@ import (
 var testDir string
 
 // adminAddr is the in-process Caddy's admin endpoint: a port free when the
-// run began, so that two runs on one host do not reach each other's Caddy.
+// run began, so that two runs on one host do not reach each other's Caddy,
+// and outside the ephemeral range (freeport), so that the run's own
+// outgoing connections leave it free for every config load.
 var adminAddr string
 
 func TestMain(m *testing.M) {
@@ -32,13 +35,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	caddytest.Default.AdminPort, err = freeport.Pick()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	caddytest.Default.AdminPort = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 	adminAddr = fmt.Sprintf("localhost:%d", caddytest.Default.AdminPort)
 	code := m.Run()
 	os.RemoveAll(testDir)
@@ -56,18 +57,17 @@ func segmentPath(t testing.TB) string {
 	return filepath.Join(testDir, fmt.Sprintf("%s-%d.seg", name, segSeq.Add(1)))
 }
 
-// freePort returns a loopback port nobody listens on right now.
+// freePort returns a port nobody listens on right now, outside the
+// ephemeral range (freeport), and not returned before in this run.
 func freePort(t testing.TB) int {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
 	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := freeport.Pick()
 		if err != nil {
 			t.Fatal(err)
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
 		// The kernel may give a port it just freed again: two sites of
 		// one test on the same port make an ambiguous Caddyfile.
 		if !portsGiven[port] {

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/orbitproxy/orbit/internal/freeport"
 	"github.com/orbitproxy/orbit/internal/privdir"
 )
 
@@ -88,12 +89,11 @@ func TestAdv7FleetPidfileOfRefusedFleet(t *testing.T) {
 // taken address is there to prevent.
 func TestAdv7FleetSocketsOpenedAtOnce(t *testing.T) {
 	for i := range 150 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := freeport.Pick()
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr := ln.Addr().String()
-		ln.Close()
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		cfg := []byte(fmt.Sprintf(`{"apps": {"http": {"servers": {"a": {"listen": [%q]}}}}}`, addr))
 		var fss [2]*fleetSockets
 		var errs [2]error

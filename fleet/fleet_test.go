@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/orbitproxy/orbit/internal/freeport"
 )
 
 func TestWorkerConfig(t *testing.T) {
@@ -125,12 +127,11 @@ func TestHandoffListener(t *testing.T) {
 
 func TestFleetSocketsRewrite(t *testing.T) {
 	// A port free a moment ago, for the fleet to open.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
+	port := strconv.Itoa(p)
 	cfg := `{"apps": {"http": {"servers": {"a": {"listen": ["127.0.0.1:` + port + `", "unix//tmp/x.sock", "{env.ADDR}"]}}}}}`
 	fs, err := openFleetSockets([]byte(cfg), 2, false)
 	if err != nil {

@@ -3,7 +3,6 @@ package scenario
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/freeport"
 	"github.com/orbitproxy/orbit/internal/privdir"
 )
 
@@ -47,12 +47,11 @@ func TestDrainedWorkerPidFileRemovedAtExit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	cfg := filepath.Join(dir, "caddy.json")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`{"apps":{"http":{"servers":{"s":{"listen":[%q],
 		"routes":[{"handle":[{"handler":"static_response","body":"ok"}]}]}}}}}`, addr)), 0o600); err != nil {

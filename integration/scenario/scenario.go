@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/orbitproxy/orbit/integration/load"
 	"github.com/orbitproxy/orbit/integration/upstream"
+	"github.com/orbitproxy/orbit/internal/freeport"
 )
 
 // Variant is which transport the fleet's reverse_proxy uses.
@@ -206,7 +206,7 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		return Row{}, err
 	}
 	defer up.Close()
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return Row{}, err
 	}
@@ -378,15 +378,6 @@ func Caddyfile(s Scenario, v Variant, port int, upstreamURL, segment, sockDir st
 	}
 	b.WriteString("\t\t}\n\t}\n}\n")
 	return b.String()
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // PrintTable writes rows as one table, with what its columns mean, orbit's
