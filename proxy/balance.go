@@ -82,10 +82,12 @@ func (n *Node) balanceToward(oc *owned, kc *keyCap) int {
 // already (the cap over the fleet's processes, rounded up) holds its dial
 // back for up to dialHold, looking for such a sibling every dialHoldPoll: the
 // unit it holds keeps the siblings' first requests from dialing, so they
-// wait, and then take the unit. A hold that finds no sibling (the others
-// have no requests for the key) dials here, and no dial is held back for
-// dialHoldPause after it: demand that is uneven pays the hold once a pause,
-// not on every dial.
+// wait, and then take the unit. A hold that finds no sibling by its end
+// (the others have no requests for the key) dials here, and no dial is held
+// back for dialHoldPause after it: demand that is uneven pays the hold once
+// a pause, not on every dial. One that ends sooner because this process is
+// no longer past its share (a dial of its own failed, a connection left)
+// dials here too, but was not in vain: the next dial past the share holds.
 //
 // A request that passed its dial on before (first false) passes it again
 // only while this process is past its share, and never holds it back: a unit
@@ -109,7 +111,7 @@ func (n *Node) dialToward(ctx context.Context, kc *keyCap, key orbitpool.Key, fi
 			n.stats.dialsPassed.Add(1)
 			return lane
 		case !holding:
-			if until != 0 {
+			if until != 0 && now >= until {
 				kc.noHoldUntil.Store(now + int64(dialHoldPause))
 			}
 			return -1

@@ -412,6 +412,78 @@ func TestDialHoldEndsAlone(t *testing.T) {
 	}
 }
 
+// TestDialHoldEndsBelowTheShare: a hold ends as soon as its process is no
+// longer past its share (here a dial of its own ended), and dials at once;
+// that early end was not a hold in vain, so the next dial past the share
+// holds again, and only a hold that ran its course pauses the holds.
+func TestDialHoldEndsBelowTheShare(t *testing.T) {
+	defer func(d time.Duration) { dialHold = d }(dialHold)
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(up.Close)
+	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = 4 })
+	n := ms[0].node
+	if err := getBody(context.Background(), ms[0].tr, up.URL); err != nil {
+		t.Fatal(err)
+	}
+	key := mustKey(t, ms[0].tr, up.URL)
+	kc := n.capOf(key)
+	if kc == nil {
+		t.Fatal("no record of the key's cap")
+	}
+	// One connection and one dial of its own: the process is at its
+	// share, 2 of the cap of 4 over two processes.
+	kc.dialing.Add(1)
+	dialHold = time.Minute
+	ended := make(chan int, 1)
+	begin := time.Now()
+	go func() { ended <- n.dialToward(context.Background(), kc, key, true) }()
+	for n.Stats().DialsHeld == 0 {
+		if time.Since(begin) > 10*time.Second {
+			t.Fatal("no hold began in 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case lane := <-ended:
+		t.Fatalf("the hold ended (lane %d) while the process was still at its share", lane)
+	case <-time.After(20 * time.Millisecond):
+	}
+	kc.dialEnds() // the dial of its own ended: below its share now
+	select {
+	case lane := <-ended:
+		if lane != -1 {
+			t.Fatalf("the hold passed its dial to lane %d; no sibling waits", lane)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hold went on 10s after its process fell below its share")
+	}
+	if d := kc.dialing.Load(); d != 1 {
+		t.Fatalf("%d dials counted after the early end; want the one it chose to make", d)
+	}
+	if pause := kc.noHoldUntil.Load(); pause > sinceStart(time.Now()) {
+		t.Fatal("an early end paused the holds, as if the hold had been in vain")
+	}
+
+	// Past the share again (a connection and a dial): the next dial holds,
+	// for dialHold, and that hold in vain pauses the holds.
+	dialHold = 20 * time.Millisecond
+	begin = time.Now()
+	if lane := n.dialToward(context.Background(), kc, key, true); lane != -1 {
+		t.Fatalf("the hold passed its dial to lane %d; no sibling waits", lane)
+	}
+	if d := time.Since(begin); d < dialHold {
+		t.Errorf("the second dial past the share went after %v, without its hold of %v", d, dialHold)
+	}
+	if st := n.Stats(); st.DialsHeld != 2 {
+		t.Errorf("%d dials held back; want 2", st.DialsHeld)
+	}
+	if pause := kc.noHoldUntil.Load(); pause <= sinceStart(time.Now()) {
+		t.Error("a hold in vain did not pause the holds")
+	}
+	kc.dialEnds()
+	kc.dialEnds()
+}
+
 // TestDialCountsEnd: a capped key's dials count among its process's
 // connections from the choice to dial until the pool holds the connection,
 // or the dial fails (see dialToward). After requests over HTTP/1.1 and
