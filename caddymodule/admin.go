@@ -100,8 +100,13 @@ type NodeView struct {
 	Rebalanced       uint64 `json:"rebalanced"`
 	DialsPassed      uint64 `json:"dials_passed"`
 	DialsHeld        uint64 `json:"dials_held"`
-	Retries          uint64 `json:"retries"`
-	IdlePeerStreams  int    `json:"idle_peer_streams"`
+	// IdleBeforeReuseSeconds over IdleReuses is the mean time a
+	// connection sat idle between exchanges (see
+	// proxy.NodeStats.IdleBeforeReuse).
+	IdleBeforeReuseSeconds float64 `json:"idle_before_reuse_seconds"`
+	IdleReuses             uint64  `json:"idle_reuses"`
+	Retries                uint64  `json:"retries"`
+	IdlePeerStreams        int     `json:"idle_peer_streams"`
 }
 
 func serveFleetTable(w http.ResponseWriter, r *http.Request) error {
@@ -181,19 +186,21 @@ func (f *fleet) view() (FleetView, error) {
 	}
 	st := f.node.Stats()
 	v.Node = NodeView{
-		OwnedConnections: st.OpenConns,
-		Created:          st.Created,
-		ReusedLocal:      st.ReusedLocal,
-		ReusedRemote:     st.ReusedRemote,
-		ServedRemote:     st.ServedRemote,
-		SplicedBodies:    st.SplicedBodies,
-		LeasesRefused:    st.Refused,
-		Retired:          st.Retired,
-		Rebalanced:       st.Rebalanced,
-		DialsPassed:      st.DialsPassed,
-		DialsHeld:        st.DialsHeld,
-		Retries:          st.Retries,
-		IdlePeerStreams:  st.IdlePeerConns,
+		OwnedConnections:       st.OpenConns,
+		Created:                st.Created,
+		ReusedLocal:            st.ReusedLocal,
+		ReusedRemote:           st.ReusedRemote,
+		ServedRemote:           st.ServedRemote,
+		SplicedBodies:          st.SplicedBodies,
+		LeasesRefused:          st.Refused,
+		Retired:                st.Retired,
+		Rebalanced:             st.Rebalanced,
+		DialsPassed:            st.DialsPassed,
+		DialsHeld:              st.DialsHeld,
+		IdleBeforeReuseSeconds: st.IdleBeforeReuse.Seconds(),
+		IdleReuses:             st.IdleReuses,
+		Retries:                st.Retries,
+		IdlePeerStreams:        st.IdlePeerConns,
 	}
 	return v, nil
 }

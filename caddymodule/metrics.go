@@ -117,24 +117,25 @@ var (
 	descTimeouts    = newFleetDesc("wait_timeouts_total", "Requests that waited for a connection and gave up.", "key")
 	descWaitSeconds = newFleetDesc("wait_seconds_total", "Total time requests spent waiting for a connection.", "key")
 
-	descOwned          = newDesc("owned_connections", "Upstream connections this process owns.")
-	descServedRemote   = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
-	descSpliced        = newDesc("bodies_spliced_total", "Siblings' response bodies this process moved from an upstream connection to the sibling's stream with splice(2), without copying them through its memory.")
-	descLeaseRefused   = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time, or an HTTP/2 connection full), admission (the admission backstop), other.", "reason")
-	descRetired        = newDesc("connections_retired_total", "Upstream connections this process closed.")
-	descRebalanced     = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
-	descDialsHeld      = newDesc("dials_held_total", "Dials of a capped upstream's connections this process held back for a moment, holding its share of them already, so that a sibling about to wait for one could dial it instead.")
-	descDialsPassed    = newDesc("dials_passed_total", "Dials of a capped upstream's connections this process left to a sibling waiting for one while holding fewer, which dialed in its place: what a rebalancing move does, without closing a connection.")
-	descRetries        = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
-	descBudgetWorkers  = newDesc("budget_workers", "The process budget's workers (the app's workers): the most exchanges, own and siblings', that run at once.")
-	descBudgetInUse    = newDesc("budget_workers_in_use", "Workers of the process budget held by running exchanges, own and siblings'; an exchange with a large body may hold more than one.")
-	descBudgetMemory   = newDesc("budget_memory_limit_bytes", "The process budget's memory limit (the app's memory_limit) for exchange buffers.")
-	descBudgetReserved = newDesc("budget_memory_reserved_bytes", "Exchange buffer memory charged to the process budget now; it can exceed the limit by one buffer per exchange, the price of never refusing an exchange its first buffer.")
-	descPermits        = newDesc("permits", "The back-pressure cap (the app's max_in_flight).")
-	descPermitsInUse   = newDesc("permits_in_use", "Back-pressure permits held by requests of this process now.")
-	descAdmission      = newDesc("admission_ceiling", "The admission backstop's ceiling (the app's admission_ceiling): connections owned and being dialed, or siblings' exchanges running, at which new ones are refused.")
-	descDialsRefused   = newDesc("dials_not_admitted_total", "New upstream connections the admission backstop refused to dial.")
-	descLeakedGuards   = newDesc("leaked_guards_total", "What this process held and let the garbage collector find without releasing it, and gave back then: a bug. By kind: connection (connection uses and dial permits), permit (back-pressure permits), budget (budget leases, each of one or more workers); each is logged when it happens.", "kind")
+	descOwned           = newDesc("owned_connections", "Upstream connections this process owns.")
+	descServedRemote    = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")
+	descSpliced         = newDesc("bodies_spliced_total", "Siblings' response bodies this process moved from an upstream connection to the sibling's stream with splice(2), without copying them through its memory.")
+	descLeaseRefused    = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time, or an HTTP/2 connection full), admission (the admission backstop), other.", "reason")
+	descRetired         = newDesc("connections_retired_total", "Upstream connections this process closed.")
+	descRebalanced      = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
+	descDialsHeld       = newDesc("dials_held_total", "Dials of a capped upstream's connections this process held back for a moment, holding its share of them already, so that a sibling about to wait for one could dial it instead.")
+	descDialsPassed     = newDesc("dials_passed_total", "Dials of a capped upstream's connections this process left to a sibling waiting for one while holding fewer, which dialed in its place: what a rebalancing move does, without closing a connection.")
+	descIdleBeforeReuse = newDesc("idle_before_reuse_seconds", "Time this process's HTTP/1.1 upstream connections sat idle between an exchange's end and the next one taking them. Under a cap, with requests waiting, it is how long the fleet takes to hand a connection on.")
+	descRetries         = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
+	descBudgetWorkers   = newDesc("budget_workers", "The process budget's workers (the app's workers): the most exchanges, own and siblings', that run at once.")
+	descBudgetInUse     = newDesc("budget_workers_in_use", "Workers of the process budget held by running exchanges, own and siblings'; an exchange with a large body may hold more than one.")
+	descBudgetMemory    = newDesc("budget_memory_limit_bytes", "The process budget's memory limit (the app's memory_limit) for exchange buffers.")
+	descBudgetReserved  = newDesc("budget_memory_reserved_bytes", "Exchange buffer memory charged to the process budget now; it can exceed the limit by one buffer per exchange, the price of never refusing an exchange its first buffer.")
+	descPermits         = newDesc("permits", "The back-pressure cap (the app's max_in_flight).")
+	descPermitsInUse    = newDesc("permits_in_use", "Back-pressure permits held by requests of this process now.")
+	descAdmission       = newDesc("admission_ceiling", "The admission backstop's ceiling (the app's admission_ceiling): connections owned and being dialed, or siblings' exchanges running, at which new ones are refused.")
+	descDialsRefused    = newDesc("dials_not_admitted_total", "New upstream connections the admission backstop refused to dial.")
+	descLeakedGuards    = newDesc("leaked_guards_total", "What this process held and let the garbage collector find without releasing it, and gave back then: a bug. By kind: connection (connection uses and dial permits), permit (back-pressure permits), budget (budget leases, each of one or more workers); each is logged when it happens.", "kind")
 )
 
 // tableCollector reads the fleet's table when scraped.
@@ -145,7 +146,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
-		descRetired, descRebalanced, descDialsPassed, descDialsHeld, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
+		descRetired, descRebalanced, descDialsPassed, descDialsHeld, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
 		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
 		descDialsRefused,
 	} {
@@ -210,6 +211,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRebalanced, float64(st.Rebalanced))
 	counter(descDialsPassed, float64(st.DialsPassed))
 	counter(descDialsHeld, float64(st.DialsHeld))
+	ch <- prometheus.MustNewConstSummary(descIdleBeforeReuse, st.IdleReuses, st.IdleBeforeReuse.Seconds(), nil)
 	counter(descRetries, float64(st.Retries))
 	counter(descLeakedGuards, float64(f.pool.LeakedGuards()), "connection")
 	counter(descLeakedGuards, float64(f.limiter.Leaked()), "permit")

@@ -209,6 +209,15 @@ func TestProxyRequests(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// Every reuse took the connection from idle: each is timed.
+	const reuses = "caddy_orbit_pool_idle_before_reuse_seconds_count "
+	if i := strings.Index(metrics, "\n"+reuses); i < 0 {
+		t.Errorf("metrics lack %q", reuses)
+	} else if line, _, _ := strings.Cut(metrics[i+1+len(reuses):], "\n"); line == "" {
+		t.Errorf("metrics: %q has no value", reuses)
+	} else if n, err := strconv.ParseFloat(line, 64); err != nil || n < float64(v.ReusedLocal) {
+		t.Errorf("metrics: %s%s for %d reuses", reuses, line, v.ReusedLocal)
+	}
 }
 
 func TestProxyStreaming(t *testing.T) {

@@ -539,3 +539,27 @@ func TestDialCountsEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleBeforeReuseTimesEachTake: every take of an idle connection adds
+// the time since its last exchange ended to IdleBeforeReuse.
+func TestIdleBeforeReuseTimesEachTake(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(up.Close)
+	ms := windowFleet(t, 1, 0, nil)
+	const gap = 30 * time.Millisecond
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(gap)
+		}
+		if err := getBody(context.Background(), ms[0].tr, up.URL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := ms[0].node.Stats()
+	if st.Created != 1 || st.IdleReuses != 2 {
+		t.Fatalf("%d connections created, %d idle takes timed; want 1 and 2", st.Created, st.IdleReuses)
+	}
+	if st.IdleBeforeReuse < 2*gap || st.IdleBeforeReuse > 2*gap+5*time.Second {
+		t.Errorf("idle before reuse %v over 2 takes %v apart", st.IdleBeforeReuse, gap)
+	}
+}

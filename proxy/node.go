@@ -127,15 +127,24 @@ type NodeStats struct {
 	// DialsHeld counts dials of a capped key's connections this process
 	// held back, holding its share of them already, for a sibling that
 	// might wait for one (see DialsPassed).
-	DialsHeld     uint64
-	Retries       uint64 // requests sent again after a retry-safe failure
-	OpenConns     int    // upstream connections owned now
-	IdlePeerConns int    // idle unix streams to siblings now
+	DialsHeld uint64
+	// IdleBeforeReuse sums the time this process's HTTP/1.1 connections
+	// sat idle in the pool between an exchange's end and the next one
+	// taking them, over IdleReuses takes. Under a cap, with requests
+	// waiting, its mean is how long the fleet takes to hand a connection
+	// on: time in which the upstream's connection carries nothing.
+	IdleBeforeReuse time.Duration
+	IdleReuses      uint64
+	Retries         uint64 // requests sent again after a retry-safe failure
+	OpenConns       int    // upstream connections owned now
+	IdlePeerConns   int    // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
 	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld atomic.Uint64
 	followed                                                                                                                 atomic.Uint64 // HTTP/2 state changes seen by the follower
+	idleBeforeReuse                                                                                                          atomic.Int64  // nanoseconds, over idleReuses
+	idleReuses                                                                                                               atomic.Uint64
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -270,15 +279,17 @@ func (n *Node) Close() error {
 // Stats returns the node's counters.
 func (n *Node) Stats() NodeStats {
 	s := NodeStats{
-		Created:      n.stats.created.Load(),
-		ReusedLocal:  n.stats.reusedLocal.Load(),
-		ReusedRemote: n.stats.reusedRemote.Load(),
-		ServedRemote: n.stats.servedRemote.Load(),
-		Rebalanced:   n.stats.rebalanced.Load(),
-		DialsPassed:  n.stats.dialsPassed.Load(),
-		DialsHeld:    n.stats.dialsHeld.Load(),
-		Retired:      n.stats.retired.Load(),
-		Retries:      n.stats.retries.Load(),
+		Created:         n.stats.created.Load(),
+		ReusedLocal:     n.stats.reusedLocal.Load(),
+		ReusedRemote:    n.stats.reusedRemote.Load(),
+		ServedRemote:    n.stats.servedRemote.Load(),
+		Rebalanced:      n.stats.rebalanced.Load(),
+		DialsPassed:     n.stats.dialsPassed.Load(),
+		DialsHeld:       n.stats.dialsHeld.Load(),
+		IdleBeforeReuse: time.Duration(n.stats.idleBeforeReuse.Load()),
+		IdleReuses:      n.stats.idleReuses.Load(),
+		Retired:         n.stats.retired.Load(),
+		Retries:         n.stats.retries.Load(),
 
 		DialsNotAdmitted: n.stats.dialsNotAdmitted.Load(),
 	}
@@ -589,6 +600,8 @@ func (n *Node) takeFor(oc *owned, exec *orbitpool.Execution) bool {
 	taken, unfit := oc.take(n.log)
 	switch {
 	case taken:
+		n.stats.idleBeforeReuse.Add(max(time.Now().UnixNano()-oc.idle.Load(), 0))
+		n.stats.idleReuses.Add(1)
 		return true
 	case !unfit:
 		exec.Complete()

@@ -164,9 +164,15 @@ func (f *Fleet) owned() ([]int, error) {
 
 // total adds up the workers' values of a counter without labels.
 func (f *Fleet) total(counter string) (int, error) {
-	n := 0
+	n, err := f.sum(counter)
+	return int(n), err
+}
+
+// sum adds up the unlabelled metric name over the workers.
+func (f *Fleet) sum(name string) (float64, error) {
+	n := 0.0
 	for i := range f.n {
-		if err := f.metrics(i, counter+" ", func(_ string, v float64) { n += int(v) }); err != nil {
+		if err := f.metrics(i, name+" ", func(_ string, v float64) { n += v }); err != nil {
 			return 0, err
 		}
 	}

@@ -282,6 +282,24 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		if local, remote, ok := f.reuse(); ok && local+remote > 0 {
 			row.Notes = append(row.Notes, fmt.Sprintf("%.1f%% of the requests that reused a connection used a sibling's", 100*remote/(local+remote)))
 		}
+		if s.Upstream.MaxConns > 0 {
+			// Of the time the upstream saw a connection idle, what the
+			// connection spent in its owner's pool: the rest is the
+			// response's way to the owner and the next request's to the
+			// upstream, through processes that share the machine's CPUs.
+			idle, err := f.sum("caddy_orbit_pool_idle_before_reuse_seconds_sum")
+			if err != nil {
+				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+			}
+			takes, err := f.sum("caddy_orbit_pool_idle_before_reuse_seconds_count")
+			if err != nil {
+				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+			}
+			if takes > 0 {
+				row.Notes = append(row.Notes, fmt.Sprintf("of that idle time, %v on average passed in the owner's pool, from an exchange's end to the next request taking the connection",
+					time.Duration(idle/takes*float64(time.Second)).Round(time.Microsecond)))
+			}
+		}
 		if s.MaxConns > 0 {
 			if row.Owned, err = f.owned(); err != nil {
 				return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
