@@ -387,14 +387,15 @@ var testHookTake atomic.Pointer[func(*owned)]
 // the upstream while idle. If it finds oc unfit, it marks it dead and
 // reports unfit: the caller retires it (see takeFor). If oc is not idle,
 // it reports neither: whoever holds it (a drain, the sweep, Close) does.
-func (oc *owned) take(log *zap.Logger) (taken, unfit bool) {
+// now is the time of the take.
+func (oc *owned) take(now time.Time, log *zap.Logger) (taken, unfit bool) {
 	if h := testHookTake.Load(); h != nil {
 		(*h)(oc)
 	}
 	if !oc.claimIdle(stBusy) {
 		return false, false
 	}
-	if oc.expired(time.Now()) || !oc.c.idleAlive(log) {
+	if oc.expired(now) || !oc.c.idleAlive(log) {
 		oc.state.Store(stDead)
 		return false, true
 	}
@@ -597,10 +598,11 @@ func (n *Node) takeFor(oc *owned, exec *orbitpool.Execution) bool {
 		exec.Complete()
 		return false
 	}
-	taken, unfit := oc.take(n.log)
+	now := time.Now()
+	taken, unfit := oc.take(now, n.log)
 	switch {
 	case taken:
-		n.stats.idleBeforeReuse.Add(max(time.Now().UnixNano()-oc.idle.Load(), 0))
+		n.stats.idleBeforeReuse.Add(max(now.UnixNano()-oc.idle.Load(), 0))
 		n.stats.idleReuses.Add(1)
 		return true
 	case !unfit:

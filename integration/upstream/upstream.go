@@ -272,6 +272,11 @@ func (s *Server) wait(r *http.Request) {
 	if s.gathered == nil {
 		return
 	}
+	select {
+	case <-s.gathered:
+		return // the common case once the load has gathered: no timer
+	default:
+	}
 	t := time.NewTimer(s.gatherWait)
 	defer t.Stop()
 	select {
