@@ -369,6 +369,10 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 	// have completed since takeLocal looked, so the built-in policies look
 	// once more.
 	p.readBudget(ref, v)
+	// The candidates are as of this reading: a claim made after the budget
+	// is read again below still compares the live count with it, for a
+	// creation that completes in between is not among them.
+	seenLive := v.Total - v.Creating
 	if builtin {
 		if plan, ok, err := p.tryLocal(ref); ok || err != nil {
 			return plan, ReasonNone, err
@@ -412,7 +416,7 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 			}
 			c.InUse, c.Pending = c.Capacity, 0 // lost a race for it: full now
 		case ActionCreate:
-			cp, err := p.claimCreate(ref, lim, false, v.Total-v.Creating)
+			cp, err := p.claimCreate(ref, lim, false, seenLive)
 			if err == nil {
 				return Plan{Kind: PlanCreate, Permit: cp}, ReasonNone, nil
 			}
@@ -422,6 +426,7 @@ func (p *Pool) try(ref keyRef, key Key, policy Policy, lim Limits) (Plan, Reason
 			if !errors.Is(err, ErrBudget) {
 				return Plan{}, ReasonNone, err
 			}
+			budgetLostHook()
 			p.readBudget(ref, v) // lost a race for the last unit
 		case ActionWait:
 			return Plan{}, d.Reason, errWait

@@ -18,6 +18,18 @@ func grantHook(id ResourceID) {
 	}
 }
 
+// testHookBudgetLost, set only by tests, runs in Acquire after a creation
+// claim lost the key's budget and before the budget is read again: a
+// sibling's creation that completes there is not among the candidates the
+// policy decides on next.
+var testHookBudgetLost atomic.Pointer[func()]
+
+func budgetLostHook() {
+	if h := testHookBudgetLost.Load(); h != nil {
+		(*h)()
+	}
+}
+
 // SetCapacity changes how many concurrent users a live resource this process
 // owns admits: for instance an HTTP/2 connection whose peer changed its
 // SETTINGS_MAX_CONCURRENT_STREAMS. Capacity 0 drains the resource: it stays
