@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/orbitproxy/orbit/orbitpool"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -64,10 +66,18 @@ func stuckSiblingExchange(t *testing.T, onFrame func(http2.Frame)) *stuckExchang
 			})
 	})
 	url := "http://" + ln.Addr().String()
-	owner, client := remotePair(t, func(tr *Transport) {
+	// The owner reads the 8 MiB head before it accepts the lease, which
+	// under -race on a loaded machine has taken longer than the default
+	// ReservationTimeout: the lease, aged out, was refused as stale.
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	popts := orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReservationTimeout: time.Minute}
+	conf := func(tr *Transport) {
 		tr.H2C = true
 		tr.MaxConnsPerKey = 2
-	})
+	}
+	owner := newMemberPoolOpts(t, spec, popts, NodeOptions{SweepInterval: 50 * time.Millisecond}, conf)
+	client := newMemberPoolOpts(t, spec, popts, NodeOptions{SweepInterval: 50 * time.Millisecond}, conf)
 	// Cleanups run last first: the upstream reads again before the
 	// members close (the write ends with it) and before the upstream
 	// waits for its handlers.
@@ -88,9 +98,9 @@ func stuckSiblingExchange(t *testing.T, onFrame func(http2.Frame)) *stuckExchang
 	s.up = <-framer
 
 	// The deadline leaves the owner time to read the head under -race on
-	// a loaded machine.
-	sc, frame := leasedStream(t, owner, client, key, 2, time.Now().Add(3*time.Second))
-	sc.SetDeadline(time.Now().Add(20 * time.Second))
+	// a loaded machine: 3s has been too short for it.
+	sc, frame := leasedStream(t, owner, client, key, 2, time.Now().Add(10*time.Second))
+	sc.SetDeadline(time.Now().Add(30 * time.Second))
 	// Far more head than the socket buffers between owner and upstream
 	// hold, and within the owner's limit on a sibling's head (10 MiB).
 	big := strings.Repeat("a", 8<<20)

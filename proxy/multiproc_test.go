@@ -544,8 +544,9 @@ func normalJSON(o observation) string {
 }
 
 // TestOwnerKilledMidSplice kills -9 the owner while it splices a large
-// response body to this process: the body must fail within 100ms, never end
-// as if whole, and the dead owner's connection must come back to the budget.
+// response body to this process: the body must fail at the owner's death
+// (the stream's end, not a timer, ends it), never end as if whole, and the
+// dead owner's connection must come back to the budget.
 func TestOwnerKilledMidSplice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test")
@@ -599,10 +600,14 @@ func TestOwnerKilledMidSplice(t *testing.T) {
 		if err == nil {
 			t.Fatal("the body ended as if whole after its owner was killed")
 		}
-		if d := time.Since(killedAt); d > 100*time.Millisecond {
-			t.Errorf("the body failed %v after the kill", d)
+		// How soon is the machine's business: a loaded one has
+		// held this process off its CPU for half a second.
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("the body failed by a timeout %v after the kill (%v), not at the stream's end", time.Since(killedAt), err)
 		}
-	case <-time.After(time.Second):
+		t.Logf("the body failed %v after the kill: %v", time.Since(killedAt), err)
+	case <-time.After(5 * time.Second):
 		t.Fatal("the body hung after its owner was killed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
