@@ -183,8 +183,13 @@ func advChurn(t *testing.T, ps []*Pool) {
 	if v := violation.Load(); v != nil {
 		t.Fatal(v)
 	}
-	// Let reservations age and wake-ups drain.
-	time.Sleep(200 * time.Millisecond)
+	// Let reservations age and wake-ups drain: a reconcile sees what is
+	// pending now, and one past the timeout after it drops it, however
+	// long the dispatchers were kept off the CPU.
+	for _, p := range ps {
+		p.Reconcile()
+	}
+	time.Sleep(testOpts.ReservationTimeout + 50*time.Millisecond)
 	for _, p := range ps {
 		p.Reconcile()
 	}

@@ -352,10 +352,11 @@ func TestReconcileDropsOrphanedPendingBit(t *testing.T) {
 // leaves a bit behind without its ticket.
 func TestReconcileWithDyingReservers(t *testing.T) {
 	spec := PoolSpec{Lanes: 3, Keys: 4, ResourcesPerLane: 8}
-	ps := openShared(t, spec, 1)
+	// The owner never ages a reservation out: only its reserver's death
+	// may clear it.
+	opts := noAging
+	ps := openSharedOpts(t, spec, 1, opts)
 	owner := ps[0]
-	opts := testOpts
-	opts.ReservationTimeout = time.Hour // only death may clear a reservation
 	k := Key{42, 42}
 	id, err := owner.Register(k, 1)
 	if err != nil {

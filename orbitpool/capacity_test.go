@@ -126,7 +126,8 @@ func TestSetCapacityNotOwner(t *testing.T) {
 // Each grant is tagged with the capacity epoch current before it began; the
 // grants of the current epoch in flight at once never exceed its capacity.
 func TestSetCapacityBoundsGrantsUnderChurn(t *testing.T) {
-	ps := openShared(t, small, 2)
+	// Every lease is accepted, and one refused as aged out is an error.
+	ps := openSharedOpts(t, small, 2, noAging)
 	owner, other := ps[0], ps[1]
 	k := Key{7, 3}
 	id, err := owner.Register(k, 8)

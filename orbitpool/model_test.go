@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"math/rand/v2"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -57,11 +56,8 @@ func TestModelSequential(t *testing.T) {
 	}
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	spec := PoolSpec{Lanes: 3, Keys: 8, ResourcesPerLane: 24, Path: filepath.Join(t.TempDir(), "seg")}
-	opts := testOpts
-	opts.ReservationTimeout = time.Hour
-	open := opener(t, spec, opts)
-	pools := []*Pool{open(), open(), open()}
+	spec := PoolSpec{Lanes: 3, Keys: 8, ResourcesPerLane: 24}
+	pools := openSharedOpts(t, spec, 3, noAging)
 	keys := []Key{{1, 1}, {2, 2}, {3, 3}}
 	m := &model{res: map[ResourceID]*modelResource{}, creating: map[Key]int{}, budget: Limits{MaxResources: 6, MaxCreating: 2}}
 	type permit struct {

@@ -15,7 +15,12 @@ var testOpts = Options{ReconcileInterval: 10 * time.Millisecond, ReservationTime
 
 func openMem(t testing.TB, spec PoolSpec) *Pool {
 	t.Helper()
-	p, err := Open(spec, testOpts)
+	return openMemOpts(t, spec, testOpts)
+}
+
+func openMemOpts(t testing.TB, spec PoolSpec, opts Options) *Pool {
+	t.Helper()
+	p, err := Open(spec, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,10 +31,16 @@ func openMem(t testing.TB, spec PoolSpec) *Pool {
 // openShared opens n pools (lanes) on one segment file in a temporary dir.
 func openShared(t testing.TB, spec PoolSpec, n int) []*Pool {
 	t.Helper()
+	return openSharedOpts(t, spec, n, testOpts)
+}
+
+// openSharedOpts is openShared with opts.
+func openSharedOpts(t testing.TB, spec PoolSpec, n int, opts Options) []*Pool {
+	t.Helper()
 	if spec.Path == "" {
 		spec.Path = filepath.Join(t.TempDir(), "seg")
 	}
-	open := opener(t, spec, testOpts)
+	open := opener(t, spec, opts)
 	var ps []*Pool
 	for range n {
 		ps = append(ps, open())
@@ -55,12 +66,22 @@ var small = PoolSpec{Lanes: 4, Keys: 16, ResourcesPerLane: 16}
 
 // backings runs f over process memory and over a shared segment.
 func backings(t *testing.T, f func(t *testing.T, p *Pool)) {
-	t.Run("memory", func(t *testing.T) { f(t, openMem(t, small)) })
-	t.Run("shared", func(t *testing.T) { f(t, openShared(t, small, 1)[0]) })
+	backingsOpts(t, testOpts, f)
 }
 
+// backingsOpts is backings with opts.
+func backingsOpts(t *testing.T, opts Options, f func(t *testing.T, p *Pool)) {
+	t.Run("memory", func(t *testing.T) { f(t, openMemOpts(t, small, opts)) })
+	t.Run("shared", func(t *testing.T) { f(t, openSharedOpts(t, small, 1, opts)[0]) })
+}
+
+// noAging is testOpts for a test that counts reservations exactly: a
+// reservation it holds is never aged out, however long a loaded machine
+// keeps it from being accepted.
+var noAging = Options{ReconcileInterval: testOpts.ReconcileInterval, ReservationTimeout: time.Hour}
+
 func TestReserveAcceptComplete(t *testing.T) {
-	backings(t, func(t *testing.T, p *Pool) {
+	backingsOpts(t, noAging, func(t *testing.T, p *Pool) {
 		k := Key{1, 2}
 		id, err := p.Register(k, 2)
 		if err != nil {

@@ -61,7 +61,9 @@ func TestLateRequestNotSentPastDeadline(t *testing.T) {
 			if _, err := sc.Write(frame); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(time.Until(deadline) + 40*time.Millisecond)
+			// Just past the deadline, well within the owner's grace
+			// (ownerDeadlineGrace) for the head's rest.
+			time.Sleep(time.Until(deadline) + 5*time.Millisecond)
 			io.WriteString(sc, strings.ReplaceAll(tc.after, "%s", host))
 			br := bufio.NewReader(sc)
 			rf, err := readFrame(br, respHeaderLen, decodeResponseFrame)
