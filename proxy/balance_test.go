@@ -484,6 +484,69 @@ func TestDialHoldEndsBelowTheShare(t *testing.T) {
 	kc.dialEnds()
 }
 
+// TestDialRegistersInOneStep: a connection being registered counts once
+// among its process's connections of a capped key, for a decision made
+// meanwhile. Registering it and ending its dial's count were two steps, and
+// a decision between them counted it twice: in a burst of TestDialHoldEndsAlone
+// (1 run in 200 under load), three requests held their dials back where the
+// process had room for one more dial of its share.
+func TestDialRegistersInOneStep(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(up.Close)
+	// A cap of 6 over two processes: the share is 3.
+	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = 6 })
+	n := ms[0].node
+	if err := getBody(context.Background(), ms[0].tr, up.URL); err != nil {
+		t.Fatal(err)
+	}
+	key := mustKey(t, ms[0].tr, up.URL)
+	kc := n.capOf(key)
+	if kc == nil {
+		t.Fatal("no record of the key's cap")
+	}
+	// One connection and a second being dialed: below the share, and
+	// still below it once the dial's connection is in the pool.
+	kc.dialBegins()
+	permit, err := n.pool.ClaimCreate(key, orbitpool.Limits{MaxResources: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type decision struct {
+		lane    int
+		holding bool
+	}
+	decided := make(chan decision, 1)
+	exec, err := kc.register(permit, 1, func() {
+		// Registered, its dial not yet ended: a decision now must wait
+		// for the end, or it sees 3 of the process's connections.
+		go func() {
+			lane, holding := n.passOrDial(kc, key, true, true)
+			decided <- decision{lane, holding}
+		}()
+		select {
+		case d := <-decided:
+			decided <- d
+		case <-time.After(100 * time.Millisecond):
+		}
+		kc.dialEnds()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.pool.Unregister(exec.ID())
+		exec.Complete()
+	})
+	d := <-decided
+	if d.lane != -1 || d.holding {
+		t.Fatalf("a decision made while a dial registered passed to lane %d, held back %v; want a dial here: 2 connections of a share of 3", d.lane, d.holding)
+	}
+	kc.dialEnds() // the decision's dial
+	if c := kc.dialing.Load(); c != 0 {
+		t.Fatalf("%d dials still counted", c)
+	}
+}
+
 // TestDialCountsEnd: a capped key's dials count among its process's
 // connections from the choice to dial until the pool holds the connection,
 // or the dial fails (see dialToward). After requests over HTTP/1.1 and

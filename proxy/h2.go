@@ -1171,8 +1171,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	// to the peer's 0.
 	capacity = max(capacity, 1)
 	n.beginH2Install()
-	exec, err := permit.RegisterAndAccept(capacity)
-	dialEnded()
+	exec, err := kc.register(permit, capacity, dialEnded)
 	if err != nil {
 		n.endH2Install()
 		permit.Close()

@@ -833,6 +833,22 @@ func (kc *keyCap) dialEnds() {
 	}
 }
 
+// register registers the connection a dial of the key made under permit,
+// with room for capacity uses, and ends the dial (dialEnded, which calls
+// dialEnds) in the same step for passOrDial, which reads both counts under
+// passMu: between the two the connection counted twice, so a process with
+// one connection and one dial, of a cap of 4 over two processes, looked past
+// its share, and three requests of a burst held their dials back where one
+// should have. The dial has ended whatever the error.
+func (kc *keyCap) register(permit *orbitpool.CreationPermit, capacity int, dialEnded func()) (*orbitpool.Execution, error) {
+	if kc != nil {
+		kc.passMu.Lock()
+		defer kc.passMu.Unlock()
+	}
+	defer dialEnded()
+	return permit.RegisterAndAccept(capacity)
+}
+
 // lingering reports whether a failed connection of the key waits for its
 // upstream to close before it gives its unit back.
 func (kc *keyCap) lingering() bool {

@@ -822,8 +822,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			if h2 {
 				return t.createH2(req, e, c, plan.Permit, kc, release)
 			}
-			exec, err := plan.Permit.RegisterAndAccept(1)
-			kc.dialEnds() // in the pool now, or not to be
+			exec, err := kc.register(plan.Permit, 1, kc.dialEnds)
 			if err != nil {
 				plan.Permit.Close()
 				c.close()
