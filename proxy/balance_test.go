@@ -412,24 +412,32 @@ func TestDialHoldEndsAlone(t *testing.T) {
 	}
 }
 
+// oneCappedConn starts a fleet of two processes whose key to a new upstream
+// is capped at limit, and returns the first process's node, holding one
+// connection of the key, with the key and its record.
+func oneCappedConn(t *testing.T, limit int) (*Node, orbitpool.Key, *keyCap) {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(up.Close)
+	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+	if err := getBody(context.Background(), ms[0].tr, up.URL); err != nil {
+		t.Fatal(err)
+	}
+	key := mustKey(t, ms[0].tr, up.URL)
+	kc := ms[0].node.capOf(key)
+	if kc == nil {
+		t.Fatal("no record of the key's cap")
+	}
+	return ms[0].node, key, kc
+}
+
 // TestDialHoldEndsBelowTheShare: a hold ends as soon as its process is no
 // longer past its share (here a dial of its own ended), and dials at once;
 // that early end was not a hold in vain, so the next dial past the share
 // holds again, and only a hold that ran its course pauses the holds.
 func TestDialHoldEndsBelowTheShare(t *testing.T) {
 	defer func(d time.Duration) { dialHold = d }(dialHold)
-	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	t.Cleanup(up.Close)
-	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = 4 })
-	n := ms[0].node
-	if err := getBody(context.Background(), ms[0].tr, up.URL); err != nil {
-		t.Fatal(err)
-	}
-	key := mustKey(t, ms[0].tr, up.URL)
-	kc := n.capOf(key)
-	if kc == nil {
-		t.Fatal("no record of the key's cap")
-	}
+	n, key, kc := oneCappedConn(t, 4)
 	// One connection and one dial of its own: the process is at its
 	// share, 2 of the cap of 4 over two processes.
 	kc.dialing.Add(1)
@@ -491,19 +499,8 @@ func TestDialHoldEndsBelowTheShare(t *testing.T) {
 // (1 run in 200 under load), three requests held their dials back where the
 // process had room for one more dial of its share.
 func TestDialRegistersInOneStep(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	t.Cleanup(up.Close)
 	// A cap of 6 over two processes: the share is 3.
-	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = 6 })
-	n := ms[0].node
-	if err := getBody(context.Background(), ms[0].tr, up.URL); err != nil {
-		t.Fatal(err)
-	}
-	key := mustKey(t, ms[0].tr, up.URL)
-	kc := n.capOf(key)
-	if kc == nil {
-		t.Fatal("no record of the key's cap")
-	}
+	n, key, kc := oneCappedConn(t, 6)
 	// One connection and a second being dialed: below the share, and
 	// still below it once the dial's connection is in the pool.
 	kc.dialBegins()

@@ -835,11 +835,10 @@ func (kc *keyCap) dialEnds() {
 
 // register registers the connection a dial of the key made under permit,
 // with room for capacity uses, and ends the dial (dialEnded, which calls
-// dialEnds) in the same step for passOrDial, which reads both counts under
-// passMu: between the two the connection counted twice, so a process with
-// one connection and one dial, of a cap of 4 over two processes, looked past
-// its share, and three requests of a burst held their dials back where one
-// should have. The dial has ended whatever the error.
+// dialEnds), as one step for passOrDial, which reads the pool and the count
+// of dials under passMu: a decision between the two steps counted the
+// connection twice, and held its dial back below the process's share. The
+// dial has ended whatever the error.
 func (kc *keyCap) register(permit *orbitpool.CreationPermit, capacity int, dialEnded func()) (*orbitpool.Execution, error) {
 	if kc != nil {
 		kc.passMu.Lock()
