@@ -161,6 +161,15 @@ const passedFor = 100 * time.Millisecond
 // A sibling's count includes the dials passed to it that its pool does not
 // show yet, so that passes made while the first is still being dialed do not
 // all go to the same sibling.
+//
+// A request that passed its dial before (not first) holds a unit that most
+// likely came back from a pass that did not become a connection: the
+// sibling's request found one with room. So for it, one of the passes the
+// record still counts is taken to be that one: each sibling with passes on
+// record counts one fewer, and a pass to one of them takes the failed pass's
+// place in the record. Counting them all, the request found every sibling
+// holding as many as this process, dialed here, past its share, and the
+// balancer later moved a connection to the sibling the failed pass was for.
 func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (lane int, holding bool) {
 	kc.passMu.Lock()
 	defer kc.passMu.Unlock()
@@ -173,6 +182,8 @@ func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (l
 		case held >= p.base+p.n || now-p.at > int64(passedFor):
 			delete(kc.passed, lane)
 			return held
+		case !first:
+			return p.base + p.n - 1
 		}
 		return p.base + p.n
 	})
@@ -183,10 +194,13 @@ func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (l
 			kc.passed = make(map[int]passedDials)
 		}
 		p, found := kc.passed[lane]
-		if !found {
+		switch {
+		case !found:
 			p.base = held
+			p.n = 1
+		case first:
+			p.n++
 		}
-		p.n++
 		p.at = now
 		kc.passed[lane] = p
 		return lane, false

@@ -623,3 +623,97 @@ func TestIdleBeforeReuseTimesEachTake(t *testing.T) {
 		t.Errorf("idle before reuse %v over 2 takes %v apart", st.IdleBeforeReuse, gap)
 	}
 }
+
+// TestFailedPassIsPassedAgain: a request that passed its dial on before gets
+// a unit back; the record still counts its pass to the sibling, which holds
+// one connection fewer than the record says and waits. The request takes the
+// pass for the one that came back, and passes the unit to that sibling
+// again, rather than dialing past its process's share; the record then
+// counts one pass to the sibling, not two. A request that passed nothing
+// before has no such evidence, and dials.
+func TestFailedPassIsPassedAgain(t *testing.T) {
+	const limit = 4 // over two processes: a share of 2
+	var inFlight atomic.Int64
+	hold := make(chan struct{})
+	freeHold := sync.OnceFunc(func() { close(hold) })
+	defer freeHold()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		if r.URL.Path == "/hold" {
+			<-hold
+		}
+	}))
+	t.Cleanup(up.Close)
+	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	get := func(m *member, path string) {
+		wg.Go(func() {
+			if err := getBody(context.Background(), m.tr, up.URL+path); err != nil {
+				errs <- fmt.Errorf("%s: %w", path, err)
+			}
+		})
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not in 10s", what)
+			}
+		}
+	}
+	// The first process holds its share, 2 connections; the second 1.
+	get(ms[0], "/hold")
+	get(ms[0], "/hold")
+	get(ms[1], "/hold")
+	waitFor("3 requests at the upstream", func() bool { return inFlight.Load() == 3 })
+	n, key := ms[0].node, mustKey(t, ms[0].tr, up.URL)
+	kc := n.capOf(key)
+	// The last unit of the cap, taken here: the second process's next
+	// request waits.
+	permit, err := n.pool.ClaimCreate(key, orbitpool.Limits{MaxResources: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get(ms[1], "/")
+	waitFor("the second process's request waiting", func() bool {
+		snap, err := n.pool.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range snap.Keys {
+			if k.Waiting == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	sibling := ms[1].pool.Lane()
+	kc.passMu.Lock()
+	kc.passed = map[int]passedDials{sibling: {base: 1, n: 1, at: sinceStart(time.Now())}}
+	kc.passMu.Unlock()
+
+	if lane, holding := n.passOrDial(kc, key, true, false); lane != -1 || holding {
+		t.Fatalf("a first request passed to lane %d, held back %v; want a dial here (the sibling holds 2 by the record, as this process does)", lane, holding)
+	}
+	kc.dialEnds() // that decision's dial, never made
+	lane, holding := n.passOrDial(kc, key, false, false)
+	if lane != sibling || holding {
+		t.Fatalf("a request whose pass came back passed to lane %d, held back %v; want lane %d, the sibling its pass was for", lane, holding, sibling)
+	}
+	if p := kc.passed[sibling]; p.n != 1 || p.base != 1 {
+		t.Errorf("the record counts %d passes to the sibling since it held %d; want the one, since 1", p.n, p.base)
+	}
+	permit.CloseToward(lane)
+	waitFor("the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == 2 })
+	freeHold()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if a := n.Stats().Created; a != 2 {
+		t.Errorf("the first process dialed %d connections; want its share, 2", a)
+	}
+}
