@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -98,14 +99,48 @@ func (f *Fleet) adminUp(i int) bool {
 
 // Admin sends a GET to worker i's admin endpoint.
 func (f *Fleet) Admin(i int, path string) (*http.Response, error) {
+	return f.adminGet(i, path, 5*time.Second)
+}
+
+func (f *Fleet) adminGet(i int, path string, timeout time.Duration) (*http.Response, error) {
 	sock := filepath.Join(f.runDir, fmt.Sprintf("worker-%d.sock", i))
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+	c := &http.Client{Timeout: timeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},
 	}}
 	defer c.CloseIdleConnections()
 	return c.Get("http://localhost" + path)
+}
+
+// profile writes every worker's CPU profile over the next d (whole seconds,
+// at least one) to dir, as name-worker-N.pprof.
+func (f *Fleet) profile(dir, name string, d time.Duration) error {
+	secs := max(1, int(d/time.Second))
+	errs := make(chan error, f.n)
+	for i := range f.n {
+		go func() {
+			resp, err := f.adminGet(i, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), time.Duration(secs)*time.Second+30*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("worker %d: %s: %s", i, resp.Status, bytes.TrimSpace(b))
+			}
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-worker-%d.pprof", name, i)), b, 0o644)
+			}
+			errs <- err
+		}()
+	}
+	var all []error
+	for range f.n {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
 }
 
 // WorkerPID is the process ID of worker i, from its pid file.

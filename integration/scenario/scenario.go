@@ -185,6 +185,10 @@ type Runner struct {
 	Dir string
 	// Progress receives the load tool's status lines.
 	Progress io.Writer
+	// Profiles, if set, is a directory that receives each Caddy worker's
+	// CPU profile over the load (from its admin endpoint's pprof), one
+	// file per scenario, variant and worker: where a variant's CPU goes.
+	Profiles string
 }
 
 // Run runs s on variant v and returns what it measured. A scenario that
@@ -246,6 +250,12 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	} else {
 		during <- nil
 	}
+	profiled := make(chan error, 1)
+	if f, ok := proxy.(*Fleet); ok && r.Profiles != "" {
+		go func() { profiled <- f.profile(r.Profiles, s.Name+"-"+string(v), s.Duration) }()
+	} else {
+		profiled <- nil
+	}
 	if s.Client != nil {
 		row.Load, err = s.Client(ctx, addr, s.Conns, s.Duration)
 	} else {
@@ -267,6 +277,9 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 	}
 	if err := <-during; err != nil {
 		return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+	}
+	if err := <-profiled; err != nil {
+		return row, fmt.Errorf("%s/%s: cpu profile: %w", s.Name, v, err)
 	}
 	row.Upstream = up.Stats()
 	if m, served := s.Upstream.MaxConns, row.Upstream.Requests-base.Requests; m > 0 && served > 0 {

@@ -1,10 +1,14 @@
 package scenario
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +58,7 @@ func shortTempDir(tb testing.TB) string {
 	return dir
 }
 
-func runOrbit(t *testing.T, s Scenario) Row {
+func runOrbit(t *testing.T, s Scenario, opts ...func(*Runner)) Row {
 	t.Helper()
 	if s.Duration == 0 {
 		s.Duration = shortLoad
@@ -63,6 +67,9 @@ func runOrbit(t *testing.T, s Scenario) Row {
 		s.Conns = shortConns
 	}
 	r := &Runner{Caddy: caddyBin, Workers: shortWorkers, Dir: shortTempDir(t)}
+	for _, o := range opts {
+		o(r)
+	}
 	row, err := r.Run(context.Background(), s, Orbit)
 	if err != nil {
 		t.Fatal(err)
@@ -82,12 +89,40 @@ func noErrors(t *testing.T, row Row) {
 	}
 }
 
+// TestFastSharesConnections also asks for the workers' CPU profiles over
+// the load (orbit-demo -cpuprofile).
 func TestFastSharesConnections(t *testing.T) {
-	row := runOrbit(t, Scenario{Name: "fast"})
+	profiles := t.TempDir()
+	row := runOrbit(t, Scenario{Name: "fast"}, func(r *Runner) { r.Profiles = profiles })
 	noErrors(t, row)
 	// The load needs at most shortConns upstream connections at once.
 	if row.Upstream.Peak > shortConns || row.Reuse() < 0.95 {
 		t.Fatalf("peak %d upstream connections for %d client connections, reuse %.3f", row.Upstream.Peak, shortConns, row.Reuse())
+	}
+	bin, err := filepath.EvalSymlinks(caddyBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range shortWorkers {
+		f, err := os.Open(filepath.Join(profiles, fmt.Sprintf("fast-orbit-worker-%d.pprof", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		// A profile is a gzipped protocol buffer whose string table
+		// names its sample types (a CPU profile's are samples and cpu)
+		// and the executable it sampled.
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatalf("worker %d's profile: %v", i, err)
+		}
+		b, err := io.ReadAll(zr)
+		if err != nil {
+			t.Fatalf("worker %d's profile: %v", i, err)
+		}
+		if !bytes.Contains(b, []byte("samples")) || !bytes.Contains(b, []byte("cpu")) || !bytes.Contains(b, []byte(bin)) {
+			t.Errorf("worker %d's profile (%d bytes) is not a CPU profile of orbit's Caddy", i, len(b))
+		}
 	}
 }
 

@@ -55,6 +55,7 @@ func main() {
 		window  = flag.Int("window", -1, "also run orbit with this order_window, to weigh it against the default")
 		local   = flag.Bool("local-only", false, "also run orbit that never uses a sibling's connection (policy local_only)")
 		rounds  = flag.Int("rounds", 1, "run every scenario this many times, alternating the variants' order, and summarise orbit's ratios to stock")
+		profile = flag.String("cpuprofile", "", "write each Caddy worker's CPU profile over each load to this directory")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -84,13 +85,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "orbit-demo: -rounds must be at least 1")
 		os.Exit(2)
 	}
-	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all, *rounds, variants); err != nil {
+	if err := run(ctx, *caddy, *workers, *conns, *dur, *names, *all, *rounds, *profile, variants); err != nil {
 		fmt.Fprintln(os.Stderr, "orbit-demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool, rounds int, variants []scenario.Variant) error {
+func run(ctx context.Context, caddy string, workers, conns int, d time.Duration, names string, all bool, rounds int, profiles string, variants []scenario.Variant) error {
 	catalogue := scenario.Catalogue(d)
 	list := catalogue
 	if !all {
@@ -110,7 +111,7 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 			return err
 		}
 	}
-	r := &scenario.Runner{Caddy: caddy, Workers: workers, Dir: dir, Progress: os.Stderr}
+	r := &scenario.Runner{Caddy: caddy, Workers: workers, Dir: dir, Progress: os.Stderr, Profiles: profiles}
 	var rows []scenario.Row
 	for round := 1; round <= rounds; round++ {
 		for _, s := range list {
