@@ -160,20 +160,26 @@ const passedFor = 100 * time.Millisecond
 //
 // A sibling's count includes the dials passed to it that its pool does not
 // show yet, so that passes made while the first is still being dialed do not
-// all go to the same sibling.
+// all go to the same sibling. Only as many passes count as there are units
+// of the cap outside live connections, besides this request's and this
+// process's dials (the siblings looked at first keep theirs): a pass that
+// came to nothing (the sibling's request found a connection with room, or
+// passed the unit on to a sibling holding fewer still) would otherwise count
+// until passedFor. In a cold start of four
+// workers under a cap of 16, the first, past its share, found every sibling
+// holding 5 or 6 by its record, where they held 3 and no unit was on its
+// way to them; it dialed its 6th and 7th, and the balancer moved three.
 //
 // A request that passed its dial before (not first) holds a unit that most
-// likely came back from a pass that did not become a connection: the
-// sibling's request found one with room. So for it, one of the passes the
-// record still counts is taken to be that one: each sibling with passes on
-// record counts one fewer, and a pass to one of them takes the failed pass's
-// place in the record. Counting them all, the request found every sibling
-// holding as many as this process, dialed here, past its share, and the
-// balancer later moved a connection to the sibling the failed pass was for.
+// likely came back from a pass that did not become a connection. So for it,
+// one of the passes the record still counts is taken to be that one: each
+// sibling with passes on record counts one fewer, and a pass to one of them
+// takes the failed pass's place in the record.
 func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (lane int, holding bool) {
 	kc.passMu.Lock()
 	defer kc.passMu.Unlock()
 	now := sinceStart(time.Now())
+	onTheirWay := int(kc.max.Load()) - n.pool.Live(key) - 1 - int(kc.dialing.Load())
 	lane, held, own, ok := n.pool.NeediestBy(key, func(lane, held int) int {
 		p, found := kc.passed[lane]
 		switch {
@@ -182,10 +188,14 @@ func (n *Node) passOrDial(kc *keyCap, key orbitpool.Key, first, mayHold bool) (l
 		case held >= p.base+p.n || now-p.at > int64(passedFor):
 			delete(kc.passed, lane)
 			return held
-		case !first:
-			return p.base + p.n - 1
 		}
-		return p.base + p.n
+		pending := p.base + p.n - held
+		if !first {
+			pending--
+		}
+		pending = max(min(pending, onTheirWay), 0)
+		onTheirWay -= pending
+		return held + pending
 	})
 	own += int(kc.dialing.Load())
 	past := n.pastShare(kc, own)

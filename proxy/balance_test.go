@@ -624,19 +624,15 @@ func TestIdleBeforeReuseTimesEachTake(t *testing.T) {
 	}
 }
 
-// TestFailedPassIsPassedAgain: a request that passed its dial on before gets
-// a unit back; the record still counts its pass to the sibling, which holds
-// one connection fewer than the record says and waits. The request takes the
-// pass for the one that came back, and passes the unit to that sibling
-// again, rather than dialing past its process's share; the record then
-// counts one pass to the sibling, not two. A request that passed nothing
-// before has no such evidence, and dials.
-func TestFailedPassIsPassedAgain(t *testing.T) {
-	const limit = 4 // over two processes: a share of 2
+// busyFleet starts a fleet of len(busy) processes whose key to a new
+// upstream is capped at limit, process i holding busy[i] connections of it
+// with requests the upstream answers only at the test's end, and returns the
+// fleet, the key, and get, which sends a request from a process and waits
+// until it is held or the request fails; the test fails if any did.
+func busyFleet(t *testing.T, limit int, busy []int) ([]*member, orbitpool.Key, func(m *member, path string)) {
+	t.Helper()
 	var inFlight atomic.Int64
 	hold := make(chan struct{})
-	freeHold := sync.OnceFunc(func() { close(hold) })
-	defer freeHold()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		inFlight.Add(1)
 		defer inFlight.Add(-1)
@@ -644,10 +640,9 @@ func TestFailedPassIsPassedAgain(t *testing.T) {
 			<-hold
 		}
 	}))
-	t.Cleanup(up.Close)
-	ms := windowFleet(t, 2, 64, func(tr *Transport) { tr.MaxConnsPerKey = limit })
+	ms := windowFleet(t, len(busy), 64, func(tr *Transport) { tr.MaxConnsPerKey = limit })
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
+	errs := make(chan error, 64)
 	get := func(m *member, path string) {
 		wg.Go(func() {
 			if err := getBody(context.Background(), m.tr, up.URL+path); err != nil {
@@ -655,43 +650,122 @@ func TestFailedPassIsPassedAgain(t *testing.T) {
 			}
 		})
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not in 10s", what)
-			}
+	// Registered after the fleet's own cleanups, so run before them.
+	t.Cleanup(func() {
+		close(hold)
+		wg.Wait()
+		up.Close()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+	total := 0
+	for i, n := range busy {
+		for range n {
+			get(ms[i], "/hold")
+		}
+		total += n
+	}
+	waitUntil(t, "the busy connections at the upstream", func() bool { return inFlight.Load() == int64(total) })
+	return ms, mustKey(t, ms[0].tr, up.URL), get
+}
+
+// waitUntil waits up to 10s for cond.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not in 10s", what)
 		}
 	}
-	// The first process holds its share, 2 connections; the second 1.
-	get(ms[0], "/hold")
-	get(ms[0], "/hold")
-	get(ms[1], "/hold")
-	waitFor("3 requests at the upstream", func() bool { return inFlight.Load() == 3 })
-	n, key := ms[0].node, mustKey(t, ms[0].tr, up.URL)
+}
+
+// waiting reports whether n requests wait in m's pool.
+func waiting(t *testing.T, m *member, n int) func() bool {
+	return func() bool {
+		snap, err := m.pool.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for _, k := range snap.Keys {
+			got += k.Waiting
+		}
+		return got == n
+	}
+}
+
+// TestPassesOnRecordAreUnitsOut: the passes a process's record counts for a
+// sibling are bounded by the units of the cap outside live connections. Here
+// every unit is in a connection but the one the deciding request holds, so
+// the pass on record to the waiting sibling cannot be on its way (the
+// sibling's request found room, or passed it on): the request passes its
+// unit to that sibling, rather than dialing as if the sibling held as many
+// connections as its process. In a cold start, a record that counted such
+// passes had the first process dial past its share, and the balancer move
+// three connections.
+func TestPassesOnRecordAreUnitsOut(t *testing.T) {
+	const limit = 4 // over two processes: a share of 2
+	ms, key, get := busyFleet(t, limit, []int{2, 1})
+	n := ms[0].node
 	kc := n.capOf(key)
-	// The last unit of the cap, taken here: the second process's next
-	// request waits.
+	// The last unit of the cap: the second process's next request waits.
 	permit, err := n.pool.ClaimCreate(key, orbitpool.Limits{MaxResources: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
 	get(ms[1], "/")
-	waitFor("the second process's request waiting", func() bool {
-		snap, err := n.pool.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range snap.Keys {
-			if k.Waiting == 1 {
-				return true
-			}
-		}
-		return false
-	})
+	waitUntil(t, "the second process's request waiting", waiting(t, ms[0], 1))
 	sibling := ms[1].pool.Lane()
 	kc.passMu.Lock()
 	kc.passed = map[int]passedDials{sibling: {base: 1, n: 1, at: sinceStart(time.Now())}}
+	kc.passMu.Unlock()
+
+	lane, holding := n.passOrDial(kc, key, true, false)
+	if lane != sibling || holding {
+		t.Fatalf("the request passed to lane %d, held back %v; want lane %d: the sibling holds 1, the record's pass to it is not on its way", lane, holding, sibling)
+	}
+	if p := kc.passed[sibling]; p.n != 2 || p.base != 1 {
+		t.Errorf("the record counts %d passes to the sibling since it held %d; want 2 since 1", p.n, p.base)
+	}
+	permit.CloseToward(lane)
+	waitUntil(t, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == 2 })
+	if a := n.Stats().Created; a != 2 {
+		t.Errorf("the first process dialed %d connections; want its share, 2", a)
+	}
+}
+
+// TestFailedPassIsPassedAgain: a request that passed its dial on before gets
+// a unit; the record counts two passes to the waiting sibling, and two units
+// are on their way (being dialed by that sibling). The request takes one of
+// the passes for its own unit come back unused, so the sibling holds one
+// fewer than the record says, and passes the unit to it again rather than
+// dialing past its process's share; the record then counts two passes, not
+// three. A request that passed nothing before has no such evidence, and
+// dials.
+func TestFailedPassIsPassedAgain(t *testing.T) {
+	const limit = 5 // over three processes: a share of 2
+	ms, key, get := busyFleet(t, limit, []int{2, 0, 0})
+	n := ms[0].node
+	kc := n.capOf(key)
+	permit, err := n.pool.ClaimCreate(key, orbitpool.Limits{MaxResources: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sibling's two dials under way, the units on their way.
+	for range 2 {
+		p, err := ms[1].pool.ClaimCreate(key, orbitpool.Limits{MaxResources: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+	}
+	get(ms[1], "/")
+	waitUntil(t, "the sibling's request waiting", waiting(t, ms[0], 1))
+	sibling := ms[1].pool.Lane()
+	kc.passMu.Lock()
+	kc.passed = map[int]passedDials{sibling: {base: 0, n: 2, at: sinceStart(time.Now())}}
 	kc.passMu.Unlock()
 
 	if lane, holding := n.passOrDial(kc, key, true, false); lane != -1 || holding {
@@ -702,18 +776,9 @@ func TestFailedPassIsPassedAgain(t *testing.T) {
 	if lane != sibling || holding {
 		t.Fatalf("a request whose pass came back passed to lane %d, held back %v; want lane %d, the sibling its pass was for", lane, holding, sibling)
 	}
-	if p := kc.passed[sibling]; p.n != 1 || p.base != 1 {
-		t.Errorf("the record counts %d passes to the sibling since it held %d; want the one, since 1", p.n, p.base)
+	if p := kc.passed[sibling]; p.n != 2 || p.base != 0 {
+		t.Errorf("the record counts %d passes to the sibling since it held %d; want 2 since 0", p.n, p.base)
 	}
 	permit.CloseToward(lane)
-	waitFor("the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == 2 })
-	freeHold()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if a := n.Stats().Created; a != 2 {
-		t.Errorf("the first process dialed %d connections; want its share, 2", a)
-	}
+	waitUntil(t, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == 1 })
 }
