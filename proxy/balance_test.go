@@ -248,14 +248,7 @@ func TestDialGoesToTheNeediest(t *testing.T) {
 		waiting := func(n int) {
 			t.Helper()
 			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-				snap, err := ms[0].pool.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := 0
-				for _, k := range snap.Keys {
-					got += k.Waiting
-				}
+				got := waitingIn(t, ms[0])
 				if got == n && int(inFlight.Load()) == limit {
 					return
 				}
@@ -671,6 +664,20 @@ func busyFleet(t *testing.T, limit int, busy []int) ([]*member, orbitpool.Key, f
 	return ms, mustKey(t, ms[0].tr, up.URL), get
 }
 
+// waitingIn is how many requests wait in the fleet, as m's pool sees it.
+func waitingIn(t *testing.T, m *member) int {
+	t.Helper()
+	snap, err := m.pool.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, k := range snap.Keys {
+		n += k.Waiting
+	}
+	return n
+}
+
 // waitUntil waits up to 10s for cond.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -681,19 +688,17 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// waiting reports whether n requests wait in m's pool.
-func waiting(t *testing.T, m *member, n int) func() bool {
-	return func() bool {
-		snap, err := m.pool.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for _, k := range snap.Keys {
-			got += k.Waiting
-		}
-		return got == n
-	}
+// siblingWaits has the second process of a busyFleet, whose cap is all in
+// use, send a request, waits until it waits, and gives the first process's
+// record (kc) the passes p to it, made now.
+func siblingWaits(t *testing.T, ms []*member, get func(*member, string), kc *keyCap, p passedDials) {
+	t.Helper()
+	get(ms[1], "/")
+	waitUntil(t, "the sibling's request waiting", func() bool { return waitingIn(t, ms[0]) == 1 })
+	p.at = sinceStart(time.Now())
+	kc.passMu.Lock()
+	kc.passed = map[int]passedDials{ms[1].pool.Lane(): p}
+	kc.passMu.Unlock()
 }
 
 // TestPassesOnRecordAreUnitsOut: the passes a process's record counts for a
@@ -715,22 +720,9 @@ func TestPassesOnRecordAreUnitsOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	get(ms[1], "/")
-	waitUntil(t, "the second process's request waiting", waiting(t, ms[0], 1))
-	sibling := ms[1].pool.Lane()
-	kc.passMu.Lock()
-	kc.passed = map[int]passedDials{sibling: {base: 1, n: 1, at: sinceStart(time.Now())}}
-	kc.passMu.Unlock()
-
-	lane, holding := n.passOrDial(kc, key, true, false)
-	if lane != sibling || holding {
-		t.Fatalf("the request passed to lane %d, held back %v; want lane %d: the sibling holds 1, the record's pass to it is not on its way", lane, holding, sibling)
-	}
-	if p := kc.passed[sibling]; p.n != 2 || p.base != 1 {
-		t.Errorf("the record counts %d passes to the sibling since it held %d; want 2 since 1", p.n, p.base)
-	}
-	permit.CloseToward(lane)
-	waitUntil(t, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == 2 })
+	siblingWaits(t, ms, get, kc, passedDials{base: 1, n: 1})
+	// The sibling holds 1; the record's pass to it is not on its way.
+	passesTo(t, ms, kc, key, true, permit, passedDials{base: 1, n: 2}, 2)
 	if a := n.Stats().Created; a != 2 {
 		t.Errorf("the first process dialed %d connections; want its share, 2", a)
 	}
@@ -761,24 +753,29 @@ func TestFailedPassIsPassedAgain(t *testing.T) {
 		}
 		defer p.Close()
 	}
-	get(ms[1], "/")
-	waitUntil(t, "the sibling's request waiting", waiting(t, ms[0], 1))
-	sibling := ms[1].pool.Lane()
-	kc.passMu.Lock()
-	kc.passed = map[int]passedDials{sibling: {base: 0, n: 2, at: sinceStart(time.Now())}}
-	kc.passMu.Unlock()
+	siblingWaits(t, ms, get, kc, passedDials{base: 0, n: 2})
 
 	if lane, holding := n.passOrDial(kc, key, true, false); lane != -1 || holding {
 		t.Fatalf("a first request passed to lane %d, held back %v; want a dial here (the sibling holds 2 by the record, as this process does)", lane, holding)
 	}
 	kc.dialEnds() // that decision's dial, never made
-	lane, holding := n.passOrDial(kc, key, false, false)
+	passesTo(t, ms, kc, key, false, permit, passedDials{base: 0, n: 2}, 1)
+}
+
+// passesTo checks that a decision of the first process of a fleet, first or
+// not, passes its dial to the second process, leaving kc's record of passes
+// to it at want; it then hands over permit, the decision's unit, and waits
+// until the second process has dialed created connections.
+func passesTo(t *testing.T, ms []*member, kc *keyCap, key orbitpool.Key, first bool, permit *orbitpool.CreationPermit, want passedDials, created uint64) {
+	t.Helper()
+	sibling := ms[1].pool.Lane()
+	lane, holding := ms[0].node.passOrDial(kc, key, first, false)
 	if lane != sibling || holding {
-		t.Fatalf("a request whose pass came back passed to lane %d, held back %v; want lane %d, the sibling its pass was for", lane, holding, sibling)
+		t.Fatalf("a request (first %v) passed to lane %d, held back %v; want lane %d, the sibling", first, lane, holding, sibling)
 	}
-	if p := kc.passed[sibling]; p.n != 2 || p.base != 0 {
-		t.Errorf("the record counts %d passes to the sibling since it held %d; want 2 since 0", p.n, p.base)
+	if p := kc.passed[sibling]; p.n != want.n || p.base != want.base {
+		t.Errorf("the record counts %d passes to the sibling since it held %d; want %d since %d", p.n, p.base, want.n, want.base)
 	}
 	permit.CloseToward(lane)
-	waitUntil(t, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == 1 })
+	waitUntil(t, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == created })
 }
