@@ -165,10 +165,10 @@ const passedFor = 100 * time.Millisecond
 // process's dials (the siblings looked at first keep theirs): a pass that
 // came to nothing (the sibling's request found a connection with room, or
 // passed the unit on to a sibling holding fewer still) would otherwise count
-// until passedFor. In a cold start of four
-// workers under a cap of 16, the first, past its share, found every sibling
-// holding 5 or 6 by its record, where they held 3 and no unit was on its
-// way to them; it dialed its 6th and 7th, and the balancer moved three.
+// until passedFor. In a cold start of four workers under a cap of 16, the
+// first, past its share, found every sibling holding 5 or 6 by its record,
+// where they held 3 and no unit was on its way to them; it dialed its 6th
+// and 7th, and the balancer moved three.
 //
 // A request that passed its dial before (not first) holds a unit that most
 // likely came back from a pass that did not become a connection. So for it,
