@@ -660,7 +660,7 @@ func busyFleet(t *testing.T, limit int, busy []int) ([]*member, orbitpool.Key, f
 		}
 		total += n
 	}
-	waitUntil(t, "the busy connections at the upstream", func() bool { return inFlight.Load() == int64(total) })
+	waitFor(t, 10*time.Second, "the busy connections at the upstream", func() bool { return inFlight.Load() == int64(total) })
 	return ms, mustKey(t, ms[0].tr, up.URL), get
 }
 
@@ -678,23 +678,13 @@ func waitingIn(t *testing.T, m *member) int {
 	return n
 }
 
-// waitUntil waits up to 10s for cond.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not in 10s", what)
-		}
-	}
-}
-
 // siblingWaits has the second process of a busyFleet, whose cap is all in
 // use, send a request, waits until it waits, and gives the first process's
 // record (kc) the passes p to it, made now.
 func siblingWaits(t *testing.T, ms []*member, get func(*member, string), kc *keyCap, p passedDials) {
 	t.Helper()
 	get(ms[1], "/")
-	waitUntil(t, "the sibling's request waiting", func() bool { return waitingIn(t, ms[0]) == 1 })
+	waitFor(t, 10*time.Second, "the sibling's request waiting", func() bool { return waitingIn(t, ms[0]) == 1 })
 	p.at = sinceStart(time.Now())
 	kc.passMu.Lock()
 	kc.passed = map[int]passedDials{ms[1].pool.Lane(): p}
@@ -777,5 +767,5 @@ func passesTo(t *testing.T, ms []*member, kc *keyCap, key orbitpool.Key, first b
 		t.Errorf("the record counts %d passes to the sibling since it held %d; want %d since %d", p.n, p.base, want.n, want.base)
 	}
 	permit.CloseToward(lane)
-	waitUntil(t, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == created })
+	waitFor(t, 10*time.Second, "the sibling's waiting request on a connection it dialed", func() bool { return ms[1].node.Stats().Created == created })
 }
