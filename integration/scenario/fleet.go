@@ -122,7 +122,7 @@ func (f *Fleet) profile(dir, name string, d time.Duration) error {
 		go func() {
 			resp, err := f.adminGet(i, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), time.Duration(secs)*time.Second+30*time.Second)
 			if err != nil {
-				errs <- err
+				errs <- fmt.Errorf("worker %d: %w", i, err)
 				return
 			}
 			defer resp.Body.Close()
