@@ -32,6 +32,14 @@ func windowFleet(t testing.TB, n int, window uint32, conf func(*Transport)) []*m
 	return ms
 }
 
+// holdDials sets, for the rest of t, how long dials are held back for a
+// sibling: cold until a hold has been in vain, warm after.
+func holdDials(t testing.TB, warm, cold time.Duration) {
+	d, c := dialHold, coldDialHold
+	t.Cleanup(func() { dialHold, coldDialHold = d, c })
+	dialHold, coldDialHold = warm, cold
+}
+
 // steadyLoad runs, for each member i, goroutines[i] closed-loop goroutines
 // sending GETs until total requests have been sent fleet-wide, and returns
 // how many failed.
@@ -308,8 +316,9 @@ func TestDialGoesToTheNeediest(t *testing.T) {
 // test adds up several.
 func TestColdStartDialsGoToSiblings(t *testing.T) {
 	const limit, members, starts = 8, 4, 5
-	defer func(d time.Duration) { dialHold = d }(dialHold)
-	dialHold = 5 * time.Second // a hold must not end before the siblings wait, however slow the machine
+	// A hold must not end before the siblings wait, however slow the
+	// machine.
+	holdDials(t, 5*time.Second, 5*time.Second)
 	var firstDialed, allMoved uint64
 	for range starts {
 		up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, Delay: 2 * time.Millisecond})
@@ -360,8 +369,7 @@ func TestColdStartDialsGoToSiblings(t *testing.T) {
 // demand pays the hold once a pause.
 func TestDialHoldEndsAlone(t *testing.T) {
 	const limit = 4
-	defer func(d time.Duration) { dialHold = d }(dialHold)
-	dialHold = 50 * time.Millisecond
+	holdDials(t, 50*time.Millisecond, 50*time.Millisecond)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(10 * time.Millisecond) // long enough that a burst's requests overlap on a loaded machine
 		if r.URL.Path == "/close" {
@@ -427,14 +435,14 @@ func oneCappedConn(t *testing.T, limit int) (*Node, orbitpool.Key, *keyCap) {
 // TestDialHoldEndsBelowTheShare: a hold ends as soon as its process is no
 // longer past its share (here a dial of its own ended), and dials at once;
 // that early end was not a hold in vain, so the next dial past the share
-// holds again, and only a hold that ran its course pauses the holds.
+// holds again, for the cold start's longer hold, and only a hold that ran
+// its course pauses the holds. After that pause, holds are short.
 func TestDialHoldEndsBelowTheShare(t *testing.T) {
-	defer func(d time.Duration) { dialHold = d }(dialHold)
 	n, key, kc := oneCappedConn(t, 4)
 	// One connection and one dial of its own: the process is at its
 	// share, 2 of the cap of 4 over two processes.
 	kc.dialing.Add(1)
-	dialHold = time.Minute
+	holdDials(t, time.Minute, time.Minute)
 	ended := make(chan int, 1)
 	begin := time.Now()
 	go func() { ended <- n.dialToward(context.Background(), kc, key, true) }()
@@ -466,20 +474,57 @@ func TestDialHoldEndsBelowTheShare(t *testing.T) {
 	}
 
 	// Past the share again (a connection and a dial): the next dial holds,
-	// for dialHold, and that hold in vain pauses the holds.
-	dialHold = 20 * time.Millisecond
+	// for coldDialHold since no hold has been in vain yet, and that hold
+	// in vain pauses the holds.
+	holdDials(t, 20*time.Millisecond, 60*time.Millisecond)
 	begin = time.Now()
 	if lane := n.dialToward(context.Background(), kc, key, true); lane != -1 {
 		t.Fatalf("the hold passed its dial to lane %d; no sibling waits", lane)
 	}
-	if d := time.Since(begin); d < dialHold {
-		t.Errorf("the second dial past the share went after %v, without its hold of %v", d, dialHold)
-	}
-	if st := n.Stats(); st.DialsHeld != 2 {
-		t.Errorf("%d dials held back; want 2", st.DialsHeld)
+	if d := time.Since(begin); d < coldDialHold {
+		t.Errorf("the second dial past the share went after %v, without the cold start's hold of %v", d, coldDialHold)
 	}
 	if pause := kc.noHoldUntil.Load(); pause <= sinceStart(time.Now()) {
 		t.Error("a hold in vain did not pause the holds")
+	}
+
+	// Once the pause is over, a hold lasts dialHold: the cold start ended
+	// with the first hold in vain.
+	kc.noHoldUntil.Store(sinceStart(time.Now()))
+	holdDials(t, 20*time.Millisecond, time.Minute)
+	begin = time.Now()
+	if lane := n.dialToward(context.Background(), kc, key, true); lane != -1 {
+		t.Fatalf("the hold passed its dial to lane %d; no sibling waits", lane)
+	}
+	if d := time.Since(begin); d < dialHold || d > 10*time.Second {
+		t.Errorf("the third dial past the share went after %v; want its hold of %v, the cold start over", d, dialHold)
+	}
+	if st := n.Stats(); st.DialsHeld != 3 {
+		t.Errorf("%d dials held back; want 3", st.DialsHeld)
+	}
+	for range 3 {
+		kc.dialEnds()
+	}
+}
+
+// TestDialHoldLeavesTimeToDial: a request with a deadline holds its dial
+// back for half of the time it has left at most, however long holds last,
+// so that it can still dial and be served.
+func TestDialHoldLeavesTimeToDial(t *testing.T) {
+	n, key, kc := oneCappedConn(t, 4)
+	kc.dialing.Add(1) // at its share: the next dial holds
+	holdDials(t, time.Minute, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	begin := time.Now()
+	if lane := n.dialToward(ctx, kc, key, true); lane != -1 {
+		t.Fatalf("the hold passed its dial to lane %d; no sibling waits", lane)
+	}
+	if d := time.Since(begin); ctx.Err() != nil || d > 3*time.Second {
+		t.Errorf("the hold ended after %v (context: %v); want about half of the request's 4s", d, ctx.Err())
+	}
+	if st := n.Stats(); st.DialsHeld != 1 {
+		t.Errorf("%d dials held back; want 1", st.DialsHeld)
 	}
 	kc.dialEnds()
 	kc.dialEnds()
