@@ -812,7 +812,8 @@ type keyCap struct {
 	dialing       atomic.Int64 // this process's dials of the key under way
 	// noHoldUntil (nanoseconds since processStart): a dial held back for a
 	// sibling found none to pass to, so until then none is held back (see
-	// dialToward).
+	// dialToward). Zero until the first such hold: the cold start, whose
+	// holds last longer (holdFor).
 	noHoldUntil atomic.Int64
 	passMu      sync.Mutex
 	passed      map[int]passedDials // by lane, the dials passed there and not yet seen live
