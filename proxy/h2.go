@@ -488,7 +488,7 @@ func (n *Node) runStateH2(hc *h2conn, f func(*h2conn)) {
 
 // syncH2Now is syncH2's work, run as the one read of hc's state in flight.
 func (n *Node) syncH2Now(hc *h2conn) {
-	st := hc.cc.State()
+	st := hc.state()
 	switch {
 	case st.Closed:
 		n.retireH2(hc)
@@ -538,7 +538,7 @@ func wrappedLimit(hc *h2conn, st http2.ClientConnState, current int) int {
 	if c := streamCapacity(m); c != current {
 		lower := c < current
 		for range 3 {
-			next := hc.cc.State()
+			next := hc.state()
 			if lower && next.MaxConcurrentStreams > m || !lower && next.MaxConcurrentStreams < m {
 				m, room, st = next.MaxConcurrentStreams, hasRoom(next), next
 			}
@@ -592,7 +592,7 @@ const settleWait = 25 * time.Millisecond
 func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 	deadline := time.Now().Add(settleWait)
 	for i := 0; ; i++ {
-		st := hc.cc.State()
+		st := hc.state()
 		if st.Closed || st.Closing {
 			return st, false
 		}
@@ -614,6 +614,27 @@ func (hc *h2conn) settledState() (http2.ClientConnState, bool) {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
+}
+
+// state is hc's ClientConn's state, read again where it shows room under
+// x/net's wrapper (h2Wrapped). The wrapper reads the limit (what may start
+// plus what runs) and the streams that run under two holds of net/http's
+// lock, the streams last: a stream that ends between the two shows room
+// that is not there when the peer has lowered its limit below the streams
+// running, for the limit then reads as the streams in flight. A request
+// sent on such a reading waits in the ClientConn for another stream to end,
+// where net/http's client dials. The second reading, all of it after the
+// first, counts the stream that ended in neither of its halves, so room is
+// shown only where both readings show it (at the cost of one more reading,
+// about 100 ns, for a request that finds room). A reading without room is
+// taken as it is: it errs towards a dial. Streams start only from this
+// pool, which counts them in the capacity it offers.
+func (hc *h2conn) state() http2.ClientConnState {
+	st := hc.cc.State()
+	if h2Wrapped && hasRoom(st) {
+		st = hc.cc.State()
+	}
+	return st
 }
 
 // hasRoom reports whether st has a stream limit above the streams in flight.
@@ -690,7 +711,7 @@ func (n *Node) usableH2(hc *h2conn) bool {
 // is refused retry-safe, at no retry's cost (connGone), and takes the
 // connection out of the pool's offers (see useH2).
 func (hc *h2conn) wrappedTakes() bool {
-	st := hc.cc.State()
+	st := hc.state()
 	if st.Closed || st.Closing {
 		return false
 	}
