@@ -37,8 +37,7 @@ type rawH2 struct {
 	done  chan struct{}
 	opens atomic.Int64
 	rsts  atomic.Int64
-	acks  atomic.Int64 // SETTINGS ACKs from clients
-	raws  []*rawConn   // guarded by mu
+	raws  []*rawConn // guarded by mu
 }
 
 type rawStream struct {
@@ -55,6 +54,8 @@ type rawConn struct {
 	fr   *http2.Framer
 	henc *hpack.Encoder
 	hbuf bytes.Buffer
+	// acks counts the client's SETTINGS ACKs, opens its streams.
+	acks, opens atomic.Int64
 	// pingsUnanswered, once set, leaves every PING from now on without
 	// its ACK (a peer slow to answer, or one that never does).
 	pingsUnanswered atomic.Bool
@@ -113,6 +114,30 @@ func (u *rawH2) setLimit(limit uint32) {
 		c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: limit})
 		c.wmu.Unlock()
 	}
+}
+
+// waitAcked waits until every connection that has opened a stream has
+// acknowledged n of the upstream's SETTINGS: its first, then one per
+// setLimit. A count over all connections would not do: net/http's client
+// at times dials a connection it then closes unused, whose ACK of the
+// first SETTINGS counts and of the next never comes.
+func (u *rawH2) waitAcked(t testing.TB, n int64, what string) {
+	t.Helper()
+	waitFor(t, 5*time.Second, what, func() bool {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		used := 0
+		for _, c := range u.raws {
+			if c.opens.Load() == 0 {
+				continue
+			}
+			if c.acks.Load() < n {
+				return false
+			}
+			used++
+		}
+		return used > 0
+	})
 }
 
 // stopAnsweringPings leaves the PINGs of every connection open now
@@ -177,7 +202,7 @@ func (u *rawH2) serve(nc net.Conn) {
 				c.fr.WriteSettingsAck()
 				c.wmu.Unlock()
 			} else {
-				u.acks.Add(1)
+				c.acks.Add(1)
 			}
 		case *http2.PingFrame:
 			if !f.IsAck() {
@@ -195,6 +220,7 @@ func (u *rawH2) serve(nc net.Conn) {
 				s = &rawStream{id: f.StreamID, path: f.PseudoValue("path"), method: f.PseudoValue("method"), c: c}
 				streams[f.StreamID] = s
 				u.opens.Add(1)
+				c.opens.Add(1)
 			}
 			if f.StreamEnded() || strings.HasPrefix(s.path, "/early") {
 				u.start(s)

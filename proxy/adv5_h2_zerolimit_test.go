@@ -33,9 +33,9 @@ func TestAdv5H2PeerLimitZero(t *testing.T) {
 	// Each client's acknowledgment of the upstream's first SETTINGS may
 	// still be on its way: counted after this point, it would pass for an
 	// acknowledgment of limit 0.
-	waitFor(t, 5*time.Second, "both clients to acknowledge the first SETTINGS", func() bool { return up.acks.Load() == 2 })
+	up.waitAcked(t, 1, "both clients to acknowledge the first SETTINGS")
 	up.setLimit(0)
-	waitFor(t, 5*time.Second, "both clients to acknowledge limit 0", func() bool { return up.acks.Load() == 4 })
+	up.waitAcked(t, 2, "both clients to acknowledge limit 0")
 	// The follower reads the new limit once the client has applied it.
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if c, _ := owner.pool.Capacity(id); c == 0 {

@@ -97,6 +97,10 @@ type h2conn struct {
 	// syncH2), resync when another was asked for meanwhile.
 	syncing atomic.Bool
 	resync  atomic.Bool
+
+	// sending lets one request at a time into the ClientConn until its
+	// headers are written, under x/net's wrapper (see roundTrip).
+	sending chan struct{}
 }
 
 // streamCapacity is the pool capacity a peer's stream limit allows. The
@@ -210,7 +214,7 @@ func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.C
 	if slot < 0 || slot >= len(n.h2slots) {
 		return nil, fmt.Errorf("proxy: pool returned slot %d of %d", slot, len(n.h2slots))
 	}
-	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity}
+	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity, sending: make(chan struct{}, 1)}
 	hc.limit.Store(int64(capacity))
 	hc.idleAt.Store(sinceStart(hc.created))
 	n.h2slots[slot].Store(hc)
@@ -763,6 +767,45 @@ func (hc *h2conn) wrappedTakes() bool {
 	return true
 }
 
+// roundTrip is hc.cc.RoundTrip, which under x/net's wrapper (h2Wrapped)
+// lets one request at a time in until its headers are written. The wrapper
+// reserves a stream for each request as it comes in, while net/http's
+// client lets one request at a time wait for a stream, and takes a
+// reservation back only as a request's turn comes. A peer that lowers its
+// stream limit while reservations are out can set them above the new
+// limit: the request whose turn it is then waits for a stream that the
+// reservations of those behind it keep taken, until its context ends, with
+// every request behind it (golang/go#70809 is the same wait). One request
+// in at a time holds at most one reservation, its own, which its turn
+// takes back. The order is the one net/http's client keeps already: a
+// request's headers go out after those of the requests before it.
+func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
+	if !h2Wrapped {
+		return hc.cc.RoundTrip(req)
+	}
+	ctx := req.Context()
+	select {
+	case hc.sending <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	g := &sendGate{c: hc.sending}
+	g.trace.WroteHeaders = g.open
+	resp, err := hc.cc.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
+	g.open()
+	return resp, err
+}
+
+// sendGate lets the next request into a connection (h2conn.roundTrip) once
+// this one's headers are written, or its round trip is over.
+type sendGate struct {
+	c     chan struct{}
+	once  sync.Once
+	trace httptrace.ClientTrace
+}
+
+func (g *sendGate) open() { g.once.Do(func() { <-g.c }) }
+
 // drainExpiredH2 drains this process's other connections for key that are
 // idle past their timeout, as the next sweep would: the caller found one,
 // and the others of the same burst are likely expired with it. Left to the
@@ -809,7 +852,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			}
 		})
 	}
-	resp, err := hc.cc.RoundTrip(req)
+	resp, err := hc.roundTrip(req)
 	if resp != nil {
 		resp.Request = orig
 	}

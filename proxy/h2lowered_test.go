@@ -105,9 +105,9 @@ func testH2LimitLowered(t *testing.T, rt http.RoundTripper, round int) {
 	if n := up.opens.Load(); n != 3 {
 		t.Fatalf("round %d: %d streams opened, want 3", round, n)
 	}
-	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	up.waitAcked(t, 1, "the first SETTINGS acknowledged")
 	up.setLimit(1)
-	waitFor(t, 5*time.Second, "limit 1 acknowledged", func() bool { return up.acks.Load() == 2 })
+	up.waitAcked(t, 2, "limit 1 acknowledged")
 	// The client has applied the limit before it acknowledged it; let the
 	// pool's follower read it, as it would between requests.
 	time.Sleep(20 * time.Millisecond)
@@ -148,7 +148,7 @@ func testH2LimitLoweredChurn(t *testing.T, rt http.RoundTripper, round int) {
 	if err := get(); err != "" {
 		t.Fatalf("round %d: first request: %s", round, err)
 	}
-	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	up.waitAcked(t, 1, "the first SETTINGS acknowledged")
 	var fails atomic.Int64
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(600 * time.Millisecond)
@@ -229,11 +229,11 @@ func TestH2LimitZeroThenRaised(t *testing.T) {
 	}
 	id := h2ID(t, owner, up.url)
 	hc := owner.node.lookupH2(id)
-	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	up.waitAcked(t, 1, "the first SETTINGS acknowledged")
 	up.setLimit(0)
-	waitFor(t, 5*time.Second, "limit 0 acknowledged", func() bool { return up.acks.Load() == 2 })
+	up.waitAcked(t, 2, "limit 0 acknowledged")
 	up.setLimit(3)
-	waitFor(t, 5*time.Second, "limit 3 acknowledged", func() bool { return up.acks.Load() == 3 })
+	up.waitAcked(t, 3, "limit 3 acknowledged")
 	waitFor(t, time.Second, "capacity 3", func() bool { c, _ := owner.pool.Capacity(id); return c == 3 })
 	if l := hc.limit.Load(); h2Wrapped && l != 3 { // kept only under the wrapper
 		t.Errorf("limit last read with room: %d, want 3", l)

@@ -66,7 +66,7 @@ func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
 		t.Fatalf("round %d: long stream: %v", round, err)
 	}
 	defer long.Body.Close()
-	waitFor(t, 5*time.Second, "the SETTINGS acknowledged", func() bool { return up.acks.Load() == acks })
+	up.waitAcked(t, acks, "the SETTINGS acknowledged")
 
 	up.stopAnsweringPings()
 	// Reset by its deadline with nothing read from the connection since
@@ -76,7 +76,7 @@ func testH2ResetRound(t *testing.T, caller string, round int, known bool) {
 	if !known {
 		up.setLimit(2)
 		acks++
-		waitFor(t, 5*time.Second, "limit 2 acknowledged", func() bool { return up.acks.Load() == acks })
+		up.waitAcked(t, acks, "limit 2 acknowledged")
 		time.Sleep(20 * time.Millisecond) // the follower reads the limit
 	}
 
@@ -115,9 +115,9 @@ func knowLimit(t *testing.T, rt http.RoundTripper, up *rawH2, limit uint32) {
 	if o := roundTripOutcome(rt, req); o.err != "" || o.body != "ok" {
 		t.Fatalf("first request: %+v", o)
 	}
-	waitFor(t, 5*time.Second, "the first SETTINGS acknowledged", func() bool { return up.acks.Load() == 1 })
+	up.waitAcked(t, 1, "the first SETTINGS acknowledged")
 	up.setLimit(limit)
-	waitFor(t, 5*time.Second, "the lowered limit acknowledged", func() bool { return up.acks.Load() == 2 })
+	up.waitAcked(t, 2, "the lowered limit acknowledged")
 	time.Sleep(20 * time.Millisecond) // the follower reads the limit, with room
 }
 
