@@ -675,3 +675,39 @@ func BenchmarkCappedChurn(b *testing.B) {
 	b.ReportMetric(float64(moved)/n, "moved/op")
 	b.ReportMetric(float64(passed)/n, "passed/op")
 }
+
+// BenchmarkH2Throughput compares requests per second and allocations per
+// request over one h2c connection, 8 callers per CPU, through
+// net/http.Transport and the local path, to an upstream that answers at
+// once: what the pool adds to an HTTP/2 exchange, and under Go 1.27 what
+// letting one request at a time into the ClientConn costs (h2conn.roundTrip).
+func BenchmarkH2Throughput(b *testing.B) {
+	up := newRawH2(b, func(s *rawStream) {
+		s.headers(false, ":status", "200", "content-type", "text/plain")
+		s.data(true, []byte("ok"))
+	})
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	ref := &http.Transport{Protocols: &p}
+	b.Cleanup(ref.CloseIdleConnections)
+	local := newH2LocalMember(b).tr
+	for _, rt := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"nethttp-h2c", ref}, {"orbit-local-h2c", local}} {
+		b.Run(rt.name, func(b *testing.B) {
+			req, _ := http.NewRequest("GET", up.url+"/", nil)
+			benchGet(b, rt.rt, req)
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				req, _ := http.NewRequest("GET", up.url+"/", nil)
+				for pb.Next() {
+					benchGet(b, rt.rt, req)
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+		})
+	}
+}

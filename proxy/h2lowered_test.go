@@ -63,7 +63,7 @@ func testH2LimitLoweredRounds(t *testing.T, test func(t *testing.T, rt http.Roun
 
 // newH2LocalMember is a member alone in its pool, speaking h2c, with no
 // sweep to read its connections' state between streams.
-func newH2LocalMember(t *testing.T) *member {
+func newH2LocalMember(t testing.TB) *member {
 	return newMemberOpts(t, testSpecLocal, NodeOptions{SweepInterval: time.Hour},
 		func(tr *Transport) { tr.H2C = true; tr.MaxConnsPerKey = 4 })
 }
