@@ -775,10 +775,13 @@ func (hc *h2conn) wrappedTakes() bool {
 // stream limit while reservations are out can set them above the new
 // limit: the request whose turn it is then waits for a stream that the
 // reservations of those behind it keep taken, until its context ends, with
-// every request behind it (golang/go#70809 is the same wait). One request
-// in at a time holds at most one reservation, its own, which its turn
-// takes back. The order is the one net/http's client keeps already: a
-// request's headers go out after those of the requests before it.
+// every request behind it (golang/go#70809 reports stalls of this kind from
+// reservations). One request in at a time holds at most one reservation,
+// its own, which its turn takes back. The order is the one net/http's
+// client keeps already: a request's headers go out after those of the
+// requests before it. Where the request's context already carries a trace
+// (the Caddy module's wait guard), httptrace joins the two by reflection:
+// about 1.5 µs a request, measured alone.
 func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
 	if !h2Wrapped {
 		return hc.cc.RoundTrip(req)
@@ -790,10 +793,9 @@ func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, ctx.Err()
 	}
 	g := &sendGate{c: hc.sending}
+	defer g.open() // also if the round trip panics: the gate is the connection's
 	g.trace.WroteHeaders = g.open
-	resp, err := hc.cc.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
-	g.open()
-	return resp, err
+	return hc.cc.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
 }
 
 // sendGate lets the next request into a connection (h2conn.roundTrip) once
