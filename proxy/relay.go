@@ -97,6 +97,13 @@ const interimStall = 250 * time.Millisecond
 // slow reader takes longer than interimStall to do.
 const interimPoll = 10 * time.Millisecond
 
+// flushChunk is the most flush writes at once. A unix stream socket frees
+// the buffer a write took only once the peer has read all of it, so the
+// unsent bytes roomFor watches fall only as whole writes are read: one
+// write of the whole queue (up to the header limit) showed a reader taking
+// 4 KiB every 30 ms no progress for longer than interimStall.
+const flushChunk = 4 << 10
+
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
 // the exchange has failed: the stream carries its error frame, and perhaps
 // the next exchange, by then.
@@ -299,21 +306,26 @@ func (r *relay) roomFor(n int) error {
 // flush writes the queued heads out, waiting for the peer as long as the
 // exchange's watch allows: its expiry ends the write. What it has taken
 // counts against the limit until it is all written, as its array lives
-// until then.
+// until then. It writes flushChunk bytes at a time, each a progress the
+// read loop sees (roomFor).
 func (r *relay) flush() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for len(r.pending) > 0 && r.err == nil {
 		b := r.pending
 		r.pending, r.inFlight = nil, len(b)
-		r.mu.Unlock()
-		_, err := r.shared.Write(b)
-		r.mu.Lock()
-		r.inFlight = 0
-		if err != nil {
-			r.fail(err)
+		for len(b) > 0 && r.err == nil {
+			c := b[:min(len(b), flushChunk)]
+			b = b[len(c):]
+			r.mu.Unlock()
+			_, err := r.shared.Write(c)
+			r.mu.Lock()
+			if err != nil {
+				r.fail(err)
+			}
+			r.wake()
 		}
-		r.wake()
+		r.inFlight = 0
 	}
 	r.pending, r.flushing = nil, false
 	r.wake()
