@@ -790,13 +790,21 @@ func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
 	select {
 	case hc.sending <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, gateWaitError{ctx.Err()}
 	}
 	g := &sendGate{c: hc.sending}
 	defer g.open() // also if the round trip panics: the gate is the connection's
 	g.trace.WroteHeaders = g.open
 	return hc.cc.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
 }
+
+// gateWaitError is the error of a request whose context ended while it
+// waited at the send gate: it never reached the ClientConn, so it left no
+// stream behind.
+type gateWaitError struct{ err error }
+
+func (e gateWaitError) Error() string { return e.err.Error() }
+func (e gateWaitError) Unwrap() error { return e.err }
 
 // sendGate lets the next request into a connection (h2conn.roundTrip) once
 // this one's headers are written, or its round trip is over.
@@ -862,8 +870,11 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 		// Failed before its response: the ClientConn may have reset the
 		// stream with nothing read since it was sent (its context
 		// ended, or its request body failed), and then counts it until
-		// the peer answers a PING.
-		hc.lingering.Store(true)
+		// the peer answers a PING. One that never got past the send
+		// gate left no stream.
+		if !errors.As(err, new(gateWaitError)) {
+			hc.lingering.Store(true)
+		}
 		herr := h2Error(req, err)
 		if pe, ok := herr.(*Error); ok && pe.connGone {
 			// The connection takes no stream again (a GOAWAY, or not
