@@ -81,7 +81,9 @@ func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
 }
 
 // unsent reports how many bytes written to nc's socket its peer has not
-// read yet; ok is false for a conn that is not a socket.
+// read yet; ok is false for a conn that is not a socket. On a unix stream
+// socket it is the memory of the writes not yet read whole (with their
+// overhead): it falls only as the peer finishes reading a write.
 func unsent(nc net.Conn) (n int, ok bool) {
 	rc := socketOf(nc)
 	if rc == nil {
