@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -20,18 +21,29 @@ import (
 // socket's unsent bytes (SIOCOUTQ), which fall only as the peer finishes
 // reading a whole write: the flush wrote its whole queue at once, and a
 // reader taking 4 KiB every 30 ms failed every time after about 260 heads.
-// The flush now writes flushChunk bytes at a time.
+// The flush now writes flushChunk bytes at a time. So does a write of a
+// head while the queue is empty: one of 24 KiB (its field fits one HEADERS
+// frame, Huffman-coded), written whole, took the same reader six reads to
+// free.
 //
 // An attempt in which the reader itself stalled past interimStall (held up
 // by a loaded machine) and the owner gave up is run again, up to five in
 // all.
 func TestAdv58SteadyReaderGetsEveryHead(t *testing.T) {
-	for _, every := range []time.Duration{20 * time.Millisecond, 50 * time.Millisecond} {
-		t.Run(every.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		every        time.Duration
+		field, heads int // each head's link field, in bytes; how many
+	}{
+		{20 * time.Millisecond, 1000, 350},
+		{50 * time.Millisecond, 1000, 350},
+		{50 * time.Millisecond, 24000, 14},
+	} {
+		every, heads := tc.every, tc.heads
+		t.Run(fmt.Sprintf("%v/%dB", every, tc.field), func(t *testing.T) {
 			t.Parallel()
-			const heads, attempts = 350, 5
+			const attempts = 5
 			for range attempts {
-				r := steadyRead(t, heads, every)
+				r := steadyRead(t, heads, tc.field, every)
 				if r.errFrame && r.maxGap >= interimStall {
 					// The reader itself stalled past interimStall (a
 					// loaded machine held it up): the owner was right to
@@ -41,8 +53,8 @@ func TestAdv58SteadyReaderGetsEveryHead(t *testing.T) {
 					continue
 				}
 				if r.errFrame || r.n103 != heads || !r.final {
-					t.Errorf("a sibling reading 4 KiB every %v (longest gap between reads %v, under interimStall %v) got %d of %d 103s, final response %v, error frame %q %v; want every 103 and the final response",
-						every, r.maxGap.Round(time.Millisecond), interimStall, r.n103, heads, r.final, errPeerNotReading, r.errFrame)
+					t.Errorf("a sibling reading 4 KiB every %v (longest gap between reads %v, under interimStall %v) got %d of %d 103s of %d bytes each, final response %v, error frame %q %v; want every 103 and the final response",
+						every, r.maxGap.Round(time.Millisecond), interimStall, r.n103, heads, tc.field, r.final, errPeerNotReading, r.errFrame)
 				}
 				return
 			}
@@ -60,9 +72,9 @@ type steadyReadResult struct {
 
 // steadyRead has a sibling ask for a response of heads 103s and a final
 // response, and read it 4 KiB at a time, every so often.
-func steadyRead(t *testing.T, heads int, every time.Duration) steadyReadResult {
+func steadyRead(t *testing.T, heads, field int, every time.Duration) steadyReadResult {
 	t.Helper()
-	link := "<" + strings.Repeat("a", 1000) + ">; rel=preload"
+	link := "<" + strings.Repeat("a", field) + ">; rel=preload"
 	up := newRawH2(t, func(s *rawStream) {
 		if s.path != "/flood" {
 			s.headers(false, ":status", "200", "content-length", "2")

@@ -49,8 +49,9 @@ func peekQueued(nc net.Conn, buf []byte) (n int, ok bool, err error) {
 // errWouldBlock is a write the socket had no room for.
 var errWouldBlock = errors.New("proxy: socket full")
 
-// writeNoWait writes b to nc's socket without waiting: it returns how much
-// went, and errWouldBlock if the socket had no room for the rest.
+// writeNoWait writes b to nc's socket without waiting, at most flushChunk
+// bytes a write (see unsent): it returns how much went, and errWouldBlock if
+// the socket had no room for the rest.
 func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
 	rc := socketOf(nc)
 	if rc == nil {
@@ -59,7 +60,7 @@ func writeNoWait(nc net.Conn, b []byte) (n int, err error) {
 	var werr error
 	err = rc.Write(func(fd uintptr) bool {
 		for n < len(b) {
-			k, err := unix.Write(int(fd), b[n:])
+			k, err := unix.Write(int(fd), b[n:min(len(b), n+flushChunk)])
 			switch {
 			case err == unix.EINTR:
 				continue

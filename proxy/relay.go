@@ -97,11 +97,12 @@ const interimStall = 250 * time.Millisecond
 // slow reader takes longer than interimStall to do.
 const interimPoll = 10 * time.Millisecond
 
-// flushChunk is the most flush writes at once. A unix stream socket frees
-// the buffer a write took only once the peer has read all of it, so the
-// unsent bytes roomFor watches fall only as whole writes are read: one
-// write of the whole queue (up to the header limit) showed a reader taking
-// 4 KiB every 30 ms no progress for longer than interimStall.
+// flushChunk is the most one write puts of interim heads on a shared read
+// loop's stream (flush, writeNoWait). A unix stream socket frees the buffer
+// a write took only once the peer has read all of it, so the unsent bytes
+// roomFor watches fall only as whole writes are read: one write of the
+// whole queue (up to the header limit) showed a reader taking 4 KiB every
+// 30 ms no progress for longer than interimStall.
 const flushChunk = 4 << 10
 
 // errExchangeFailed is what relay1xx returns for a 1xx that arrives once
