@@ -24,7 +24,7 @@ import (
 // cut under streams in flight. Each stream that opens calls handle, in a
 // goroutine of its own, once its request has ended (END_STREAM), or at
 // once for a path that begins with /early; request bodies are read and
-// credited.
+// credited, and on a stream begun early handed to its handler (received).
 type rawH2 struct {
 	t      testing.TB
 	ln     net.Listener
@@ -46,6 +46,21 @@ type rawStream struct {
 	method  string
 	bodyLen int
 	c       *rawConn
+	// received has the request body's DATA as it comes, on a stream
+	// begun early, and is closed at its END_STREAM, its RST_STREAM or the
+	// connection's end. It holds 64 frames: past that the serve loop drops
+	// them rather than wait, so a handler that reads them takes a body of
+	// fewer.
+	received chan []byte
+	ended    bool // received is closed; the serve loop's
+}
+
+// end closes received, once; the serve loop's.
+func (s *rawStream) end() {
+	if s.received != nil && !s.ended {
+		s.ended = true
+		close(s.received)
+	}
 }
 
 type rawConn struct {
@@ -190,6 +205,11 @@ func (u *rawH2) serve(nc net.Conn) {
 	c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 100})
 	c.wmu.Unlock()
 	streams := map[uint32]*rawStream{}
+	defer func() {
+		for _, s := range streams {
+			s.end()
+		}
+	}()
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
@@ -218,9 +238,15 @@ func (u *rawH2) serve(nc net.Conn) {
 			s := streams[f.StreamID]
 			if s == nil {
 				s = &rawStream{id: f.StreamID, path: f.PseudoValue("path"), method: f.PseudoValue("method"), c: c}
+				if strings.HasPrefix(s.path, "/early") {
+					s.received = make(chan []byte, 64)
+				}
 				streams[f.StreamID] = s
 				u.opens.Add(1)
 				c.opens.Add(1)
+			}
+			if f.StreamEnded() {
+				s.end()
 			}
 			if f.StreamEnded() || strings.HasPrefix(s.path, "/early") {
 				u.start(s)
@@ -235,12 +261,25 @@ func (u *rawH2) serve(nc net.Conn) {
 				if s != nil {
 					s.bodyLen += n
 				}
+				if s != nil && s.received != nil && !s.ended {
+					select {
+					case s.received <- bytes.Clone(f.Data()):
+					default:
+					}
+				}
 			}
-			if f.StreamEnded() && s != nil && !strings.HasPrefix(s.path, "/early") {
-				u.start(s)
+			if f.StreamEnded() && s != nil {
+				if s.received != nil {
+					s.end()
+				} else {
+					u.start(s)
+				}
 			}
 		case *http2.RSTStreamFrame:
 			u.rsts.Add(1)
+			if s := streams[f.StreamID]; s != nil {
+				s.end()
+			}
 		}
 	}
 }

@@ -120,17 +120,31 @@ func streamCapacity(max uint32) int {
 // newH2Transport is the x/net/http2 transport whose ClientConns run this
 // Transport's HTTP/2 connections. Compression is the Transport's own
 // business, as for HTTP/1.1; connections are made and pooled by the fleet.
+//
+// The ClientConns take the response header and 100-continue timeouts from
+// the net/http transport theirs is configured on, as net/http's own HTTP/2
+// client does: without one, a stream would wait for its response head for
+// as long as its context allows, and send at once a body that asked to
+// wait for a 100.
 func (t *Transport) newH2Transport() *http2.Transport {
-	return &http2.Transport{
-		ConnPool:                   h2DeadPool{t},
-		AllowHTTP:                  true,
-		DisableCompression:         true,
-		StrictMaxConcurrentStreams: true,
-		MaxHeaderListSize:          uint32(min(t.settings.maxHeaderBytes, 1<<31-1)),
-		// The idle timeout is the sweep's (syncH2), which retires a
-		// connection in good order: the ClientConn's would close it
-		// under the pool, and its unit would come back at once.
+	t1 := &http.Transport{
+		ExpectContinueTimeout: t.settings.expectContinueTimeout,
+		ResponseHeaderTimeout: t.settings.responseHeaderTimeout,
 	}
+	t2, err := http2.ConfigureTransports(t1)
+	if err != nil {
+		// Only a transport configured for HTTP/2 before refuses.
+		panic(fmt.Sprintf("proxy: configuring HTTP/2 on a new transport: %v", err))
+	}
+	t2.ConnPool = h2DeadPool{t}
+	t2.AllowHTTP = true
+	t2.DisableCompression = true
+	t2.StrictMaxConcurrentStreams = true
+	t2.MaxHeaderListSize = uint32(min(t.settings.maxHeaderBytes, 1<<31-1))
+	// The idle timeout is the sweep's (syncH2), which retires a connection
+	// in good order: the ClientConn's would close it under the pool, and
+	// its unit would come back at once.
+	return t2
 }
 
 // h2DeadPool is the x/net/http2 transport's ClientConnPool. The fleet pools
@@ -921,6 +935,8 @@ func h2Error(req *http.Request, err error) error {
 	var se http2.StreamError
 	retry := errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream
 	switch err.Error() {
+	case "http2: timeout awaiting response headers":
+		return &Error{Op: "read", Err: fmt.Errorf("%w: %w", ErrResponseHeaderTimeout, err)}
 	case "http2: client conn not usable", "http2: Transport received Server's graceful shutdown GOAWAY",
 		"http2: client conn could not be established":
 		retry = true
