@@ -632,3 +632,57 @@ func TestFleetH2CCancelAndGoAway(t *testing.T) {
 	}
 	t.Logf("cancellation: %d calls, %d through a sibling", calls, viaSibling)
 }
+
+// TestFleetH2CResponseHeaderTimeout: response_header_timeout bounds the
+// wait for an h2c upstream's response head through a fleet as through stock
+// Caddy's http transport: an upstream that sits on a request answers 504 on
+// both, well before it would answer, on the worker that owns the connection
+// and through a sibling.
+func TestFleetH2CResponseHeaderTimeout(t *testing.T) {
+	const hold = 5 * time.Second
+	up := newH2CUpstreamHandler(t, 100, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/silent" {
+			select {
+			case <-time.After(hold):
+			case <-r.Context().Done():
+			}
+		}
+		io.WriteString(w, "ok")
+	}))
+	const block = "{\n\t\t\tresponse_header_timeout 300ms\n\t\t}"
+	f := newTestFleet(t, 2)
+	f.protocols = "h1 h2c"
+	f.transport = "orbit_pool " + block
+	f.writeCaddyfile("h2c://"+up.hostport(), "v1")
+	f.launch()
+	stock := startStockGRPC(t, "h2c://"+up.hostport(), "http "+block)
+	get := func(base string) (int, time.Duration) {
+		t.Helper()
+		c := &http.Client{Timeout: 2 * hold}
+		defer c.CloseIdleConnections()
+		start := time.Now()
+		resp, err := c.Get(base + "/silent")
+		if err != nil {
+			t.Fatalf("GET %s/silent: %v", base, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, time.Since(start)
+	}
+	if code, took := get(stock); code != http.StatusGatewayTimeout || took >= hold/2 {
+		t.Fatalf("reference changed: stock Caddy answered %d after %v", code, took)
+	}
+	// Each request on a new client connection, so that the kernel spreads
+	// them over the workers, until one went through a sibling (at most 16).
+	for i := 0; i < 16; i++ {
+		before := f.remoteUses(up.hostport())
+		code, took := get(f.url(""))
+		if code != http.StatusGatewayTimeout || took >= hold/2 {
+			t.Fatalf("request %d: the fleet answered %d after %v; want 504 after about 300ms, as stock Caddy", i, code, took)
+		}
+		if i > 0 && f.remoteUses(up.hostport()) > before {
+			return
+		}
+	}
+	t.Errorf("no request went through a sibling")
+}

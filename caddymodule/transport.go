@@ -71,8 +71,8 @@ type Transport struct {
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
 	// ResponseHeaderTimeout bounds the wait for the response header once
-	// the request is written; past it the request fails with 504. Default:
-	// no timeout.
+	// the request is written, over HTTP/1.1 and HTTP/2 alike; past it the
+	// request fails with 504. Default: no timeout.
 	ResponseHeaderTimeout caddy.Duration `json:"response_header_timeout,omitempty"`
 
 	// ExpectContinueTimeout is how long a request with
@@ -82,8 +82,8 @@ type Transport struct {
 	// an upstream that refuses it (417) then reaches the client only once
 	// the client sends its body anyway, at its own expect timeout: Go's
 	// server drains an unread, wrapped request body before it answers.
-	// It applies to HTTP/1.1 upstreams: over HTTP/2 the body goes at once,
-	// as x/net's client sends it, through a sibling too.
+	// It applies to HTTP/1.1 and HTTP/2 upstreams alike, through a sibling
+	// too, as the http transport's does.
 	ExpectContinueTimeout caddy.Duration `json:"expect_continue_timeout,omitempty"`
 
 	// MaxResponseHeaderSize is the most bytes of response header read from
