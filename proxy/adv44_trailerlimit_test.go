@@ -57,7 +57,7 @@ func TestAdv44TrailerBlockOverLimitDropsStream(t *testing.T) {
 			req, _ := http.NewRequest("GET", "http://upstream.test/trailers", nil)
 			// A small header limit (the sibling's): 3*256+4096 bytes of
 			// trailer block, a 40 KB block is over it.
-			resp, err := p.roundTrip(req, 3, orbitpool.Lease{}, &remoteOpts{maxHeaderBytes: 256}, 1, true, nil)
+			resp, err := p.roundTrip(req, 3, orbitpool.Lease{}, &remoteOpts{maxHeaderBytes: 256}, 1, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

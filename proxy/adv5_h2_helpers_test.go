@@ -405,6 +405,15 @@ func refH2C() *http2.Transport {
 		}}
 }
 
+// stockH2C is net/http's own HTTP/2 client for h2c upstreams as Caddy's
+// http transport configures it: a net/http Transport, whose
+// ExpectContinueTimeout (ect) its HTTP/2 streams keep to.
+func stockH2C(ect time.Duration) *http.Transport {
+	tr := &http.Transport{ExpectContinueTimeout: ect, Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return tr
+}
+
 // h2Pair is remotePair over h2c after the owner has made its connection to
 // the upstream at url: the client's requests go through the owner.
 func h2Pair(t *testing.T, url string) (owner, client *member) {

@@ -14,12 +14,12 @@ import (
 // An upstream over HTTP/2 resets a stream after it read the first part of
 // a body whose caller sends the rest only once it has the response (a
 // two-way stream). x/net's client closes the caller's body when the stream
-// fails, so RoundTrip returns at once with the stream's error; so does the
-// owner's path and a sibling that guessed HTTP/2 (remote.go sets stopBody).
-// A sibling that guessed HTTP/1.1 learns from the accept (flagAcceptH2)
-// that the owner runs the exchange on HTTP/2, yet keeps waiting in the
-// caller's body: RoundTrip does not return until the caller gives up on
-// its body, past its own deadline (1s here).
+// fails, so RoundTrip returns at once with the stream's error; so must the
+// owner's path, and a sibling whatever its own connections made it take the
+// upstream for (spokeH1: HTTP/2, or HTTP/1.1 by ALPN): the owner's accept
+// (flagAcceptH2) says the exchange runs on HTTP/2, and the failed exchange
+// closes the body (remote.go sets stopBody), rather than wait in it until
+// the caller gives up on its body, past its own deadline (1s here).
 func TestAdv64H2AcceptFailedStreamHoldsBody(t *testing.T) {
 	ts, roots, owner, client, e := h2TLSPair(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != "POST" {

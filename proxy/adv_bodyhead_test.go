@@ -199,7 +199,7 @@ func TestAdvRefusalWithBigHeadIsRetrySafe(t *testing.T) {
 			}
 			req := postWith(t, tc.body, 5)
 			req.Header.Set("X-Big", strings.Repeat("c", 600<<10))
-			_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, false, nil)
+			_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, nil)
 			if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
 				t.Fatalf("a refused lease gave %v (owner gone: %v, retry-safe: %v); want a retry-safe ErrLeaseRefused",
 					err, errors.Is(err, ErrOwnerGone), IsRetrySafe(err))
@@ -228,7 +228,7 @@ func TestAdvRefusalRaceRealOwner(t *testing.T) {
 			t.Fatalf("read ahead: %v, whole %v", err, tb.whole)
 		}
 		req := postWith(t, tb, int64(len(body)))
-		_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, false, nil)
+		_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, nil)
 		if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
 			bad++
 			last = err

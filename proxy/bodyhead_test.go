@@ -129,7 +129,7 @@ func TestShortBodyGoesWithItsHead(t *testing.T) {
 			if err := tb.readAhead(5); err != nil {
 				t.Fatal(err)
 			}
-			resp, err := p.roundTrip(postWith(t, tb, 5), 3, orbitpool.Lease{}, &remoteOpts{}, 1, false, nil)
+			resp, err := p.roundTrip(postWith(t, tb, 5), 3, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +160,7 @@ func TestRefusedShortBodyIsSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := postWith(t, tb, 5)
-	_, err := p.roundTrip(req, 3, orbitpool.Lease{}, &remoteOpts{}, 1, false, nil)
+	_, err := p.roundTrip(req, 3, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
 	if !IsRetrySafe(err) {
 		t.Fatalf("a refusal gave %v, not retry-safe", err)
 	}
@@ -182,7 +182,7 @@ func TestRefusedShortBodyIsSentAgain(t *testing.T) {
 	seen2 := scriptedOwner(own2, 2*time.Second, append(acceptOK, "HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"...))
 	p2 := oneStream(t, sib2, 4)
 	defer p2.close()
-	resp, err := p2.roundTrip(next, 4, orbitpool.Lease{}, &remoteOpts{}, 1, false, nil)
+	resp, err := p2.roundTrip(next, 4, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,11 +53,6 @@ type exchangeOpts struct {
 	// fails. Otherwise the caller's body is waited for, as net/http's
 	// HTTP/1 transport does.
 	stopBody func()
-	// guessH2: on the unix leg, the caller guessed the owner's connection
-	// is HTTP/2, whose client waits for no 100: a wait for a 100 (which the
-	// accept ends at once if the guess was right) reports no
-	// Wait100Continue.
-	guessH2 bool
 	// log receives the stacks of panics recovered in the exchange.
 	log *zap.Logger
 	// bufs is how many exchange buffers the exchange's budget granted: the
@@ -585,13 +580,6 @@ func (x *exchange) readResponse() (*http.Response, error) {
 			x.acceptCh = nil
 		}
 		x.ownerH2 = h2
-		if h2 && x.continueCh != nil {
-			// The owner's connection is HTTP/2, whose client sends the
-			// body at once: no 100 may come, and the body goes now,
-			// as on that connection.
-			x.continueCh <- true
-			x.continueCh = nil
-		}
 	}
 	first, perr := c.br.Peek(1)
 	if perr != nil {
@@ -661,8 +649,16 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	}
 	if x.continueCh != nil {
 		// A final status instead of 100: send the body only if the
-		// connection stays open, exactly as net/http decides.
-		x.continueCh <- !(resp.Close || req.Close)
+		// connection stays open, exactly as net/http decides. Over
+		// HTTP/2, an answer that ended the upstream's stream with its
+		// head (a 417) takes no body: the owner's stream sends none, as
+		// x/net's does not once the peer has closed its side, and the
+		// owner, which read none of it, ends the unix stream
+		// (headStreamEnds). While the stream is open, the owner's
+		// stream sends the body on a 100 or at its own expect timeout.
+		const h2Unread = headProto2 | headStreamEnds
+		ended := hf&h2Unread == h2Unread && (resp.ContentLength == 0 || resp.Body == http.NoBody)
+		x.continueCh <- !(resp.Close || req.Close || ended)
 		x.continueCh = nil
 	}
 	resp.TLS = c.tls
@@ -995,7 +991,7 @@ func (b *continueBody) Read(p []byte) (int, error) {
 			return b.ReadCloser.Read(p)
 		}
 		b.waited = true
-		if x.trace != nil && x.trace.Wait100Continue != nil && !x.o.guessH2 {
+		if x.trace != nil && x.trace.Wait100Continue != nil {
 			x.trace.Wait100Continue()
 		}
 		t := time.NewTimer(x.o.expectContinueTimeout)

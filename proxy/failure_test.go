@@ -285,7 +285,7 @@ func TestLeaseRefusedIsTypedAndRetrySafe(t *testing.T) {
 	bogus := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99, Bit: 0}
 	req, _ := http.NewRequest("GET", u.url("/cl"), nil)
 	client.tr.initOnce.Do(client.tr.init)
-	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, false, nil)
+	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), bogus, &client.tr.remote, 1, nil)
 	if !errors.Is(err, ErrLeaseRefused) || !IsRetrySafe(err) {
 		t.Fatalf("error %v, want retry-safe ErrLeaseRefused", err)
 	}
@@ -537,7 +537,7 @@ func TestStaleStreamToGoneOwnerIsRetrySafe(t *testing.T) {
 	time.Sleep(10 * time.Millisecond)
 	lease := orbitpool.Lease{ID: 1<<36 | 5, Owner: owner.pool.Incarnation(), Ticket: 99}
 	req, _ := http.NewRequest("POST", u.url("/sink"), strings.NewReader("not replayable by method"))
-	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), lease, &client.tr.remote, 1, false, nil)
+	_, err := client.node.peers.roundTrip(req, owner.pool.Lane(), lease, &client.tr.remote, 1, nil)
 	if err == nil {
 		t.Fatal("request through a closed owner succeeded")
 	}

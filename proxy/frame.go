@@ -86,10 +86,8 @@ const (
 	respFlagsKnown = flagNothingSent | flagIdleClosed | flagConnGone | flagResponseBegan
 
 	// flagAcceptH2, the accept frame's only flag: the owner runs the
-	// exchange on an HTTP/2 connection, whose client waits for no 100
-	// and wants the body at once. A caller waiting for a relayed 100
-	// stops waiting, and a failed exchange closes its body, as x/net's
-	// client does (see exchange.readResponse).
+	// exchange on an HTTP/2 connection, and a failed exchange closes its
+	// body, as x/net's client does (see exchange.ownerH2).
 	flagAcceptH2 uint16 = 1
 )
 

@@ -88,7 +88,7 @@ func staleRoundTrip(t testing.TB, nc net.Conn, raw net.Conn) error {
 	const lane = 3
 	p.idle[lane] = []*conn{c}
 	req, _ := http.NewRequest("POST", "http://upstream.test/sink", strings.NewReader("not replayable by method"))
-	resp, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, false, nil)
+	resp, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
 	if err == nil {
 		resp.Body.Close()
 		t.Fatal("a request through a dead owner's stream succeeded")
@@ -154,7 +154,7 @@ func TestExpectContinueNudgeLeavesBodyUnread(t *testing.T) {
 	req, _ := http.NewRequest("POST", "http://upstream.test/sink", tb)
 	req.ContentLength = int64(len("payload"))
 	req.Header.Set("Expect", "100-continue")
-	_, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, false, nil)
+	_, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
 	if !IsRetrySafe(err) {
 		t.Fatalf("nothing went out, yet %v is not retry-safe", err)
 	}
@@ -213,7 +213,7 @@ func TestInterimSentThenOwnerGoneIsNotReplayed(t *testing.T) {
 		return nil
 	}}
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
-	resp, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, false, nil)
+	resp, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
 	if err == nil {
 		resp.Body.Close()
 		t.Fatal("an exchange whose owner died succeeded")

@@ -140,11 +140,8 @@ type remoteOpts struct {
 // roundTrip sends req to the owner of lane under lease and returns its
 // response, whose Body streams from the owner. A refused lease or an owner
 // that reports failure before answering comes back as an *Error wrapping
-// ErrLeaseRefused or ErrOwnerFailed. guessH2 is this process's guess that
-// the owner's connection is HTTP/2 (Node.leasedH2), which only the
-// trace of a wait for a 100 follows (see exchangeOpts.guessH2): the owner's
-// accept says what the connection is.
-func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, guessH2 bool, onDone func()) (*http.Response, error) {
+// ErrLeaseRefused or ErrOwnerFailed.
+func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o *remoteOpts, bufs int, onDone func()) (*http.Response, error) {
 	hopMark(hopStart)
 	ctx := req.Context()
 	ect := o.expectContinueTimeout
@@ -194,7 +191,6 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 		expectContinueTimeout: ect,
 		responseHeaderTimeout: o.responseHeaderTimeout,
 		leg:                   lg,
-		guessH2:               guessH2,
 		log:                   p.log,
 		bodyWithHead:          withHead,
 		done: func(c *conn, oc outcome) {

@@ -292,12 +292,12 @@ func TestPanicOnOwnerClosesOnlyThatStream(t *testing.T) {
 	var lease orbitpool.Lease
 
 	req, _ := http.NewRequest("GET", "http://upstream.invalid/panic", nil)
-	if _, err := p.roundTrip(req, 3, lease, o, 1, false, nil); err == nil {
+	if _, err := p.roundTrip(req, 3, lease, o, 1, nil); err == nil {
 		t.Fatal("the exchange that panicked succeeded")
 	}
 	checkPanicLogged(t, logs, "panicExec.roundTrip")
 	req, _ = http.NewRequest("GET", "http://upstream.invalid/ok", nil)
-	resp, err := p.roundTrip(req, 3, lease, o, 1, false, nil)
+	resp, err := p.roundTrip(req, 3, lease, o, 1, nil)
 	if err != nil {
 		t.Fatalf("after a panic on another stream: %v", err)
 	}
@@ -963,7 +963,7 @@ func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
 	body := &readCount{Reader: &seqReader{n: size}}
 	req, _ := http.NewRequest("POST", "http://upstream.invalid/", body)
 	req.ContentLength = size
-	_, err := p.roundTrip(req, 1, orbitpool.Lease{}, o, 1, false, nil)
+	_, err := p.roundTrip(req, 1, orbitpool.Lease{}, o, 1, nil)
 	if !IsRetrySafe(err) || !errors.Is(err, ErrConnBroken) {
 		t.Fatalf("error %v, want a retry-safe ErrConnBroken", err)
 	}
@@ -978,7 +978,7 @@ func TestOwnerErrorBeforeAcceptKeepsStream(t *testing.T) {
 	}
 	req, _ = http.NewRequest("POST", "http://upstream.invalid/", body)
 	req.ContentLength = size
-	resp, err := p.roundTrip(req, 1, orbitpool.Lease{}, o, 1, false, nil)
+	resp, err := p.roundTrip(req, 1, orbitpool.Lease{}, o, 1, nil)
 	if err != nil {
 		t.Fatalf("the next exchange on the kept stream: %v", err)
 	}

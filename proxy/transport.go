@@ -172,18 +172,6 @@ func (e *upstreamEntry) sawProto(h2 bool) {
 	}
 }
 
-// leasedH2 is this process's guess that a sibling's connection id speaks
-// HTTP/2 (see peers.roundTrip): e's, unless the table says more. Only an
-// HTTP/2 connection has room for more than one exchange, so a capacity
-// above one settles it; a capacity of one leaves e's guess, as an HTTP/2
-// upstream may allow a single stream.
-func (n *Node) leasedH2(e *upstreamEntry, id orbitpool.ResourceID) bool {
-	if c, err := n.pool.Capacity(id); err == nil && c > 1 {
-		return true
-	}
-	return e.speaksH2()
-}
-
 // speaksH2 reports whether e's connections speak HTTP/2: h2c, or https
 // unless the upstream chose http/1.1 by ALPN on the last one dialed here.
 func (e *upstreamEntry) speaksH2() bool {
@@ -740,7 +728,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			n.stats.reusedRemote.Add(1)
 			lane := plan.Lease.ID.Lane()
-			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, n.leasedH2(e, plan.Lease.ID), release)
+			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, release)
 			if err != nil {
 				// Not delivered, or refused: the unit is free again now
 				// rather than when the owner ages it out. An accepted
