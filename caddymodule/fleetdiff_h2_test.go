@@ -207,12 +207,22 @@ func (f *testFleet) remoteUses(hostport string) uint64 {
 // admin table counts it.
 func TestFleetH2CDifferential(t *testing.T) {
 	up := newH2CUpstreamHandler(t, 100, http.HandlerFunc(grpcHandler))
+	f, stock := fleetAndStock(t, "h2c://"+up.hostport(), "")
+	grpcDifferential(t, f, stock, up.hostport())
+}
+
+// fleetAndStock launches a fleet of two workers and stock Caddy, both
+// serving h1 and h2c and proxying to upstream, the fleet with the
+// orbit_pool transport and stock with the http transport, each with block
+// (a Caddyfile block, or ""). It returns the fleet and stock's base URL.
+func fleetAndStock(t *testing.T, upstream, block string) (*testFleet, string) {
+	t.Helper()
 	f := newTestFleet(t, 2)
 	f.protocols = "h1 h2c"
-	f.writeCaddyfile("h2c://"+up.hostport(), "v1")
+	f.transport = "orbit_pool " + block
+	f.writeCaddyfile(upstream, "v1")
 	f.launch()
-	stock := startStockGRPC(t, "h2c://"+up.hostport(), "http")
-	grpcDifferential(t, f, stock, up.hostport())
+	return f, startStockGRPC(t, upstream, "http "+block)
 }
 
 // TestFleetH2TLSDifferential is TestFleetH2CDifferential for an upstream
@@ -229,12 +239,7 @@ func TestFleetH2TLSDifferential(t *testing.T) {
 		grpcHandler(w, r)
 	}))
 	const block = "{\n\t\t\tversions 1.1 2\n\t\t\ttls_insecure_skip_verify\n\t\t}"
-	f := newTestFleet(t, 2)
-	f.protocols = "h1 h2c"
-	f.transport = "orbit_pool " + block
-	f.writeCaddyfile("https://"+up.hostport(), "v1")
-	f.launch()
-	stock := startStockGRPC(t, "https://"+up.hostport(), "http "+block)
+	f, stock := fleetAndStock(t, "https://"+up.hostport(), block)
 	grpcDifferential(t, f, stock, up.hostport())
 	if n := notH2.Load(); n != 0 {
 		t.Errorf("%d requests reached the upstream over HTTP/1.1: ALPN did not choose h2", n)
@@ -649,13 +654,7 @@ func TestFleetH2CResponseHeaderTimeout(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	}))
-	const block = "{\n\t\t\tresponse_header_timeout 300ms\n\t\t}"
-	f := newTestFleet(t, 2)
-	f.protocols = "h1 h2c"
-	f.transport = "orbit_pool " + block
-	f.writeCaddyfile("h2c://"+up.hostport(), "v1")
-	f.launch()
-	stock := startStockGRPC(t, "h2c://"+up.hostport(), "http "+block)
+	f, stock := fleetAndStock(t, "h2c://"+up.hostport(), "{\n\t\t\tresponse_header_timeout 300ms\n\t\t}")
 	get := func(base string) (int, time.Duration) {
 		t.Helper()
 		c := &http.Client{Timeout: 2 * hold}
