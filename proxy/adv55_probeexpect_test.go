@@ -17,7 +17,7 @@ import (
 // (net/http's Request.Write probes such a body before it writes the head)
 // and Expect: 100-continue, to an HTTP/2 upstream that answers 100 at once
 // and echoes the body. The local path (x/net/http2) writes the head, gets
-// the 100 and sends the body at once (about 1ms). Through a sibling the
+// the 100 and sends the body (about 1ms). Through a sibling the
 // caller's continueBody takes net/http's probe Read for the body's first
 // read, fires Wait100Continue and waits for the 100 before the head has
 // gone out: nothing reaches the owner, so no 100 can come, and the probe
@@ -51,9 +51,8 @@ func TestAdv55ProbedBodyExpectContinue(t *testing.T) {
 		t.Fatalf("reference changed: local %+v", o)
 	}
 	// The head goes out before any wait for the 100; waiting first costs
-	// the probe's 200ms. x/net's client, on the local path, waits for no
-	// 100 at all (see TestAdv59H2ExpectWithoutRelayed100ThroughSibling),
-	// and the sibling's trace is the local path's.
+	// the probe's 200ms. The sibling's trace is the local path's: the
+	// head, then the wait.
 	if g := outs["sibling"]; g.status != 200 || g.body != "got hello" || g.duration >= 150*time.Millisecond || !slices.Equal(orders["sibling"], orders["owner"]) {
 		t.Errorf("GET, body of unknown length, Expect: 100-continue: the sibling got status %d body %q error %q after %v (trace %v); the local path answered after %v (trace %v)",
 			g.status, g.body, g.err, g.duration.Round(time.Millisecond), orders["sibling"], outs["owner"].duration.Round(time.Millisecond), orders["owner"])

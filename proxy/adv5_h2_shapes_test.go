@@ -145,8 +145,9 @@ func TestAdv5H2InterimResponses(t *testing.T) {
 			t.Errorf("%s: Expect: 100-continue: %+v", name, o)
 		}
 		if name != "x/net" && (!got100 || len(seen) != 1 || seen[0].code != 100) {
-			// x/net/http2 sends the body at once when it has no
-			// ExpectContinueTimeout; ours waits for the 100, and sees it.
+			// A bare x/net/http2 client (no net/http transport, so no
+			// ExpectContinueTimeout) sends the body at once; ours waits
+			// for the 100, and sees it.
 			t.Errorf("%s: Expect: 100-continue: Got100Continue %v, interim %v; want the upstream's 100 seen", name, got100, seen)
 		}
 		mu.Unlock()

@@ -31,12 +31,10 @@ func (b *adv64CountingBody) Close() error { return nil }
 // An https upstream that chose HTTP/1.1 answers Expect: 100-continue with
 // 417 without reading the body. net/http's Transport (and the owner's own
 // path) never reads the caller's body then, so a server in front never
-// tells its client to send the body the upstream refused. A sibling that
-// has no connection of its own to the upstream guesses it speaks HTTP/2,
-// waits for no 100, and reads the caller's body at once (the nudge of
-// remote.go, and the body itself after the accept), although the owner's
-// accept (no flagAcceptH2) says the exchange runs on HTTP/1.1, where the
-// owner waits for the 100.
+// tells its client to send the body the upstream refused. Nor may a sibling
+// that has no connection of its own to the upstream and takes it for
+// HTTP/2: its own wait for the 100 holds the body until the owner relays
+// the 417.
 func TestAdv64GuessedH2OwnerOnH1ReadsRefusedBody(t *testing.T) {
 	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != "POST" {
