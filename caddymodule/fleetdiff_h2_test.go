@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -684,4 +685,57 @@ func TestFleetH2CResponseHeaderTimeout(t *testing.T) {
 		}
 	}
 	t.Errorf("no request went through a sibling")
+}
+
+// TestFleetH2CHeaderLimitAsStock: under the same max_response_header, a
+// response head from an HTTP/2 upstream passes or fails through the fleet
+// as through stock Caddy, whose HTTP/2 client allows the limit 320 bytes
+// for HPACK's per-field overhead. The head sizes step across the limit and
+// the allowance; each goes to the fleet on new client connections until it
+// has gone through a sibling too, or four times.
+func TestFleetH2CHeaderLimitAsStock(t *testing.T) {
+	const limit = 16 << 10
+	up := newH2CUpstreamHandler(t, 100, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("X-Big", strings.Repeat("b", n))
+		io.WriteString(w, "ok")
+	}))
+	f, stock := fleetAndStock(t, "h2c://"+up.hostport(), fmt.Sprintf("{\n\t\t\tmax_response_header %d\n\t\t}", limit))
+	get := func(base string, n int) int {
+		t.Helper()
+		c := &http.Client{Timeout: 10 * time.Second}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get(fmt.Sprintf("%s/?n=%d", base, n))
+		if err != nil {
+			t.Fatalf("GET %s with a %d-byte header: %v", base, n, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	passed, refused, viaSibling := 0, 0, false
+	for n := limit - 400; n <= limit+200; n += 40 {
+		want := get(stock, n)
+		if want == http.StatusOK {
+			passed++
+		} else {
+			refused++
+		}
+		for i := 0; i < 4; i++ {
+			before := f.remoteUses(up.hostport())
+			if code := get(f.url(""), n); code != want {
+				t.Fatalf("a %d-byte header under max_response_header %d: the fleet answered %d, stock Caddy %d", n, limit, code, want)
+			}
+			if f.remoteUses(up.hostport()) > before {
+				viaSibling = true
+				break
+			}
+		}
+	}
+	if passed == 0 || refused == 0 {
+		t.Fatalf("reference changed: stock Caddy passed %d sizes and refused %d; the sizes must straddle its limit", passed, refused)
+	}
+	if !viaSibling {
+		t.Errorf("no request went through a sibling")
+	}
 }

@@ -222,9 +222,6 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 	if t.DialTimeout == 0 {
 		t.DialTimeout = caddy.Duration(DefaultDialTimeout)
 	}
-	if t.MaxResponseHeaderSize == 0 {
-		t.MaxResponseHeaderSize = DefaultMaxResponseHeaderSize
-	}
 	if t.KeepAlive == nil {
 		t.KeepAlive = new(KeepAlive)
 	}

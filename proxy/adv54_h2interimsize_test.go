@@ -47,8 +47,8 @@ func TestAdv54H2InterimSizeCountsWireFields(t *testing.T) {
 	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
-	ref := refH2C()
-	ref.MaxHeaderListSize = limit
+	ref := stockH2C(0)
+	ref.MaxResponseHeaderBytes = limit
 	defer ref.CloseIdleConnections()
 	for _, kind := range []string{"trailer", "status"} {
 		const n = 60 // 60 × ~1.6 KiB ≈ 96 KiB on the wire, ≈ 36 KiB in the map
@@ -64,7 +64,7 @@ func TestAdv54H2InterimSizeCountsWireFields(t *testing.T) {
 			t.Fatalf("%s: reference changed: x/net %+v, local %+v", kind, outs["x/net"], outs["owner"])
 		}
 		if g := outs["sibling"]; g.err == "" {
-			t.Errorf("%s: %d interim heads of ~1.6 KiB each on the wire under a %d-byte limit, caller not looking at them: x/net/http2 fails (%q) and so does the owner-local path (%q), but through a sibling: status %d body %q, no error",
+			t.Errorf("%s: %d interim heads of ~1.6 KiB each on the wire under a %d-byte limit, caller not looking at them: net/http's HTTP/2 client fails (%q) and so does the owner-local path (%q), but through a sibling: status %d body %q, no error",
 				kind, n, limit, outs["x/net"].err, outs["owner"].err, g.status, g.body)
 		}
 	}

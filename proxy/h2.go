@@ -121,15 +121,19 @@ func streamCapacity(max uint32) int {
 // Transport's HTTP/2 connections. Compression is the Transport's own
 // business, as for HTTP/1.1; connections are made and pooled by the fleet.
 //
-// The ClientConns take the response header and 100-continue timeouts from
-// the net/http transport theirs is configured on, as net/http's own HTTP/2
-// client does: without one, a stream would wait for its response head for
-// as long as its context allows, and send at once a body that asked to
-// wait for a 100.
+// The ClientConns take the response header and 100-continue timeouts and
+// the header limit from the net/http transport theirs is configured on, as
+// net/http's own HTTP/2 client does: without one, a stream would wait for
+// its response head for as long as its context allows, and send at once a
+// body that asked to wait for a 100. The limit is MaxResponseHeaderBytes as
+// configured, which x/net turns into the HTTP/2 header list size with the
+// same allowance for field overhead as stock's client (and 10 MiB when
+// unset), so that a head near the limit passes or fails as it does there.
 func (t *Transport) newH2Transport() *http2.Transport {
 	t1 := &http.Transport{
-		ExpectContinueTimeout: t.settings.expectContinueTimeout,
-		ResponseHeaderTimeout: t.settings.responseHeaderTimeout,
+		ExpectContinueTimeout:  t.settings.expectContinueTimeout,
+		ResponseHeaderTimeout:  t.settings.responseHeaderTimeout,
+		MaxResponseHeaderBytes: max(t.MaxResponseHeaderBytes, 0),
 	}
 	t2, err := http2.ConfigureTransports(t1)
 	if err != nil {
@@ -140,7 +144,6 @@ func (t *Transport) newH2Transport() *http2.Transport {
 	t2.AllowHTTP = true
 	t2.DisableCompression = true
 	t2.StrictMaxConcurrentStreams = true
-	t2.MaxHeaderListSize = uint32(min(t.settings.maxHeaderBytes, 1<<31-1))
 	// The idle timeout is the sweep's (syncH2), which retires a connection
 	// in good order: the ClientConn's would close it under the pool, and
 	// its unit would come back at once.

@@ -93,7 +93,9 @@ type Transport struct {
 	// siblings hold the capped connections waits for one until its
 	// requests time out (the orbit_pool app refuses the two together).
 	Policy orbitpool.Policy
-	// MaxResponseHeaderBytes limits the response header. Default 10 MiB.
+	// MaxResponseHeaderBytes limits the response header. On HTTP/2 it
+	// bounds the header list as net/http's client does, with an allowance
+	// for HPACK's per-field overhead. Default 10 MiB.
 	MaxResponseHeaderBytes int64
 	// ExpectContinueTimeout is how long a request with Expect: 100-continue
 	// waits for the upstream's 100 before sending its body anyway. Default

@@ -1,0 +1,59 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestH2HeaderLimitAsStock: a response head from an HTTP/2 upstream is
+// bounded as net/http's HTTP/2 client bounds it under the same
+// MaxResponseHeaderBytes, which stock Caddy sets from
+// max_response_header_size: by the limit plus an allowance of 320 bytes for
+// HPACK's per-field overhead. Orbit's HTTP/2 connections advertised the
+// limit itself, and refused on the owner and through a sibling a head that
+// stock passed.
+func TestH2HeaderLimitAsStock(t *testing.T) {
+	const limit = 16 << 10
+	up := newRawH2(t, func(s *rawStream) {
+		over, _ := strconv.Atoi(strings.TrimPrefix(s.path, "/over/"))
+		// HPACK counts a field as its name, its value and 32 bytes:
+		// ":status: 200" is 42, "x-big" 37 and its value.
+		s.bigHeaders(false, ":status", "200", "x-big", strings.Repeat("b", limit+over-42-37))
+		s.data(true, []byte("ok"))
+	})
+	owner, client := remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
+	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
+		t.Fatal(err)
+	}
+	ref := stockH2C(0)
+	ref.MaxResponseHeaderBytes = limit
+	defer ref.CloseIdleConnections()
+	for _, over := range []int{100, 320, 321, 1000} {
+		outs := map[string]h2Outcome{}
+		for _, name := range h2Paths {
+			rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/over/"+strconv.Itoa(over), nil)
+			outs[name] = roundTripOutcome(rt, req)
+			cancel()
+		}
+		refused := over > 320
+		if got := outs["x/net"]; (got.err != "") != refused || !refused && got.body != "ok" {
+			t.Fatalf("a head %d bytes over the %d-byte limit: the reference changed: net/http's client got status %d body %q error %q",
+				over, limit, got.status, got.body, got.err)
+		}
+		for _, name := range h2Paths[1:] {
+			if got := outs[name]; (got.err != "") != refused || !refused && got.body != "ok" {
+				t.Errorf("a head %d bytes over the %d-byte limit: %s got status %d body %q error %q; net/http's client: status %d error %q",
+					over, limit, name, got.status, got.body, got.err, outs["x/net"].status, outs["x/net"].err)
+			}
+		}
+	}
+	if s := client.node.Stats(); s.ReusedRemote == 0 {
+		t.Errorf("the sibling's request did not go through the owner: %+v", s)
+	}
+}
