@@ -100,6 +100,13 @@ func run(ctx context.Context, caddy string, workers, conns int, d time.Duration,
 			return err
 		}
 	}
+	if profiles != "" {
+		// Made now, so that a path that cannot be one fails before the
+		// loads rather than after them.
+		if err := os.MkdirAll(profiles, 0o755); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+	}
 	dir, err := os.MkdirTemp("", "orbit-demo-*")
 	if err != nil {
 		return err
