@@ -38,9 +38,8 @@ func TestAdv51H2InterimOverLimitThroughSibling(t *testing.T) {
 	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
-	ref := stockH2C(0)
+	ref := stockH2C(t, 0)
 	ref.MaxResponseHeaderBytes = limit
-	defer ref.CloseIdleConnections()
 	// 1078 bytes a head in HPACK's count: 61 are under 64 KiB and 320
 	// bytes, 62 over.
 	for _, n := range []int{61, 62, 96} {

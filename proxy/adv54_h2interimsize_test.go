@@ -47,9 +47,8 @@ func TestAdv54H2InterimSizeCountsWireFields(t *testing.T) {
 	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
-	ref := stockH2C(0)
+	ref := stockH2C(t, 0)
 	ref.MaxResponseHeaderBytes = limit
-	defer ref.CloseIdleConnections()
 	for _, kind := range []string{"trailer", "status"} {
 		const n = 60 // 60 × ~1.6 KiB ≈ 96 KiB on the wire, ≈ 36 KiB in the map
 		outs := map[string]h2Outcome{}

@@ -41,9 +41,8 @@ func TestAdv57SlowSteadyInterimReaderGetsEveryHead(t *testing.T) {
 	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
-	ref := stockH2C(0)
+	ref := stockH2C(t, 0)
 	ref.MaxResponseHeaderBytes = limit
-	defer ref.CloseIdleConnections()
 	for _, name := range h2Paths {
 		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
 		var got atomic.Int32

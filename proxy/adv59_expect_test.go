@@ -58,8 +58,7 @@ func TestAdv59H2ExpectWithoutRelayed100ThroughSibling(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ref := stockH2C(timeout)
-	defer ref.CloseIdleConnections()
+	ref := stockH2C(t, timeout)
 	waitsOn := map[string]int32{}
 	for _, c := range []struct{ name, url, want string }{
 		{"net/http upstream sending 103 then reading", up.url + "/post", "got hello"},

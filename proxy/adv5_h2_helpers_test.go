@@ -405,12 +405,21 @@ func refH2C() *http2.Transport {
 		}}
 }
 
-// stockH2C is net/http's own HTTP/2 client for h2c upstreams as Caddy's
-// http transport configures it: a net/http Transport, whose
-// ExpectContinueTimeout (ect) its HTTP/2 streams keep to.
-func stockH2C(ect time.Duration) *http.Transport {
-	tr := &http.Transport{ExpectContinueTimeout: ect, Protocols: new(http.Protocols)}
+// stockH2C is net/http's HTTP/2 client for h2c upstreams as Caddy's http
+// transport configures it: a net/http Transport, whose ExpectContinueTimeout
+// (ect) its HTTP/2 streams keep to, configured with x/net/http2's
+// ConfigureTransport, which then runs its h2c streams (not net/http's
+// bundled copy of HTTP/2, which differs in places: it keeps a response's
+// Connection and Transfer-Encoding headers, which x/net drops).
+func stockH2C(t testing.TB, ect time.Duration) *http.Transport {
+	t.Helper()
+	tr := &http.Transport{ExpectContinueTimeout: ect}
+	if err := http2.ConfigureTransport(tr); err != nil {
+		t.Fatal(err)
+	}
+	tr.Protocols = new(http.Protocols)
 	tr.Protocols.SetUnencryptedHTTP2(true)
+	t.Cleanup(tr.CloseIdleConnections)
 	return tr
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -937,12 +938,21 @@ func h2Error(req *http.Request, err error) error {
 	}
 	var se http2.StreamError
 	retry := errors.As(err, &se) && se.Code == http2.ErrCodeRefusedStream
-	switch err.Error() {
+	switch msg := err.Error(); msg {
 	case "http2: timeout awaiting response headers":
 		return &Error{Op: "read", Err: fmt.Errorf("%w: %w", ErrResponseHeaderTimeout, err)}
 	case "http2: client conn not usable", "http2: Transport received Server's graceful shutdown GOAWAY",
 		"http2: client conn could not be established":
 		retry = true
+	default:
+		// The stream reset for a head over the header list size, final
+		// or the interim heads of a caller without a hook: the same
+		// failure as an HTTP/1.1 head over the limit, and the
+		// connection carries on.
+		if strings.HasSuffix(msg, "http2: response header list larger than advertised limit") ||
+			strings.HasSuffix(msg, "; header list too large") {
+			return &Error{Op: "read", Err: fmt.Errorf("%w: %w", ErrHeaderTooLarge, err)}
+		}
 	}
 	if retry {
 		e := &Error{Op: "roundtrip", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrConnBroken, err)}

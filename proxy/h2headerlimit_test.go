@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -29,9 +30,8 @@ func TestH2HeaderLimitAsStock(t *testing.T) {
 	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
-	ref := stockH2C(0)
+	ref := stockH2C(t, 0)
 	ref.MaxResponseHeaderBytes = limit
-	defer ref.CloseIdleConnections()
 	for _, over := range []int{100, 320, 321, 1000} {
 		outs := map[string]h2Outcome{}
 		for _, name := range h2Paths {
@@ -51,6 +51,19 @@ func TestH2HeaderLimitAsStock(t *testing.T) {
 				t.Errorf("a head %d bytes over the %d-byte limit: %s got status %d body %q error %q; net/http's client: status %d error %q",
 					over, limit, name, got.status, got.body, got.err, outs["x/net"].status, outs["x/net"].err)
 			}
+		}
+	}
+	// A head over the limit is the same failure as on HTTP/1.1, for a
+	// caller of either path, and a sibling's error says it once.
+	for name, rt := range map[string]http.RoundTripper{"owner": owner.tr, "sibling": client.tr} {
+		req, _ := http.NewRequest("GET", up.url+"/over/321", nil)
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: a head over the limit passed", name)
+		}
+		if !errors.Is(err, ErrHeaderTooLarge) || strings.Count(err.Error(), ErrHeaderTooLarge.Error()) != 1 {
+			t.Errorf("%s: a head over the limit failed with %q; want ErrHeaderTooLarge, said once", name, err)
 		}
 	}
 	if s := client.node.Stats(); s.ReusedRemote == 0 {

@@ -91,8 +91,7 @@ func TestH2ExpectContinueTimeout(t *testing.T) {
 	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
 		t.Fatal(err)
 	}
-	ref := stockH2C(ect)
-	defer ref.CloseIdleConnections()
+	ref := stockH2C(t, ect)
 	for _, p := range []struct {
 		name string
 		rt   http.RoundTripper

@@ -291,12 +291,27 @@ func (f responseFrame) ownerError(beforeAccept bool) *Error {
 	err := fmt.Errorf("%w: %s", ErrOwnerFailed, f.msg)
 	if s := errCodeSentinels[f.code]; s != nil {
 		// The owner's message begins with the sentinel's own words
-		// when its error wrapped it, as it usually did: said once.
-		msg := strings.TrimPrefix(strings.TrimPrefix(f.msg, s.Error()), ": ")
+		// when its error wrapped it, as it usually did, after the
+		// operation's ("proxy: read: "): said once.
+		msg := f.msg
+		if before, after, ok := strings.Cut(msg, s.Error()); ok && isOpPrefix(before) {
+			msg = strings.TrimPrefix(after, ": ")
+		}
 		err = fmt.Errorf("%w: %w: %s", ErrOwnerFailed, s, msg)
 	}
 	return &Error{Op: "owner", RetrySafe: f.flags&flagNothingSent != 0, idleClosed: f.flags&flagIdleClosed != 0,
 		connGone: f.flags&flagConnGone != 0, responseBegan: f.flags&flagResponseBegan != 0, beforeAccept: beforeAccept, Err: err}
+}
+
+// isOpPrefix reports whether s is what Error.Error puts before the error an
+// Error wraps: nothing, or "proxy: " and the operation.
+func isOpPrefix(s string) bool {
+	if s == "" {
+		return true
+	}
+	op, ok := strings.CutPrefix(s, "proxy: ")
+	op, ok2 := strings.CutSuffix(op, ": ")
+	return ok && ok2 && op != "" && !strings.Contains(op, ":")
 }
 
 func (l *remoteLeg) readHead(br *bufio.Reader) (headFlags, error) {
