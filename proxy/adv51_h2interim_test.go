@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"context"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestAdv51H2InterimOverLimitThroughSibling: adv50's interim flood, over an
@@ -34,23 +31,11 @@ func TestAdv51H2InterimOverLimitThroughSibling(t *testing.T) {
 		s.headers(false, ":status", "200", "content-length", "2")
 		s.data(true, []byte("ok"))
 	})
-	owner, client := remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
-	ref := stockH2C(t, 0)
-	ref.MaxResponseHeaderBytes = limit
+	owner, client, ref := limitedH2Pair(t, up.url, limit)
 	// 1078 bytes a head in HPACK's count: 61 are under 64 KiB and 320
 	// bytes, 62 over.
 	for _, n := range []int{61, 62, 96} {
-		outs := map[string]h2Outcome{}
-		for _, name := range h2Paths {
-			rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/flood/"+strconv.Itoa(n), nil)
-			outs[name] = roundTripOutcome(rt, req)
-			cancel()
-		}
+		outs := eachH2PathVia(ref, owner, client, getVia(up.url+"/flood/"+strconv.Itoa(n)))
 		over := n > 61
 		if (outs["x/net"].err != "") != over || (outs["owner"].err != "") != over {
 			t.Fatalf("%d heads: reference changed: x/net %+v, local %+v", n, outs["x/net"], outs["owner"])

@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"context"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestAdv54H2InterimSizeCountsWireFields: relay1xx (406583b) bounds the
@@ -43,22 +40,10 @@ func TestAdv54H2InterimSizeCountsWireFields(t *testing.T) {
 		s.headers(false, ":status", "200", "content-length", "2")
 		s.data(true, []byte("ok"))
 	})
-	owner, client := remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
-	ref := stockH2C(t, 0)
-	ref.MaxResponseHeaderBytes = limit
+	owner, client, ref := limitedH2Pair(t, up.url, limit)
 	for _, kind := range []string{"trailer", "status"} {
 		const n = 60 // 60 × ~1.6 KiB ≈ 96 KiB on the wire, ≈ 36 KiB in the map
-		outs := map[string]h2Outcome{}
-		for _, name := range h2Paths {
-			rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/flood/"+kind+"/"+strconv.Itoa(n), nil)
-			outs[name] = roundTripOutcome(rt, req)
-			cancel()
-		}
+		outs := eachH2PathVia(ref, owner, client, getVia(up.url+"/flood/"+kind+"/"+strconv.Itoa(n)))
 		if outs["x/net"].err == "" || outs["owner"].err == "" {
 			t.Fatalf("%s: reference changed: x/net %+v, local %+v", kind, outs["x/net"], outs["owner"])
 		}

@@ -37,12 +37,7 @@ func TestAdv57SlowSteadyInterimReaderGetsEveryHead(t *testing.T) {
 		s.headers(false, ":status", "200", "content-length", "2")
 		s.data(true, []byte("ok"))
 	})
-	owner, client := remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
-	ref := stockH2C(t, 0)
-	ref.MaxResponseHeaderBytes = limit
+	owner, client, ref := limitedH2Pair(t, up.url, limit)
 	for _, name := range h2Paths {
 		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
 		var got atomic.Int32

@@ -366,6 +366,11 @@ var h2Paths = []string{"x/net", "owner", "sibling"}
 func eachH2Path(owner, client *member, newReq func(ctx context.Context) *http.Request) map[string]h2Outcome {
 	ref := refH2C()
 	defer ref.CloseIdleConnections()
+	return eachH2PathVia(ref, owner, client, newReq)
+}
+
+// eachH2PathVia is eachH2Path with ref for net/http's client.
+func eachH2PathVia(ref http.RoundTripper, owner, client *member, newReq func(ctx context.Context) *http.Request) map[string]h2Outcome {
 	out := map[string]h2Outcome{}
 	for _, name := range h2Paths {
 		rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
@@ -432,6 +437,27 @@ func h2Pair(t *testing.T, url string) (owner, client *member) {
 		t.Fatal(err)
 	}
 	return owner, client
+}
+
+// limitedH2Pair is h2Pair with a response header limit of limit bytes
+// (MaxResponseHeaderBytes), and stock's client (stockH2C) with the same.
+func limitedH2Pair(t *testing.T, url string, limit int64) (owner, client *member, ref *http.Transport) {
+	t.Helper()
+	owner, client = remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
+	if err := getOK(owner, context.Background(), url+"/"); err != nil {
+		t.Fatal(err)
+	}
+	ref = stockH2C(t, 0)
+	ref.MaxResponseHeaderBytes = limit
+	return owner, client, ref
+}
+
+// getVia is a newReq for eachH2PathVia: a GET of url.
+func getVia(url string) func(ctx context.Context) *http.Request {
+	return func(ctx context.Context) *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		return req
+	}
 }
 
 // headAsync runs req through rt in the background and delivers its response

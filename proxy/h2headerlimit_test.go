@@ -1,13 +1,11 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestH2HeaderLimitAsStock: a response head from an HTTP/2 upstream is
@@ -26,21 +24,9 @@ func TestH2HeaderLimitAsStock(t *testing.T) {
 		s.bigHeaders(false, ":status", "200", "x-big", strings.Repeat("b", limit+over-42-37))
 		s.data(true, []byte("ok"))
 	})
-	owner, client := remotePair(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
-	if err := getOK(owner, context.Background(), up.url+"/"); err != nil {
-		t.Fatal(err)
-	}
-	ref := stockH2C(t, 0)
-	ref.MaxResponseHeaderBytes = limit
+	owner, client, ref := limitedH2Pair(t, up.url, limit)
 	for _, over := range []int{100, 320, 321, 1000} {
-		outs := map[string]h2Outcome{}
-		for _, name := range h2Paths {
-			rt := map[string]http.RoundTripper{"x/net": ref, "owner": owner.tr, "sibling": client.tr}[name]
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/over/"+strconv.Itoa(over), nil)
-			outs[name] = roundTripOutcome(rt, req)
-			cancel()
-		}
+		outs := eachH2PathVia(ref, owner, client, getVia(up.url+"/over/"+strconv.Itoa(over)))
 		refused := over > 320
 		if got := outs["x/net"]; (got.err != "") != refused || !refused && got.body != "ok" {
 			t.Fatalf("a head %d bytes over the %d-byte limit: the reference changed: net/http's client got status %d body %q error %q",
