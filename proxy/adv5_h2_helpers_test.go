@@ -71,6 +71,9 @@ type rawConn struct {
 	hbuf bytes.Buffer
 	// acks counts the client's SETTINGS ACKs, opens its streams.
 	acks, opens atomic.Int64
+	// headerListSize is the SETTINGS_MAX_HEADER_LIST_SIZE the client
+	// advertised, 0 until it has.
+	headerListSize atomic.Uint32
 	// pingsUnanswered, once set, leaves every PING from now on without
 	// its ACK (a peer slow to answer, or one that never does).
 	pingsUnanswered atomic.Bool
@@ -218,6 +221,9 @@ func (u *rawH2) serve(nc net.Conn) {
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
 			if !f.IsAck() {
+				if v, ok := f.Value(http2.SettingMaxHeaderListSize); ok {
+					c.headerListSize.Store(v)
+				}
 				c.wmu.Lock()
 				c.fr.WriteSettingsAck()
 				c.wmu.Unlock()

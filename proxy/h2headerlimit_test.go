@@ -56,3 +56,42 @@ func TestH2HeaderLimitAsStock(t *testing.T) {
 		t.Errorf("the sibling's request did not go through the owner: %+v", s)
 	}
 }
+
+// TestH2HeaderListSizeAdvertisedAsStock: the header list size orbit's
+// HTTP/2 connections advertise (and enforce, as x/net enforces what it
+// advertises) is stock's client's, with no MaxResponseHeaderBytes (x/net's
+// 10 MiB, as Caddy's transports run unless max_response_header is set) and
+// with one (the limit and its allowance).
+func TestH2HeaderListSizeAdvertisedAsStock(t *testing.T) {
+	advertised := func(rt http.RoundTripper) uint32 {
+		t.Helper()
+		up := newRawH2(t, func(s *rawStream) {
+			s.headers(false, ":status", "200", "content-length", "2")
+			s.data(true, []byte("ok"))
+		})
+		req, _ := http.NewRequest("GET", up.url+"/", nil)
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		if len(up.raws) != 1 {
+			t.Fatalf("%d connections, want 1", len(up.raws))
+		}
+		return up.raws[0].headerListSize.Load()
+	}
+	for _, limit := range []int64{0, 16 << 10, 1 << 20} {
+		ref := stockH2C(t, 0)
+		ref.MaxResponseHeaderBytes = limit
+		tr := localTransport(t, func(tr *Transport) { h2cConf(tr); tr.MaxResponseHeaderBytes = limit })
+		want, got := advertised(ref), advertised(tr)
+		if want == 0 {
+			t.Fatalf("limit %d: stock's client advertised no header list size", limit)
+		}
+		if got != want {
+			t.Errorf("limit %d: orbit advertised a header list size of %d, stock's client %d", limit, got, want)
+		}
+	}
+}
