@@ -72,6 +72,7 @@ type UpstreamView struct {
 	Upstreams    []string `json:"upstreams,omitempty"`
 	Live         int      `json:"live"`
 	Dialing      int      `json:"dialing"`
+	Held         int      `json:"held"` // budget of a dead process's connections, held back (reclaim_hold)
 	Idle         int      `json:"idle"`
 	Busy         int      `json:"busy"`
 	InFlight     int      `json:"in_flight"`
@@ -169,6 +170,7 @@ func (f *fleet) view() (FleetView, error) {
 			Upstreams:    f.names.of(ks.Key),
 			Live:         ks.Live,
 			Dialing:      ks.Creating,
+			Held:         ks.Held,
 			Idle:         ks.Idle,
 			Busy:         ks.Busy,
 			InFlight:     ks.InUse,

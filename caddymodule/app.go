@@ -53,6 +53,10 @@ const (
 	// that a connection that comes free stays with its own process's
 	// waiter (see App.OrderWindow).
 	DefaultOrderWindow = 64
+	// DefaultReclaimHold is how long a dead process's share of a capped
+	// upstream's connections stays out of the fleet's budget (see
+	// App.ReclaimHold).
+	DefaultReclaimHold = time.Second
 )
 
 // App is the `orbit_pool` app: this process's membership of a fleet of Caddy
@@ -207,6 +211,23 @@ type App struct {
 	// means strict arrival order. Default: 64.
 	OrderWindow *int `json:"order_window,omitempty"`
 
+	// ReclaimHold is how long the connections of a dead process (killed,
+	// crashed) stay counted against max_conns_per_host once a sibling has
+	// found it dead. The kernel closes them at once, but the upstream
+	// counts each until it has read the close, and one it was answering
+	// until that answer is done: dialing their replacements at once can
+	// take the upstream past a connection limit of its own, and have it
+	// refuse them, failing the requests sent on them. It also bounds how
+	// long a connection whose request was abandoned (its client, or the
+	// sibling it served, went away) keeps its place under the cap while
+	// the upstream finishes answering and closes its side; that wait ends
+	// as soon as the upstream closes, and is at least 250ms. Requests
+	// waiting for a connection meanwhile keep waiting, within their
+	// wait_timeout. Set it above the longest response the upstream may
+	// still be sending to a request nobody waits for. 0 gives a dead
+	// process's budget back at once. Default: 1s.
+	ReclaimHold *caddy.Duration `json:"reclaim_hold,omitempty"`
+
 	// FixedOwnership keeps a capped upstream's connections with the worker
 	// that dialed them. By default, with an order window, a worker that
 	// holds at least two more of them than a worker whose requests wait for
@@ -321,6 +342,10 @@ func (a *App) setDefaults() {
 		n := DefaultOrderWindow
 		a.OrderWindow = &n
 	}
+	if a.ReclaimHold == nil {
+		d := caddy.Duration(DefaultReclaimHold)
+		a.ReclaimHold = &d
+	}
 	if a.Workers == 0 {
 		a.Workers = DefaultForwardingWorkers
 	}
@@ -416,6 +441,9 @@ func (a *App) Validate() error {
 	}
 	if a.DrainTimeout < 0 {
 		return fmt.Errorf("drain_timeout must be positive, got %s", time.Duration(a.DrainTimeout))
+	}
+	if a.ReclaimHold != nil && *a.ReclaimHold < 0 {
+		return fmt.Errorf("reclaim_hold must not be negative, got %s", time.Duration(*a.ReclaimHold))
 	}
 	return nil
 }
@@ -582,6 +610,9 @@ func (a *App) fleetConfig() fleetConfig {
 	}
 	if a.OrderWindow != nil {
 		cfg.OrderWindow = uint32(*a.OrderWindow)
+	}
+	if a.ReclaimHold != nil {
+		cfg.ReclaimHold = time.Duration(*a.ReclaimHold)
 	}
 	return cfg
 }

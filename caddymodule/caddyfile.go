@@ -53,6 +53,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	    reservation_timeout  <duration>
 //	    drain_timeout        <duration>
 //	    order_window         <count>
+//	    reclaim_hold         <duration>
 //	    fixed_ownership
 //	    keep_segment
 //	}
@@ -108,6 +109,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var n int
 			n, err = intArg(d, 0)
 			a.OrderWindow = &n
+		case "reclaim_hold":
+			var v caddy.Duration
+			v, err = durationArg(d, true)
+			a.ReclaimHold = &v
 		case "fixed_ownership":
 			if d.NextArg() {
 				return d.ArgErr()

@@ -56,6 +56,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"drain_timeout", appBlock("drain_timeout 0"), "bad drain_timeout value '0': must be positive"},
 		{"order_window negative", appBlock("order_window -1"), "bad order_window value '-1': must be at least 0"},
 		{"order_window bad", appBlock("order_window wide"), "bad order_window value 'wide': not an integer"},
+		{"reclaim_hold negative", appBlock("reclaim_hold -1s"), "bad reclaim_hold value '-1s': must be positive"},
+		{"reclaim_hold bad", appBlock("reclaim_hold soon"), "bad reclaim_hold value 'soon'"},
 		{"fixed_ownership argument", appBlock("fixed_ownership on"), "wrong argument count"},
 
 		{"transport argument", ":8080 {\n\treverse_proxy 127.0.0.1:9000 {\n\t\ttransport orbit_pool extra\n\t}\n}\n", "wrong argument count"},
@@ -156,6 +158,7 @@ func TestValidateErrors(t *testing.T) {
 		{"drain_timeout", appConfig(`{"drain_timeout": "-1s"}`), "drain_timeout must be positive, got -1s"},
 		{"order_window negative", appConfig(`{"order_window": -1}`), "order_window must be between 0 and 2147483647, got -1"},
 		{"order_window high", appConfig(`{"order_window": 4294967296}`), "order_window must be between 0 and 2147483647, got 4294967296"},
+		{"reclaim_hold", appConfig(`{"reclaim_hold": "-1s"}`), "reclaim_hold must not be negative, got -1s"},
 
 		{"versions", transportConfig(`{"protocol": "orbit_pool", "versions": ["1.1", "3"]}`), `unsupported HTTP version "3": the orbit_pool transport does not speak HTTP/3`},
 		{"dial_timeout", transportConfig(`{"protocol": "orbit_pool", "dial_timeout": "-1s"}`), "dial_timeout must be positive, got -1s"},
@@ -232,6 +235,14 @@ func TestValidateDefaults(t *testing.T) {
 	strict.setDefaults()
 	if cfg := strict.fleetConfig(); cfg.OrderWindow != 0 || cfg.usageKey() == a.fleetConfig().usageKey() {
 		t.Errorf("order_window 0 is given to the pool as %d, or opens the same membership as the default", cfg.OrderWindow)
+	}
+	if cfg := a.fleetConfig(); cfg.ReclaimHold != time.Second {
+		t.Errorf("reclaim_hold given to the pool as %s; want 1s", cfg.ReclaimHold)
+	}
+	none := App{ReclaimHold: new(caddy.Duration(0))}
+	none.setDefaults()
+	if cfg := none.fleetConfig(); cfg.ReclaimHold != 0 || cfg.usageKey() == a.fleetConfig().usageKey() {
+		t.Errorf("reclaim_hold 0 is given to the pool as %s, or opens the same membership as the default", cfg.ReclaimHold)
 	}
 	if cfg := a.fleetConfig(); cfg.FixedOwnership {
 		t.Error("fixed_ownership is on by default")

@@ -48,6 +48,7 @@ type fleetConfig struct {
 	ReservationTimeout time.Duration `json:"reservation_timeout"`
 	KeepSegment        bool          `json:"keep_segment"`
 	OrderWindow        uint32        `json:"order_window"`
+	ReclaimHold        time.Duration `json:"reclaim_hold"`
 	FixedOwnership     bool          `json:"fixed_ownership"`
 }
 
@@ -100,11 +101,13 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		ReservationTimeout: cfg.ReservationTimeout,
 		KeepSegment:        cfg.KeepSegment,
 		OrderWindow:        cfg.OrderWindow,
+		ReclaimHold:        cfg.ReclaimHold,
 		OnReclaim: func(li orbitpool.LaneInfo) {
 			f.logger().Warn("reclaimed the connections of a dead process",
 				zap.Int("pid", li.PID),
 				zap.Int("lane", li.Lane),
-				zap.Int("connections", li.Resources))
+				zap.Int("connections", li.Resources),
+				zap.Duration("budget_held_for", cfg.ReclaimHold))
 		},
 		OnError: func(err error) {
 			if errors.Is(err, orbitpool.ErrLeakedGuard) {
@@ -136,6 +139,9 @@ func openFleet(cfg fleetConfig, log *zap.Logger) (*fleet, error) {
 		// owner cannot start is rejected and given back instead.
 		MaxLeaseWait:   cfg.ReservationTimeout / 2,
 		FixedOwnership: cfg.FixedOwnership,
+		// The upstream may count a connection whose request was
+		// abandoned as long as it counts a dead process's.
+		FailedCloseWait: cfg.ReclaimHold,
 		// The node is part of the membership: it logs where the
 		// membership does (see follow), not to the opening config's
 		// logs, which Caddy closes once that config is replaced.

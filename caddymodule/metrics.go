@@ -104,6 +104,7 @@ var (
 	descUpstream    = newDesc("upstream_info", "The upstream a pool key stands for.", "key", "upstream")
 	descLive        = newFleetDesc("connections", "Open upstream connections across the fleet.", "key")
 	descDialing     = newFleetDesc("connections_dialing", "Upstream connections being dialed across the fleet.", "key")
+	descHeld        = newFleetDesc("connections_held", "Connections of dead processes still counted against the connection cap until reclaim_hold ends.", "key")
 	descIdle        = newFleetDesc("connections_idle", "Open upstream connections with no request on them.", "key")
 	descBusy        = newFleetDesc("connections_busy", "Open upstream connections with a request on them or reserved.", "key")
 	descInUse       = newFleetDesc("requests_in_flight", "Requests using upstream connections across the fleet.", "key")
@@ -143,7 +144,7 @@ type tableCollector struct{ app *App }
 
 func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		descProcesses, descUpstream, descLive, descDialing, descIdle, descBusy, descInUse,
+		descProcesses, descUpstream, descLive, descDialing, descHeld, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
 		descRetired, descRebalanced, descDialsPassed, descDialsHeld, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
@@ -178,6 +179,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descLive, float64(ks.Live), k)
 		gauge(descDialing, float64(ks.Creating), k)
+		gauge(descHeld, float64(ks.Held), k)
 		gauge(descIdle, float64(ks.Idle), k)
 		gauge(descBusy, float64(ks.Busy), k)
 		gauge(descInUse, float64(ks.InUse), k)

@@ -3,6 +3,7 @@ package orbitpool
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -50,6 +51,20 @@ type Options struct {
 	// are passed over gets the budget a closed resource gives back, so
 	// ownership follows demand. Default 0: strict arrival order.
 	OrderWindow uint32
+	// ReclaimHold is how long the budget a dead process's resources used
+	// stays out of its keys' budgets once this process has reclaimed the
+	// dead lane. The kernel closes a dead process's connections at once,
+	// but the far end counts each until it has seen the close, and one it
+	// was serving a request on until that request is done: budget given
+	// back at once lets the fleet open a connection an upstream still
+	// counts against a limit of its own. The units are held as resources
+	// of this process that no one can use, and go back to the key's
+	// waiters when the hold ends; if this process leaves first they go
+	// back then, and if it dies, whoever reclaims its lane holds them
+	// again. A process joining a fleet whose lanes are all taken, live or
+	// dead, reclaims a dead one to take it, and holds nothing of it.
+	// Default 0: the budget goes back at once.
+	ReclaimHold time.Duration
 }
 
 // Pool is one process's membership of the fleet's pool table: a lane in a
@@ -78,6 +93,9 @@ type Pool struct {
 
 	reconcileMu sync.Mutex
 	seen        []seenReservation // ReservationTimeout bookkeeping, per slot and bit
+
+	heldMu sync.Mutex
+	held   []heldUnit // ReclaimHold's units, in the order they end
 
 	stop     chan struct{}
 	finished chan struct{}
@@ -122,6 +140,12 @@ func Open(spec PoolSpec, opts Options) (*Pool, error) {
 		seg.close()
 		return nil, err
 	}
+	if p.opts.ReclaimHold > 0 {
+		// The dead lanes join passed over (see join).
+		if err := p.Reconcile(); err != nil && p.opts.OnError != nil {
+			p.opts.OnError(err)
+		}
+	}
 	// The mapping outlives Close until nothing can touch it: executions and
 	// permits hold the Pool, so no late Complete can fault on unmapped memory.
 	runtime.AddCleanup(p, func(s *segment) { s.close() }, seg)
@@ -129,9 +153,24 @@ func Open(spec PoolSpec, opts Options) (*Pool, error) {
 	return p, nil
 }
 
-// join takes a free lane, first reclaiming lanes whose processes died.
-// The structure lock is held.
+// join takes a free lane. The structure lock is held.
+//
+// With a ReclaimHold, lanes whose processes died are left for the Reconcile
+// that follows, which holds their budget in the lane this process takes
+// (reclaimed here, it would go back at once); only if no lane is free is
+// the first dead one reclaimed and taken.
 func (p *Pool) join() error {
+	if p.opts.ReclaimHold > 0 {
+		if err := p.joinLane(false); !errors.Is(err, ErrFull) {
+			return err
+		}
+	}
+	return p.joinLane(true)
+}
+
+// joinLane takes the first free lane, or, if reclaim, the first free or
+// dead one, reclaiming the dead lanes it passes.
+func (p *Pool) joinLane(reclaim bool) error {
 	s := p.seg
 	for l := range p.l.nlanes {
 		ctl := atomic.LoadUint64(s.u64(s.laneOff(l) + lnCtl))
@@ -140,7 +179,7 @@ func (p *Pool) join() error {
 			if err != nil {
 				return err
 			}
-			if alive {
+			if alive || !reclaim {
 				continue
 			}
 			p.reclaimLane(l)
@@ -269,7 +308,11 @@ func (p *Pool) rlockOpen() error {
 // structure lock held exclusively, for a lane whose process is dead or
 // leaving.
 func (p *Pool) reclaimLane(l int) {
-	p.recount(p.clearLane(l))
+	cleared := p.clearLane(l)
+	if l != p.lane {
+		p.hold(cleared)
+	}
+	p.recount(cleared)
 	// Last, so that whoever sees the lane gone also sees its units back.
 	off := p.seg.laneOff(l)
 	ctl := atomic.LoadUint64(p.seg.u64(off + lnCtl))
@@ -699,7 +742,11 @@ func (p *Pool) dispatch() {
 			}
 			next = now.Add(p.opts.ReconcileInterval)
 		}
-		wait := time.Until(next)
+		wake := next
+		if h := p.releaseHeld(now); !h.IsZero() && h.Before(wake) {
+			wake = h
+		}
+		wait := time.Until(wake)
 		if wait <= 0 {
 			continue // a zero timeout would mean sleeping with no limit
 		}

@@ -201,7 +201,7 @@ func (p *Pool) reclaimDead() error {
 			if alive, err := s.laneAlive(l); err == nil && !alive {
 				info := p.laneInfo(l)
 				for i := range p.l.perLane {
-					if wState(atomic.LoadUint64(s.u64(s.slotOff(l, i)+slWord))) == StateLive {
+					if off := s.slotOff(l, i); wState(atomic.LoadUint64(s.u64(off+slWord))) == StateLive && !p.isHeld(off) {
 						info.Resources++
 					}
 				}

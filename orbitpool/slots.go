@@ -54,7 +54,17 @@ func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool, seenLive int) (*C
 		atomic.AddUint32(ret, ^uint32(0))
 		return nil, fmt.Errorf("orbitpool: all %d resource slots of lane %d are in use: %w", p.l.perLane, p.lane, ErrFull)
 	}
-	slot := int(p.free[len(p.free)-1])
+	slot, gen := p.takeFreeSlot(ref, StateCreating)
+	p.laneMu.Unlock()
+	return p.newPermit(slot, gen, ref), nil
+}
+
+// takeFreeSlot starts the next life of a slot off this lane's free list, for
+// ref and with no capacity, in state st. laneMu is held and the free list is
+// not empty.
+func (p *Pool) takeFreeSlot(ref keyRef, st State) (slot int, gen uint64) {
+	s := p.seg
+	slot = int(p.free[len(p.free)-1])
 	p.free = p.free[:len(p.free)-1]
 	off := s.slotOff(p.lane, slot)
 	w := atomic.LoadUint64(s.u64(off + slWord))
@@ -73,15 +83,14 @@ func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool, seenLive int) (*C
 			}
 		}
 	}
-	gen := wGen(w)
+	gen = wGen(w)
 	if gen == 0 {
 		gen = 1
 	}
 	atomic.StoreUint64(s.u64(off+slMeta), uint64(ref.gen)<<32|uint64(ref.idx))
 	atomic.StoreUint32(s.u32(off+slCapacity), 0)
-	atomic.StoreUint64(s.u64(off+slWord), slotWord(gen, StateCreating, 0, 0))
-	p.laneMu.Unlock()
-	return p.newPermit(slot, gen, ref), nil
+	atomic.StoreUint64(s.u64(off+slWord), slotWord(gen, st, 0, 0))
+	return slot, gen
 }
 
 // Register publishes the resource the permit was held for, with room for

@@ -11,6 +11,7 @@ type KeyStats struct {
 	Key Key
 	// Gauges.
 	Live     int // registered resources
+	Held     int // units of a dead process's budget held back (Options.ReclaimHold)
 	Creating int // creation permits outstanding
 	Idle     int // live resources with no users or reservations
 	Busy     int // live resources with at least one user or reservation
@@ -98,13 +99,21 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 			if wState(w) != StateLive {
 				continue
 			}
-			li.Resources++
+			held := p.isHeld(so)
+			if !held {
+				li.Resources++
+			}
 			k, _, ok := p.slotKey(so)
 			i, known := byIdx[k]
 			if !ok || !known {
 				continue
 			}
 			ks := &snap.Keys[i]
+			if held {
+				ks.Held++
+				ks.Live = max(ks.Live-1, 0)
+				continue
+			}
 			ks.InUse += wUse(w)
 			ks.Pending += wPendN(w)
 			if wUse(w)+wPendN(w) == 0 {

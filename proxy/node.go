@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,6 +55,12 @@ type NodeOptions struct {
 	// upstream that closed them, and for their idle timeout and lifetime.
 	// Default 1s.
 	SweepInterval time.Duration
+	// FailedCloseWait bounds how long a connection whose exchange failed
+	// keeps its unit of a capped key's budget while the upstream, which may
+	// still be answering the request, closes its side (see finish): an
+	// upstream that caps its connections counts it until then, and refuses
+	// the replacement a waiter dials sooner. Default closeWait (250ms).
+	FailedCloseWait time.Duration
 	// MaxIdlePeerStreams caps the idle unix streams kept to each sibling.
 	// Default 64.
 	MaxIdlePeerStreams int
@@ -74,6 +81,8 @@ type Node struct {
 	srv   *server
 	sweep time.Duration
 	fixed bool // NodeOptions.FixedOwnership
+	// failedWait is NodeOptions.FailedCloseWait.
+	failedWait time.Duration
 
 	slots   []atomic.Pointer[owned]  // HTTP/1.1 connections, by slot index in this process's lane
 	h2slots []atomic.Pointer[h2conn] // HTTP/2 connections, likewise
@@ -164,6 +173,8 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		sweep: opts.SweepInterval,
 		fixed: opts.FixedOwnership,
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
+
+		failedWait: cmp.Or(max(opts.FailedCloseWait, 0), closeWait),
 
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
 		h2wake:  make(chan *h2conn, h2WakeQueue),
@@ -519,8 +530,9 @@ func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
 
 // retireToward is retireInOrder for a connection that leaves so that lane
 // creates the next one (see balanceEvery), -1 for the fleet's oldest waiter.
-// slow, if set, runs when the upstream did not close its side in time (lane
-// -1 only).
+// slow is set for a connection whose exchange failed (lane -1 only), which
+// waits failedWait rather than closeWait; it runs when the upstream did not
+// close its side in time.
 func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow func()) {
 	complete := func() {
 		if exec != nil {
@@ -552,7 +564,11 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow
 	go func() {
 		defer n.closing.Done()
 		if lane < 0 {
-			if !oc.c.closeAfterPeer(closeWait, nil) && slow != nil {
+			wait, stop := closeWait, (<-chan struct{})(nil)
+			if slow != nil {
+				wait, stop = n.failedWait, n.stop
+			}
+			if !oc.c.closeAfterPeer(wait, stop) && slow != nil {
 				slow()
 			}
 		} else {
@@ -566,7 +582,7 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow
 }
 
 // lingeredInVain records that the upstream of oc, a connection whose
-// exchange failed, did not close its side within closeWait: it was still busy
+// exchange failed, did not close its side within failedWait: it was still busy
 // with the request, most likely, and will be with the next one that fails.
 // Holding each such connection's unit that long makes the key's waiters wait
 // for nothing an upstream that closes at once would need, so for lingerPause
@@ -576,12 +592,12 @@ func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
 	now := sinceStart(time.Now())
 	if until := kc.noLingerUntil.Swap(now + int64(lingerPause)); until < now {
 		n.log.Info("upstream slow to close a connection whose exchange failed: the key's failed connections close at once for a while",
-			zap.Stringer("id", oc.id), zap.Duration("waited", closeWait), zap.Duration("for", lingerPause))
+			zap.Stringer("id", oc.id), zap.Duration("waited", n.failedWait), zap.Duration("for", lingerPause))
 	}
 }
 
 // lingerPause is how long a key's failed connections close at once after
-// its upstream kept one open past closeWait. Then they wait for the upstream
+// its upstream kept one open past failedWait. Then they wait for the upstream
 // again: one that was busy then may not be now, and under a cap it refuses a
 // replacement dialed too soon.
 var lingerPause = time.Minute
@@ -805,7 +821,7 @@ type keyCap struct {
 	uses    atomic.Uint64 // reusable uses of this process's connections
 	moving  atomic.Bool   // a connection is leaving toward a sibling
 	// noLingerUntil (nanoseconds since processStart): the upstream kept
-	// a failed connection open past closeWait, so until then the key's
+	// a failed connection open past failedWait, so until then the key's
 	// failed connections close at once (see lingeredInVain).
 	noLingerUntil atomic.Int64
 	off           atomic.Bool  // the upstream was slow to close a moved connection

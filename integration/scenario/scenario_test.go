@@ -220,12 +220,30 @@ func TestKillUnderLoadRestoresCapacity(t *testing.T) {
 
 // TestCappedKillUnderLoadKeepsTheCap: a worker killed under load while a
 // cap the upstream enforces too is full. Its share of the cap comes back
-// to the fleet only once the kernel has closed its connections, so the
-// upstream never sees more than the cap; the survivors' waiting requests
-// are served by the reclaimed units, and only the requests on the killed
-// worker's own client connections fail.
+// to the fleet only once the kernel has closed its connections and the
+// upstream has had reclaim_hold to see the closes, so the upstream never
+// sees more than the cap; the survivors' waiting requests are served by
+// the reclaimed units, and only the requests on the killed worker's own
+// client connections fail.
 func TestCappedKillUnderLoadKeepsTheCap(t *testing.T) {
 	row := runKill(t, capped("capped-kill"))
+	heldTheCap(t, row)
+	failedOnlyOnTheKilled(t, row)
+}
+
+// TestCappedKillOfSlowRequestsKeepsTheCap: as above, with an upstream that
+// takes 700ms to answer and, like most servers, counts a connection until
+// it has answered the request on it, though the dead worker's end of it
+// closed at once. The kill, a second into the load, finds the requests on
+// the dead worker's connections 300ms into their 700; the survivors find
+// the worker dead within a reconcile interval (250ms), while the upstream
+// still counts its connections: had its share of the cap come back then,
+// their dials would be refused.
+func TestCappedKillOfSlowRequestsKeepsTheCap(t *testing.T) {
+	s := capped("capped-kill-slow")
+	s.Upstream.Delay = 700 * time.Millisecond
+	s.Conns = 16
+	row := runKill(t, s)
 	heldTheCap(t, row)
 	failedOnlyOnTheKilled(t, row)
 }
