@@ -86,8 +86,16 @@ func advRoleKillee(c *mpChildCtx) error {
 // every instant. When the last child is gone and reservations have aged:
 // nothing in use, pending, creating or waiting, and every key's counters
 // agree with the slots.
-func TestAdvRandomKillsSettle(t *testing.T) {
-	opts := Options{ReconcileInterval: 10 * time.Millisecond, ReservationTimeout: 100 * time.Millisecond}
+func TestAdvRandomKillsSettle(t *testing.T) { randomKillsSettle(t, 0) }
+
+// TestAdvRandomKillsSettleWithHold: the same, with every process holding
+// the budget of the dead lanes it reclaims for 30ms (Options.ReclaimHold),
+// and so dying, as often as not, with units of the dead held in its lane:
+// the budget holds at every instant, and all is given back in the end.
+func TestAdvRandomKillsSettleWithHold(t *testing.T) { randomKillsSettle(t, 30*time.Millisecond) }
+
+func randomKillsSettle(t *testing.T, hold time.Duration) {
+	opts := Options{ReconcileInterval: 10 * time.Millisecond, ReservationTimeout: 100 * time.Millisecond, ReclaimHold: hold}
 	p, spec := mpOpenParent(t, opts)
 	var ids []ResourceID
 	for range 3 {
@@ -102,6 +110,7 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 	done := make(chan struct{})
 	var bad atomic.Value
 	var accepted atomic.Int64
+	var sawHeld atomic.Bool
 	go func() {
 		defer close(done)
 		for {
@@ -135,8 +144,12 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 					}
 				}
 			}
-			if ks := keyStats(t, p, advKeyChurn); ks.Live+ks.Creating > advChurnLim.MaxResources || ks.Creating > advChurnLim.MaxCreating {
+			ks := keyStats(t, p, advKeyChurn)
+			if ks.Live+ks.Held+ks.Creating > advChurnLim.MaxResources || ks.Creating > advChurnLim.MaxCreating {
 				bad.Store(fmt.Sprintf("churn key over its budget: %+v", ks))
+			}
+			if ks.Held > 0 {
+				sawHeld.Store(true)
 			}
 		}
 	}()
@@ -150,7 +163,7 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 	}()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	rounds := mpScale(20, 6)
-	args := mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 100 * time.Millisecond, IDs: ids, Lifetime: 60 * time.Second}
+	args := mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 100 * time.Millisecond, Hold: hold, IDs: ids, Lifetime: 60 * time.Second}
 	killRounds(t, p, "adv-killee", args, rounds, rng, 20*time.Millisecond, func(round int) {
 		if v := bad.Load(); v != nil {
 			t.Fatalf("round %d: %v", round, v)
@@ -164,7 +177,7 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 	// Settle: reservations of dead reservers drop at once, others age.
 	snap, ok := mpWaitSnap(p, 3*time.Second, func(s Snapshot) bool {
 		sh, ch := mpKS(s, advKeyShared), mpKS(s, advKeyChurn)
-		return sh.InUse == 0 && sh.Pending == 0 && sh.Waiting == 0 && ch.Live == 0 && ch.Creating == 0 && ch.Waiting == 0 && ch.InUse == 0
+		return sh.InUse == 0 && sh.Pending == 0 && sh.Waiting == 0 && sh.Held == 0 && ch.Live == 0 && ch.Held == 0 && ch.Creating == 0 && ch.Waiting == 0 && ch.InUse == 0
 	})
 	if !ok {
 		t.Fatalf("after %d rounds of kills the table did not settle: shared %+v; churn %+v", rounds, mpKS(snap, advKeyShared), mpKS(snap, advKeyChurn))
@@ -193,6 +206,9 @@ func TestAdvRandomKillsSettle(t *testing.T) {
 		if kTotal(c) != total || kCreating(c) != creating {
 			t.Errorf("key entry %d counts %d total, %d creating; its slots hold %d and %d", k, kTotal(c), kCreating(c), total, creating)
 		}
+	}
+	if hold > 0 && !sawHeld.Load() {
+		t.Errorf("in %d rounds of kills, no unit of the churn key was ever seen held", rounds)
 	}
 	t.Logf("%d rounds of 2 kills; %d leases accepted", rounds, accepted.Load())
 }

@@ -27,6 +27,9 @@ func (p *Pool) hold(cleared []int) {
 	var held []heldUnit
 	p.laneMu.Lock()
 	for k, n := range cleared {
+		if n == 0 {
+			continue
+		}
 		ref := keyRef{idx: k, gen: kGen(atomic.LoadUint64(s.u64(s.keyOff(k) + kfCtl)))}
 		for ; n > 0 && len(p.free) > 0; n-- {
 			slot, gen := p.takeFreeSlot(ref, StateCreating)

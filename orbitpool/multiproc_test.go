@@ -101,6 +101,7 @@ type mpArgs struct {
 	Dur        time.Duration
 	Lifetime   time.Duration // the child exits by itself after this long
 	Window     uint32        // Options.OrderWindow
+	Hold       time.Duration // Options.ReclaimHold
 }
 
 // mpMsg is one line of the protocol, in either direction.
@@ -245,7 +246,7 @@ func (c *mpChildCtx) untilParentLeaves() {
 }
 
 func (c *mpChildCtx) open() (*Pool, error) {
-	return Open(c.args.Spec, Options{ReconcileInterval: c.args.Reconcile, ReservationTimeout: c.args.ResTimeout, OrderWindow: c.args.Window})
+	return Open(c.args.Spec, Options{ReconcileInterval: c.args.Reconcile, ReservationTimeout: c.args.ResTimeout, OrderWindow: c.args.Window, ReclaimHold: c.args.Hold})
 }
 
 // mpWaitSnap polls p's snapshot until cond holds, at most d.
