@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,7 +58,8 @@ type NodeOptions struct {
 	// keeps its unit of a capped key's budget while the upstream, which may
 	// still be answering the request, closes its side (see finish): an
 	// upstream that caps its connections counts it until then, and refuses
-	// the replacement a waiter dials sooner. Default closeWait (250ms).
+	// the replacement a waiter dials sooner. Default and least: closeWait
+	// (250ms).
 	FailedCloseWait time.Duration
 	// MaxIdlePeerStreams caps the idle unix streams kept to each sibling.
 	// Default 64.
@@ -174,7 +174,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		fixed: opts.FixedOwnership,
 		slots: make([]atomic.Pointer[owned], spec.ResourcesPerLane),
 
-		failedWait: cmp.Or(max(opts.FailedCloseWait, 0), closeWait),
+		failedWait: max(opts.FailedCloseWait, closeWait),
 
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
 		h2wake:  make(chan *h2conn, h2WakeQueue),
