@@ -111,7 +111,6 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 			ks := &snap.Keys[i]
 			if held {
 				ks.Held++
-				ks.Live = max(ks.Live-1, 0)
 				continue
 			}
 			ks.InUse += wUse(w)
@@ -122,6 +121,14 @@ func (p *Pool) Snapshot() (Snapshot, error) {
 				ks.Busy++
 			}
 		}
+	}
+	// Held units are among the live ones the counters count, read before
+	// the slots: a reclaim in between (whose units may have been creations
+	// then) does not make the key look over its budget.
+	for i := range snap.Keys {
+		ks := &snap.Keys[i]
+		ks.Held = min(ks.Held, ks.Live)
+		ks.Live -= ks.Held
 	}
 	return snap, nil
 }

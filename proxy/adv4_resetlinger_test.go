@@ -29,15 +29,7 @@ func TestAdv4ResetIsNotSlowToClose(t *testing.T) {
 	})
 	m := newFleet(t, 1, func(tr *Transport) { tr.MaxConnsPerKey = 1 })[0]
 	key := retireKey(t, m.tr, url+"/")
-	req, _ := http.NewRequest("GET", url+"/slow", nil)
-	resp, err := m.tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(resp.Body, make([]byte, 5)); err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close() // the client went away
+	abandonMidBody(t, m.tr, url+"/slow")
 	select {
 	case <-eof:
 	case <-time.After(3 * time.Second):

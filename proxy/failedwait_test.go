@@ -34,15 +34,7 @@ func TestFailedCloseWaitHoldsTheUnitUntilTheUpstreamCloses(t *testing.T) {
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond, FailedCloseWait: 3 * time.Second}, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
 	key := retireKey(t, m.tr, url+"/")
-	req, _ := http.NewRequest("GET", url+"/slow", nil)
-	resp, err := m.tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(resp.Body, make([]byte, 5)); err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close() // the client went away
+	abandonMidBody(t, m.tr, url+"/slow")
 	var at time.Time
 	select {
 	case at = <-halfClosed:
@@ -64,4 +56,19 @@ func TestFailedCloseWaitHoldsTheUnitUntilTheUpstreamCloses(t *testing.T) {
 	if kc := m.node.capOf(key); kc == nil || !kc.lingering() {
 		t.Errorf("an upstream that closed within FailedCloseWait was taken as slow to close")
 	}
+}
+
+// abandonMidBody is a client that goes away mid-response: it reads the first
+// 5 bytes of the body of GET url on tr, and closes it.
+func abandonMidBody(t *testing.T, tr *Transport, url string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
 }
