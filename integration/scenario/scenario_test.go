@@ -206,12 +206,13 @@ type fleetTable struct {
 			InFlight int `json:"in_flight"`
 			Pending  int `json:"pending"`
 			Waiting  int `json:"waiting"`
+			Held     int `json:"held"`
 		} `json:"upstreams"`
 	} `json:"fleets"`
 }
 
 func TestKillUnderLoadRestoresCapacity(t *testing.T) {
-	row := runKill(t, Scenario{
+	row, _ := runKill(t, Scenario{
 		Name:     "kill",
 		Upstream: upstream.Options{Delay: 2 * time.Millisecond},
 	})
@@ -226,9 +227,10 @@ func TestKillUnderLoadRestoresCapacity(t *testing.T) {
 // the reclaimed units, and only the requests on the killed worker's own
 // client connections fail.
 func TestCappedKillUnderLoadKeepsTheCap(t *testing.T) {
-	row := runKill(t, capped("capped-kill"))
+	row, held := runKill(t, capped("capped-kill"))
 	heldTheCap(t, row)
 	failedOnlyOnTheKilled(t, row)
+	sawHeld(t, held)
 }
 
 // TestCappedKillOfSlowRequestsKeepsTheCap: as above, with an upstream that
@@ -243,9 +245,19 @@ func TestCappedKillOfSlowRequestsKeepsTheCap(t *testing.T) {
 	s := capped("capped-kill-slow")
 	s.Upstream.Delay = 700 * time.Millisecond
 	s.Conns = 16
-	row := runKill(t, s)
+	row, held := runKill(t, s)
 	heldTheCap(t, row)
 	failedOnlyOnTheKilled(t, row)
+	sawHeld(t, held)
+}
+
+// sawHeld: after the kill, a surviving worker's admin route showed the dead
+// worker's share of the cap held.
+func sawHeld(t *testing.T, held int) {
+	t.Helper()
+	if held == 0 {
+		t.Errorf("in the 1.5s after the kill, the admin route never showed a connection held")
+	}
 }
 
 // TestKillUnderPostLoadFailsOnlyItsOwnClients: a worker killed under a
@@ -256,7 +268,7 @@ func TestCappedKillOfSlowRequestsKeepsTheCap(t *testing.T) {
 // POST dials a connection of its own rather than go through a sibling
 // while the key's budget allows.
 func TestKillUnderPostLoadFailsOnlyItsOwnClients(t *testing.T) {
-	row := runKill(t, Scenario{
+	row, _ := runKill(t, Scenario{
 		Name:     "kill-post",
 		Method:   "POST",
 		Path:     "/echo",
@@ -273,8 +285,10 @@ func TestKillUnderPostLoadFailsOnlyItsOwnClients(t *testing.T) {
 
 // runKill runs s for 3s on orbit, killing worker 0 a second in, and then
 // waits, after the load, until a surviving worker sees the fleet whole
-// again: the dead process gone, nothing in flight, pending or waiting.
-func runKill(t *testing.T, s Scenario) Row {
+// again: the dead process gone, nothing in flight, pending, waiting or
+// held. It also reports the most connections a surviving worker's admin
+// route showed held (reclaim_hold) in the 1.5s after the kill.
+func runKill(t *testing.T, s Scenario) (row Row, held int) {
 	t.Helper()
 	var killed int
 	var table fleetTable
@@ -286,17 +300,31 @@ func runKill(t *testing.T, s Scenario) Row {
 		if killed, err = f.KillWorker(0); err != nil {
 			return err
 		}
-		time.Sleep(3 * time.Second)
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		read := func() error {
 			resp, err := f.Admin(1, "/orbit_pool/")
 			if err != nil {
 				return err
 			}
+			defer resp.Body.Close()
 			table = fleetTable{}
-			err = json.NewDecoder(resp.Body).Decode(&table)
-			resp.Body.Close()
-			if err != nil {
+			return json.NewDecoder(resp.Body).Decode(&table)
+		}
+		for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if err := read(); err != nil {
+				return err
+			}
+			for _, fl := range table.Fleets {
+				n := 0
+				for _, u := range fl.Upstreams {
+					n += u.Held
+				}
+				held = max(held, n)
+			}
+		}
+		time.Sleep(1500 * time.Millisecond)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if err := read(); err != nil {
 				return err
 			}
 			if restored(table, killed) || time.Now().After(deadline) {
@@ -305,11 +333,11 @@ func runKill(t *testing.T, s Scenario) Row {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	row := runOrbit(t, s)
+	row = runOrbit(t, s)
 	if !restored(table, killed) {
 		t.Fatalf("fleet not restored after killing pid %d: %+v", killed, table)
 	}
-	return row
+	return row, held
 }
 
 // failedOnlyOnTheKilled: requests on the killed worker's client
@@ -334,7 +362,7 @@ func restored(t fleetTable, killed int) bool {
 		}
 	}
 	for _, u := range t.Fleets[0].Upstreams {
-		if u.InFlight != 0 || u.Pending != 0 || u.Waiting != 0 {
+		if u.InFlight != 0 || u.Pending != 0 || u.Waiting != 0 || u.Held != 0 {
 			return false
 		}
 	}
