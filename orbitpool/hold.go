@@ -32,10 +32,7 @@ func (p *Pool) hold(cleared []int) {
 		}
 		ref := keyRef{idx: k, gen: kGen(atomic.LoadUint64(s.u64(s.keyOff(k) + kfCtl)))}
 		for ; n > 0 && len(p.free) > 0; n-- {
-			slot, gen := p.takeFreeSlot(ref, StateCreating)
-			off := s.slotOff(p.lane, slot)
-			atomic.StoreUint64(s.u64(off+slCreated), 0) // marks it held, for reporting
-			atomic.StoreUint64(s.u64(off+slWord), slotWord(gen, StateLive, 0, 0))
+			slot, gen := p.takeFreeSlot(ref, StateLive)
 			held = append(held, heldUnit{makeID(p.lane, slot, gen), until})
 		}
 		cleared[k] = n

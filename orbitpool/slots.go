@@ -60,8 +60,8 @@ func (p *Pool) claimCreate(ref keyRef, lim Limits, force bool, seenLive int) (*C
 }
 
 // takeFreeSlot starts the next life of a slot off this lane's free list, for
-// ref and with no capacity, in state st. laneMu is held and the free list is
-// not empty.
+// ref, with no capacity and no creation time (see isHeld), in state st.
+// laneMu is held and the free list is not empty.
 func (p *Pool) takeFreeSlot(ref keyRef, st State) (slot int, gen uint64) {
 	s := p.seg
 	slot = int(p.free[len(p.free)-1])
@@ -89,6 +89,7 @@ func (p *Pool) takeFreeSlot(ref keyRef, st State) (slot int, gen uint64) {
 	}
 	atomic.StoreUint64(s.u64(off+slMeta), uint64(ref.gen)<<32|uint64(ref.idx))
 	atomic.StoreUint32(s.u32(off+slCapacity), 0)
+	atomic.StoreUint64(s.u64(off+slCreated), 0)
 	atomic.StoreUint64(s.u64(off+slWord), slotWord(gen, st, 0, 0))
 	return slot, gen
 }
