@@ -217,14 +217,20 @@ type App struct {
 	// counts each until it has read the close, and one it was answering
 	// until that answer is done: dialing their replacements at once can
 	// take the upstream past a connection limit of its own, and have it
-	// refuse them, failing the requests sent on them. It also bounds how
-	// long a connection whose request was abandoned (its client, or the
-	// sibling it served, went away) keeps its place under the cap while
-	// the upstream finishes answering and closes its side; that wait ends
-	// as soon as the upstream closes, and is at least 250ms. Requests
-	// waiting for a connection meanwhile keep waiting, within their
-	// wait_timeout. Set it above the longest response the upstream may
-	// still be sending to a request nobody waits for. 0 gives a dead
+	// refuse them, failing the requests sent on them. Those the upstream
+	// has still not closed when the hold ends stay counted until it does,
+	// for at most a minute: the kernel keeps each, orphaned in FIN_WAIT,
+	// until the upstream closes its side, and says so (sock_diag; where it
+	// cannot be asked, the hold is the set time). It also bounds how long
+	// a connection whose request was abandoned (its client, or the sibling
+	// it served, went away) keeps its place under the cap while the
+	// upstream finishes answering and closes its side; that wait ends as
+	// soon as the upstream closes, and is at least 250ms. Requests waiting
+	// for a connection meanwhile keep waiting, within their wait_timeout.
+	// Set it above the longest response the upstream may still be sending
+	// to a request nobody waits for: an abandoned connection waits no
+	// longer, and the kernel cannot tell of a dead process's connection it
+	// reset (one with a response arriving unread). 0 gives a dead
 	// process's budget back at once. Default: 1s.
 	ReclaimHold *caddy.Duration `json:"reclaim_hold,omitempty"`
 

@@ -86,17 +86,36 @@ func advRoleKillee(c *mpChildCtx) error {
 // every instant. When the last child is gone and reservations have aged:
 // nothing in use, pending, creating or waiting, and every key's counters
 // agree with the slots.
-func TestAdvRandomKillsSettle(t *testing.T) { randomKillsSettle(t, 0) }
+func TestAdvRandomKillsSettle(t *testing.T) { randomKillsSettle(t, 0, false) }
 
 // TestAdvRandomKillsSettleWithHold: the same, with every process holding
 // the budget of the dead lanes it reclaims for 30ms (Options.ReclaimHold),
 // and so dying, as often as not, with units of the dead held in its lane:
 // the budget holds at every instant, and all is given back in the end.
-func TestAdvRandomKillsSettleWithHold(t *testing.T) { randomKillsSettle(t, 30*time.Millisecond) }
+func TestAdvRandomKillsSettleWithHold(t *testing.T) { randomKillsSettle(t, 30*time.Millisecond, false) }
 
-func randomKillsSettle(t *testing.T, hold time.Duration) {
+// TestAdvRandomKillsSettleWithLingeringHolds: the same, with every process
+// told that 0 to 2 of a key's connections linger, at random, each time a
+// hold ends (SetLingering), so that holds last on, unevenly, through the
+// kills of their holders; once nothing lingers, all is given back.
+func TestAdvRandomKillsSettleWithLingeringHolds(t *testing.T) {
+	randomKillsSettle(t, 30*time.Millisecond, true)
+}
+
+func randomKillsSettle(t *testing.T, hold time.Duration, linger bool) {
 	opts := Options{ReconcileInterval: 10 * time.Millisecond, ReservationTimeout: 100 * time.Millisecond, ReclaimHold: hold}
 	p, spec := mpOpenParent(t, opts)
+	var settling atomic.Bool
+	var asked atomic.Int64
+	if linger {
+		p.SetLingering(func(Key) int {
+			if settling.Load() {
+				return 0
+			}
+			asked.Add(1)
+			return rand.IntN(3)
+		})
+	}
 	var ids []ResourceID
 	for range 3 {
 		id, err := p.Register(advKeyShared, 2)
@@ -163,12 +182,13 @@ func randomKillsSettle(t *testing.T, hold time.Duration) {
 	}()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	rounds := mpScale(20, 6)
-	args := mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 100 * time.Millisecond, Hold: hold, IDs: ids, Lifetime: 60 * time.Second}
+	args := mpArgs{Spec: spec, Reconcile: 10 * time.Millisecond, ResTimeout: 100 * time.Millisecond, Hold: hold, Linger: linger, IDs: ids, Lifetime: 60 * time.Second}
 	killRounds(t, p, "adv-killee", args, rounds, rng, 20*time.Millisecond, func(round int) {
 		if v := bad.Load(); v != nil {
 			t.Fatalf("round %d: %v", round, v)
 		}
 	})
+	settling.Store(true)
 	close(stop)
 	<-done
 	if v := bad.Load(); v != nil {
@@ -206,6 +226,9 @@ func randomKillsSettle(t *testing.T, hold time.Duration) {
 		if kTotal(c) != total || kCreating(c) != creating {
 			t.Errorf("key entry %d counts %d total, %d creating; its slots hold %d and %d", k, kTotal(c), kCreating(c), total, creating)
 		}
+	}
+	if linger && asked.Load() == 0 {
+		t.Errorf("in %d rounds of kills, no hold of the parent's ended to ask what lingers", rounds)
 	}
 	if hold > 0 && !sawHeld.Load() {
 		t.Errorf("in %d rounds of kills, no unit of the churn key was ever seen held", rounds)

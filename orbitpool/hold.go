@@ -2,6 +2,7 @@ package orbitpool
 
 import (
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -10,8 +11,19 @@ import (
 // held by a slot of this lane until the hold ends (see Options.ReclaimHold).
 type heldUnit struct {
 	id    ResourceID
+	key   Key
+	began time.Time
 	until time.Time
 }
+
+// lingerRecheck is how often a hold that lasts on for a key's lingering
+// connections (SetLingering) looks at them again.
+const lingerRecheck = 100 * time.Millisecond
+
+// maxLingerHold bounds how long a hold lasts on for lingering connections:
+// the kernel's default tcp_fin_timeout, after which it drops a connection
+// whose far end never closed.
+const maxLingerHold = time.Minute
 
 // hold moves what cleared counts (a dead lane's resources and creations, by
 // key entry) into this lane, as live resources with no capacity that no one
@@ -23,17 +35,20 @@ func (p *Pool) hold(cleared []int) {
 		return
 	}
 	s := p.seg
-	until := time.Now().Add(p.opts.ReclaimHold)
+	now := time.Now()
+	until := now.Add(p.opts.ReclaimHold)
 	var held []heldUnit
 	p.laneMu.Lock()
 	for k, n := range cleared {
 		if n == 0 {
 			continue
 		}
-		ref := keyRef{idx: k, gen: kGen(atomic.LoadUint64(s.u64(s.keyOff(k) + kfCtl)))}
+		off := s.keyOff(k)
+		ref := keyRef{idx: k, gen: kGen(atomic.LoadUint64(s.u64(off + kfCtl)))}
+		key := Key{atomic.LoadUint64(s.u64(off + kfHi)), atomic.LoadUint64(s.u64(off + kfLo))}
 		for ; n > 0 && len(p.free) > 0; n-- {
 			slot, gen := p.takeFreeSlot(ref, StateLive)
-			held = append(held, heldUnit{makeID(p.lane, slot, gen), until})
+			held = append(held, heldUnit{makeID(p.lane, slot, gen), key, now, until})
 		}
 		cleared[k] = n
 	}
@@ -43,6 +58,8 @@ func (p *Pool) hold(cleared []int) {
 	}
 	p.heldMu.Lock()
 	p.held = append(p.held, held...)
+	// A hold kept on for lingering connections may end after these.
+	sortHeld(p.held)
 	p.heldMu.Unlock()
 	// The dispatcher may be asleep for a whole ReconcileInterval: it
 	// looks again at when the first hold ends.
@@ -59,11 +76,8 @@ func (p *Pool) releaseHeld(now time.Time) (next time.Time) {
 	}
 	due := p.held[:n:n]
 	p.held = p.held[n:]
-	if len(p.held) > 0 {
-		next = p.held[0].until
-	}
 	p.heldMu.Unlock()
-	for _, h := range due {
+	for _, h := range p.keepLingering(due, now) {
 		// ErrStale: the lane was left, or healed and recounted, and the
 		// unit went back with it.
 		err := p.Unregister(h.id)
@@ -71,7 +85,68 @@ func (p *Pool) releaseHeld(now time.Time) (next time.Time) {
 			p.opts.OnError(err)
 		}
 	}
+	p.heldMu.Lock()
+	if len(p.held) > 0 {
+		next = p.held[0].until
+	}
+	p.heldMu.Unlock()
 	return next
+}
+
+// SetLingering sets how the pool learns how many of the host's connections
+// of a key their processes have closed (or died holding) while the far end
+// has not closed its side: f returns their number, or a negative one if it
+// cannot tell. With ReclaimHold, a hold that ends while its key has such
+// connections lasts on for as many units as they number, looked at again
+// every lingerRecheck, for at most maxLingerHold in all: the far end still
+// counts them. f runs on the dispatcher goroutine and should return within
+// a millisecond.
+func (p *Pool) SetLingering(f func(Key) int) {
+	p.lingering.Store(&f)
+}
+
+// keepLingering holds on, for another lingerRecheck, as many of due's units
+// of each key as the key has lingering connections beyond the units still
+// held for it, and returns the others, which go back.
+func (p *Pool) keepLingering(due []heldUnit, now time.Time) []heldUnit {
+	f := p.lingering.Load()
+	if f == nil || *f == nil || len(due) == 0 {
+		return due
+	}
+	lingering := make(map[Key]int)
+	for _, h := range due {
+		if _, ok := lingering[h.key]; !ok {
+			lingering[h.key] = (*f)(h.key)
+		}
+	}
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	// Units whose hold has not ended yet stand for as many lingering
+	// connections.
+	for _, h := range p.held {
+		lingering[h.key]--
+	}
+	give := due[:0]
+	kept := false
+	for _, h := range due {
+		if lingering[h.key] > 0 && now.Sub(h.began) < maxLingerHold {
+			lingering[h.key]--
+			h.until = now.Add(lingerRecheck)
+			p.held = append(p.held, h)
+			kept = true
+			continue
+		}
+		give = append(give, h)
+	}
+	if kept {
+		sortHeld(p.held)
+	}
+	return give
+}
+
+// sortHeld puts held in the order the units' holds end.
+func sortHeld(held []heldUnit) {
+	slices.SortStableFunc(held, func(a, b heldUnit) int { return a.until.Compare(b.until) })
 }
 
 // isHeld reports whether the live slot at off is a held unit rather than a

@@ -3,6 +3,7 @@ package orbitpool
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -169,4 +170,74 @@ func TestReclaimHoldOnJoin(t *testing.T) {
 		t.Fatalf("ClaimCreate after the holder left: %v", err)
 	}
 	cp.Close()
+}
+
+// TestReclaimHoldLastsWhileConnectionsLinger: a hold that ends while its key
+// has lingering connections (SetLingering) keeps as many units as they
+// number, and gives each back once it no longer lingers, within a recheck.
+func TestReclaimHoldLastsWhileConnectionsLinger(t *testing.T) {
+	const hold = 200 * time.Millisecond
+	var lingering atomic.Int64
+	var otherKey atomic.Bool
+	lingering.Store(2)
+	p, spec := mpOpenParent(t, Options{ReconcileInterval: time.Hour, ReclaimHold: hold})
+	p.SetLingering(func(k Key) int {
+		if k != holdKey {
+			otherKey.Store(true)
+		}
+		return int(lingering.Load())
+	})
+	lim := Limits{MaxResources: holdUnits}
+	owner := mpStart(t, "hold-owner", mpArgs{Spec: spec, Reconcile: time.Hour, ResTimeout: time.Second, Lifetime: 30 * time.Second})
+	owner.expect("ready", 5*time.Second)
+	owner.kill()
+	start := time.Now()
+	if err := p.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	held := func() int {
+		snap, _ := p.Snapshot()
+		return mpKS(snap, holdKey).Held
+	}
+	if n := held(); n != holdUnits {
+		t.Fatalf("after the reclaim: %d held, want %d", n, holdUnits)
+	}
+	// The hold ends with 2 connections lingering: 1 unit goes back.
+	if _, ok := mpWaitSnap(p, 2*time.Second, func(s Snapshot) bool { return mpKS(s, holdKey).Held < holdUnits }); !ok {
+		t.Fatalf("nothing given back after the hold")
+	}
+	if d := time.Since(start); d < hold {
+		t.Fatalf("a unit went back %v after the reclaim, within its %v hold", d, hold)
+	}
+	cp, err := p.ClaimCreate(holdKey, lim)
+	if err != nil {
+		t.Fatalf("ClaimCreate with 1 unit back: %v", err)
+	}
+	defer cp.Close()
+	// Several rechecks later the two lingering connections still hold two.
+	time.Sleep(3 * lingerRecheck)
+	if n := held(); n != 2 {
+		t.Fatalf("with 2 connections lingering, %d units held; want 2", n)
+	}
+	if _, err := p.ClaimCreate(holdKey, lim); !errors.Is(err, ErrBudget) {
+		t.Fatalf("ClaimCreate while 2 linger: %v, want ErrBudget", err)
+	}
+	lingering.Store(1)
+	if _, ok := mpWaitSnap(p, time.Second, func(s Snapshot) bool { return mpKS(s, holdKey).Held == 1 }); !ok {
+		t.Fatalf("a connection stopped lingering; %d units still held, want 1", held())
+	}
+	lingering.Store(-1) // unknown: the hold is a time again, and it has passed
+	if _, ok := mpWaitSnap(p, time.Second, func(s Snapshot) bool { return mpKS(s, holdKey).Held == 0 }); !ok {
+		t.Fatalf("no lingering known; %d units still held, want none", held())
+	}
+	for range holdUnits - 1 {
+		cp, err := p.ClaimCreate(holdKey, lim)
+		if err != nil {
+			t.Fatalf("ClaimCreate after the hold: %v", err)
+		}
+		defer cp.Close()
+	}
+	if otherKey.Load() {
+		t.Fatalf("Lingering asked about a key nothing was held for")
+	}
 }

@@ -102,6 +102,7 @@ type mpArgs struct {
 	Lifetime   time.Duration // the child exits by itself after this long
 	Window     uint32        // Options.OrderWindow
 	Hold       time.Duration // Options.ReclaimHold
+	Linger     bool          // SetLingering: 0 to 2 lingering, at random
 }
 
 // mpMsg is one line of the protocol, in either direction.
@@ -246,7 +247,11 @@ func (c *mpChildCtx) untilParentLeaves() {
 }
 
 func (c *mpChildCtx) open() (*Pool, error) {
-	return Open(c.args.Spec, Options{ReconcileInterval: c.args.Reconcile, ReservationTimeout: c.args.ResTimeout, OrderWindow: c.args.Window, ReclaimHold: c.args.Hold})
+	p, err := Open(c.args.Spec, Options{ReconcileInterval: c.args.Reconcile, ReservationTimeout: c.args.ResTimeout, OrderWindow: c.args.Window, ReclaimHold: c.args.Hold})
+	if err == nil && c.args.Linger {
+		p.SetLingering(func(Key) int { return rand.IntN(3) })
+	}
+	return p, err
 }
 
 // mpWaitSnap polls p's snapshot until cond holds, at most d.

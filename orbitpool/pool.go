@@ -63,7 +63,9 @@ type Options struct {
 	// back then, and if it dies, whoever reclaims its lane holds them
 	// again. A process joining a fleet whose lanes are all taken, live or
 	// dead, reclaims a dead one to take it, and holds nothing of it.
-	// Default 0: the budget goes back at once.
+	// What the far end still counts when the hold ends can keep units
+	// held longer (see SetLingering). Default 0: the budget goes back at
+	// once.
 	ReclaimHold time.Duration
 }
 
@@ -94,8 +96,9 @@ type Pool struct {
 	reconcileMu sync.Mutex
 	seen        []seenReservation // ReservationTimeout bookkeeping, per slot and bit
 
-	heldMu sync.Mutex
-	held   []heldUnit // ReclaimHold's units, in the order they end
+	heldMu    sync.Mutex
+	held      []heldUnit                    // ReclaimHold's units, in the order they end
+	lingering atomic.Pointer[func(Key) int] // see SetLingering
 
 	stop     chan struct{}
 	finished chan struct{}

@@ -183,7 +183,7 @@ func TestMovesKeepTheCapTLS(t *testing.T) {
 func TestMoveOfAGoneConnectionEnds(t *testing.T) {
 	m := windowFleet(t, 1, 16, nil)[0]
 	key := orbitpool.Key{Hi: 1, Lo: 2}
-	m.node.setCap(key, 4)
+	m.node.setCap(key, 4, "")
 	b := m.node.capOf(key)
 	b.moving.Store(true)
 	a, c := net.Pipe()

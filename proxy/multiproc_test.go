@@ -30,6 +30,7 @@ import (
 //	ready                         after joining the fleet
 //	go      -> done {json}         run ORBIT_N concurrent requests
 //	warm N  -> warmed              make N connections (N concurrent slow requests)
+//	hang K MS -> hung              start K requests to /?hold=MS, not waiting for them
 //	noise   -> noised              requests that end badly (see TestMultiProcessSequence)
 //	plain   -> plained {json}      ordinary requests that must all succeed
 //	diff C  -> diffed {json}       run diffCase C (see TestMultiProcessDifferential)
@@ -99,6 +100,19 @@ func runChild() int {
 			}
 			wg.Wait()
 			fmt.Println("warmed", nd.Stats().OpenConns)
+		case "hang":
+			// hang K MS: K requests the upstream holds MS ms unanswered
+			// (see TestDeadOwnersBudgetHeldWhileItsConnectionsLinger).
+			k, _ := strconv.Atoi(f[1])
+			for range k {
+				go func() {
+					req, _ := http.NewRequest("GET", upstream+"/?hold="+f[2], nil)
+					if resp, err := tr.RoundTrip(req); err == nil {
+						drain(resp)
+					}
+				}()
+			}
+			fmt.Println("hung")
 		case "stats":
 			b, _ := json.Marshal(nd.Stats())
 			fmt.Println("stats", string(b))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -73,14 +74,15 @@ type NodeOptions struct {
 // requests for those connections, and its own streams to its siblings. A
 // process has one Node per pool; every Transport of the process shares it.
 type Node struct {
-	pool  *orbitpool.Pool
-	log   *zap.Logger
-	gov   *governor.Governor
-	adm   *governor.Admission
-	peers *peers
-	srv   *server
-	sweep time.Duration
-	fixed bool // NodeOptions.FixedOwnership
+	pool      *orbitpool.Pool
+	log       *zap.Logger
+	lingerErr sync.Once // lingering's failure, logged once
+	gov       *governor.Governor
+	adm       *governor.Admission
+	peers     *peers
+	srv       *server
+	sweep     time.Duration
+	fixed     bool // NodeOptions.FixedOwnership
 	// failedWait is NodeOptions.FailedCloseWait.
 	failedWait time.Duration
 
@@ -212,6 +214,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 			n.srv.serve()
 		}()
 	}
+	pool.SetLingering(n.lingering)
 	n.wg.Add(2)
 	go n.sweeper()
 	go n.h2follower()
@@ -833,6 +836,8 @@ type keyCap struct {
 	noHoldUntil atomic.Int64
 	passMu      sync.Mutex
 	passed      map[int]passedDials // by lane, the dials passed there and not yet seen live
+	remoteMu    sync.Mutex
+	remotes     []netip.AddrPort // the upstream's addresses, for lingering
 }
 
 // dialBegins and dialEnds bracket a dial of the key by this process, which
@@ -880,10 +885,14 @@ func sinceStart(t time.Time) int64 { return int64(t.Sub(processStart)) }
 
 // setCap records the fleet-wide cap on key's connections that the latest
 // Transport to use key was configured with (0: none).
-func (n *Node) setCap(key orbitpool.Key, max int) {
+func (n *Node) setCap(key orbitpool.Key, max int, addr string) {
 	v, ok := n.caps.Load(key)
 	if !ok {
-		v, _ = n.caps.LoadOrStore(key, new(keyCap))
+		kc := new(keyCap)
+		if a, err := netip.ParseAddrPort(addr); err == nil {
+			kc.sawRemote(a)
+		}
+		v, _ = n.caps.LoadOrStore(key, kc)
 	}
 	v.(*keyCap).max.Store(int64(max))
 }

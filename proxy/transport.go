@@ -265,7 +265,7 @@ func (t *Transport) upstream(req *http.Request) (*upstreamEntry, error) {
 	}
 	e := &upstreamEntry{u: u, host: host, name: scheme + "://" + addr, key: keyFor(&u, effectiveServerName(&u), t.KeyExtra)}
 	if t.Node != nil {
-		t.Node.setCap(e.key, t.MaxConnsPerKey)
+		t.Node.setCap(e.key, t.MaxConnsPerKey, addr)
 	}
 	v, _ := t.upstreams.LoadOrStore(id, e)
 	if !h1only {
@@ -807,6 +807,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return nil, err
 			}
+			kc.sawConn(c)
 			h2 := h2Wanted(&e.u, c)
 			e.sawProto(h2)
 			if h2 {

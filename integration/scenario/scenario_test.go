@@ -251,6 +251,22 @@ func TestCappedKillOfSlowRequestsKeepsTheCap(t *testing.T) {
 	sawHeld(t, held)
 }
 
+// TestCappedKillOfRequestsLongerThanTheHoldKeepsTheCap: as above, with
+// answers of 2.5s, longer than reclaim_hold (1s): when the hold ends, the
+// upstream still counts the dead worker's connections, and the host knows
+// (their sockets are orphaned in FIN_WAIT2 until the upstream closes), so
+// their units stay held until then. With the set time alone, the
+// survivors' dials were refused 514 to 891 times a run.
+func TestCappedKillOfRequestsLongerThanTheHoldKeepsTheCap(t *testing.T) {
+	s := capped("capped-kill-slower")
+	s.Upstream.Delay = 2500 * time.Millisecond
+	s.Conns = 16
+	row, held := runKill(t, s)
+	heldTheCap(t, row)
+	failedOnlyOnTheKilled(t, row)
+	sawHeld(t, held)
+}
+
 // sawHeld: after the kill, a surviving worker's admin route showed the dead
 // worker's share of the cap held.
 func sawHeld(t *testing.T, held int) {

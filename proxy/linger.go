@@ -1,0 +1,65 @@
+package proxy
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/orbitproxy/orbit/internal/sockdiag"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+)
+
+// maxRemotes bounds the upstream addresses a key remembers (see sawRemote):
+// a name that resolves to many keeps its latest.
+const maxRemotes = 8
+
+// sawRemote records a, a literal address of the key's upstream or one a
+// connection of the key was dialed to, for lingering. kc may be nil.
+func (kc *keyCap) sawRemote(a netip.AddrPort) {
+	if kc == nil || !a.IsValid() {
+		return
+	}
+	kc.remoteMu.Lock()
+	defer kc.remoteMu.Unlock()
+	if slices.Contains(kc.remotes, a) {
+		return
+	}
+	if len(kc.remotes) == maxRemotes {
+		kc.remotes = slices.Delete(kc.remotes, 0, 1)
+	}
+	kc.remotes = append(kc.remotes, a)
+}
+
+// sawConn records the address c is connected to (see sawRemote).
+func (kc *keyCap) sawConn(c *conn) {
+	if a, ok := c.raw.RemoteAddr().(*net.TCPAddr); ok {
+		kc.sawRemote(a.AddrPort())
+	}
+}
+
+// lingering counts the host's connections of key that their processes have
+// closed, or died holding, and the upstream has not closed: it still counts
+// them against any limit of its own, and a dead process's budget stays held
+// for them (orbitpool.Pool.SetLingering). -1 if it cannot tell: this process
+// knows no address of key's upstream, or the kernel does not say.
+func (n *Node) lingering(key orbitpool.Key) int {
+	kc := n.capOf(key)
+	if kc == nil {
+		return -1
+	}
+	kc.remoteMu.Lock()
+	addrs := slices.Clone(kc.remotes)
+	kc.remoteMu.Unlock()
+	if len(addrs) == 0 {
+		return -1
+	}
+	c, err := sockdiag.Orphans(sockdiag.UID(), addrs)
+	if err != nil {
+		n.lingerErr.Do(func() {
+			n.log.Warn("cannot count the connections an upstream has not closed; a dead process's share of a cap is held for a set time only", zap.Error(err))
+		})
+		return -1
+	}
+	return c
+}

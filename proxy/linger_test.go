@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// TestDeadOwnersBudgetHeldWhileItsConnectionsLinger: cap 2, both
+// connections a process owns carry requests the upstream holds for 1.5 s,
+// and the process is killed. Its budget is held past ReclaimHold (200 ms)
+// for as long as the upstream keeps those connections, which the host
+// knows (orphaned sockets in FIN_WAIT2): a sibling's requests wait, and
+// dial only once the upstream has let go, so it never holds more than 2.
+// With the hold alone they dialed at about 250 ms, to a peak of 4.
+func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
+	const (
+		reclaimHold = 200 * time.Millisecond
+		upstreamFor = 1500 * time.Millisecond
+	)
+	srv, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, err := strconv.Atoi(r.URL.Query().Get("hold")); err == nil {
+			// Busy with the request, deaf to the client's close, and
+			// then gone without a word: the close is counted before
+			// the client's kernel can see it.
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+			c.Close()
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	seg := filepath.Join(t.TempDir(), "seg")
+	owner := startChild(t, seg, srv.URL, 0, 2)
+	owner.send(t, "hang 2 "+strconv.Itoa(int(upstreamFor/time.Millisecond)))
+	owner.expect(t, "hung")
+	waitFor(t, 5*time.Second, "the upstream to hold the owner's 2 requests", func() bool {
+		open, _, _ := counts()
+		return open == 2
+	})
+	spec := testSpec
+	spec.Path = seg
+	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: reclaimHold},
+		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+
+	killed := time.Now()
+	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		err error
+		at  time.Duration
+	}
+	done := make(chan result, 2)
+	for range 2 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := get(t, ctx, me.tr, srv.URL+"/")
+			if err == nil {
+				drain(resp)
+			}
+			done <- result{err, time.Since(killed)}
+		}()
+	}
+	// Well past the hold, the dead owner's 2 units are still held.
+	time.Sleep(reclaimHold + 4*lingerRecheckForTest)
+	if held := heldUnits(t, me.pool); held != 2 {
+		open, _, _ := counts()
+		t.Errorf("%v after the kill, with the upstream holding %d connections: %d units held, want 2",
+			time.Since(killed).Round(time.Millisecond), open, held)
+	}
+	for range 2 {
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("a request %v after the kill: %v", r.at.Round(time.Millisecond), r.err)
+		}
+	}
+	if _, peak, _ := counts(); peak > 2 {
+		t.Fatalf("the upstream held %d connections at once, cap 2", peak)
+	}
+	waitFor(t, 2*time.Second, "nothing held", func() bool { return heldUnits(t, me.pool) == 0 })
+}
+
+// lingerRecheckForTest is orbitpool's recheck of a lingering hold (100 ms).
+const lingerRecheckForTest = 100 * time.Millisecond
+
+// heldUnits is how many units of budget p's fleet holds back, over all keys.
+func heldUnits(t *testing.T, p *orbitpool.Pool) int {
+	t.Helper()
+	snap, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, k := range snap.Keys {
+		n += k.Held
+	}
+	return n
+}
