@@ -712,13 +712,19 @@ func busyFleet(t *testing.T, limit int, busy []int) ([]*member, orbitpool.Key, f
 // waitingIn is how many requests wait in the fleet, as m's pool sees it.
 func waitingIn(t *testing.T, m *member) int {
 	t.Helper()
-	snap, err := m.pool.Snapshot()
+	return sumKeys(t, m.pool, func(k orbitpool.KeyStats) int { return k.Waiting })
+}
+
+// sumKeys sums f over the keys of p's snapshot.
+func sumKeys(t *testing.T, p *orbitpool.Pool, f func(orbitpool.KeyStats) int) int {
+	t.Helper()
+	snap, err := p.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
 	for _, k := range snap.Keys {
-		n += k.Waiting
+		n += f(k)
 	}
 	return n
 }

@@ -98,13 +98,5 @@ const lingerRecheckForTest = 100 * time.Millisecond
 // heldUnits is how many units of budget p's fleet holds back, over all keys.
 func heldUnits(t *testing.T, p *orbitpool.Pool) int {
 	t.Helper()
-	snap, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, k := range snap.Keys {
-		n += k.Held
-	}
-	return n
+	return sumKeys(t, p, func(k orbitpool.KeyStats) int { return k.Held })
 }

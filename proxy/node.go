@@ -884,7 +884,8 @@ var processStart = time.Now()
 func sinceStart(t time.Time) int64 { return int64(t.Sub(processStart)) }
 
 // setCap records the fleet-wide cap on key's connections that the latest
-// Transport to use key was configured with (0: none).
+// Transport to use key was configured with (0: none), and the dial address
+// addr (host:port) if it is an IP address (see sawRemote).
 func (n *Node) setCap(key orbitpool.Key, max int, addr string) {
 	v, ok := n.caps.Load(key)
 	if !ok {
