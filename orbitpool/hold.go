@@ -1,8 +1,11 @@
 package orbitpool
 
 import (
+	"bytes"
 	"errors"
+	"os"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -12,6 +15,7 @@ import (
 type heldUnit struct {
 	id    ResourceID
 	key   Key
+	pid   int // the dead process's
 	began time.Time
 	until time.Time
 }
@@ -19,6 +23,11 @@ type heldUnit struct {
 // lingerRecheck is how often a hold that lasts on for a key's lingering
 // connections (SetLingering) looks at them again.
 const lingerRecheck = 100 * time.Millisecond
+
+// maxExitWait bounds how long a hold waits for its dead process to finish
+// exiting (see exiting): seconds at most on a loaded machine, unless the
+// process ID names another process by then.
+const maxExitWait = 5 * time.Second
 
 // maxLingerHold bounds how long a hold lasts on for lingering connections:
 // the kernel's default tcp_fin_timeout, after which it drops a connection
@@ -29,8 +38,9 @@ const maxLingerHold = time.Minute
 // key entry) into this lane, as live resources with no capacity that no one
 // can reserve or find, and takes them off cleared: recount then counts them
 // in their keys' budgets and wakes no one for them. A lane with no free slot
-// left holds what it can. The structure lock is held exclusively.
-func (p *Pool) hold(cleared []int) {
+// left holds what it can. pid is the dead process's. The structure lock is
+// held exclusively.
+func (p *Pool) hold(cleared []int, pid int) {
 	if p.opts.ReclaimHold <= 0 || p.lane < 0 {
 		return
 	}
@@ -48,7 +58,7 @@ func (p *Pool) hold(cleared []int) {
 		key := Key{atomic.LoadUint64(s.u64(off + kfHi)), atomic.LoadUint64(s.u64(off + kfLo))}
 		for ; n > 0 && len(p.free) > 0; n-- {
 			slot, gen := p.takeFreeSlot(ref, StateLive)
-			held = append(held, heldUnit{makeID(p.lane, slot, gen), key, now, until})
+			held = append(held, heldUnit{makeID(p.lane, slot, gen), key, pid, now, until})
 		}
 		cleared[k] = n
 	}
@@ -129,19 +139,52 @@ func (p *Pool) keepLingering(due []heldUnit, now time.Time) []heldUnit {
 	give := due[:0]
 	kept := false
 	for _, h := range due {
-		if lingering[h.key] > 0 && now.Sub(h.began) < maxLingerHold {
-			lingering[h.key]--
-			h.until = now.Add(lingerRecheck)
-			p.held = append(p.held, h)
-			kept = true
+		if now.Sub(h.began) >= maxLingerHold {
+			give = append(give, h)
 			continue
 		}
-		give = append(give, h)
+		switch {
+		case now.Sub(h.began) < maxExitWait && exiting(h.pid):
+			// Found dead as soon as it closed its segment, the process
+			// may not have closed its connections yet: none lingers
+			// until it has.
+		case lingering[h.key] > 0:
+			lingering[h.key]--
+		default:
+			give = append(give, h)
+			continue
+		}
+		h.until = now.Add(lingerRecheck)
+		p.held = append(p.held, h)
+		kept = true
 	}
 	if kept {
 		sortHeld(p.held)
 	}
 	return give
+}
+
+// exiting reports whether process pid, found dead, is still closing its
+// files: the kernel releases the segment's lock, by which the fleet finds a
+// process dead, as it closes the process's files one by one, and a loaded
+// machine can hold it off its processor in the middle for a long while. A
+// process that has closed them all is a zombie or gone.
+func exiting(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and
+	// may hold any byte.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	st := b[i+2]
+	return st != 'Z' && st != 'X'
 }
 
 // sortHeld puts held in the order the units' holds end.

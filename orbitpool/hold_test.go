@@ -3,6 +3,8 @@ package orbitpool
 import (
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -239,5 +241,34 @@ func TestReclaimHoldLastsWhileConnectionsLinger(t *testing.T) {
 	}
 	if otherKey.Load() {
 		t.Fatalf("Lingering asked about a key nothing was held for")
+	}
+}
+
+// TestExiting: a running process is not done exiting; a killed one is once
+// it is a zombie, and once reaped.
+func TestExiting(t *testing.T) {
+	if !exiting(os.Getpid()) {
+		t.Fatalf("this process reads as done exiting")
+	}
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	pid := cmd.Process.Pid
+	if !exiting(pid) {
+		t.Fatalf("a running child reads as done exiting")
+	}
+	cmd.Process.Kill()
+	deadline := time.Now().Add(5 * time.Second)
+	for exiting(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a killed child, not reaped, still reads as exiting after 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Wait()
+	if exiting(pid) || exiting(0) {
+		t.Fatalf("a reaped child, or pid 0, reads as exiting")
 	}
 }

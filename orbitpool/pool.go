@@ -311,9 +311,10 @@ func (p *Pool) rlockOpen() error {
 // structure lock held exclusively, for a lane whose process is dead or
 // leaving.
 func (p *Pool) reclaimLane(l int) {
+	pid := int(atomic.LoadUint64(p.seg.u64(p.seg.laneOff(l) + lnPID)))
 	cleared := p.clearLane(l)
 	if l != p.lane {
-		p.hold(cleared)
+		p.hold(cleared, pid)
 	}
 	p.recount(cleared)
 	// Last, so that whoever sees the lane gone also sees its units back.

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/orbitproxy/orbit/internal/sockdiag"
 	"github.com/orbitproxy/orbit/orbitpool"
@@ -61,5 +62,14 @@ func (n *Node) lingering(key orbitpool.Key) int {
 		})
 		return -1
 	}
+	if now := sinceStart(time.Now()); c > 0 && now >= kc.lingerLogAt.Load() {
+		kc.lingerLogAt.Store(now + int64(lingerLogEvery))
+		n.log.Info("upstream still holds connections closed here; a dead process's share of the cap stays held",
+			zap.Stringers("upstream", addrs), zap.Int("connections", c))
+	}
 	return c
 }
+
+// lingerLogEvery is how often lingering logs a key's connections still held
+// open by its upstream, which it is asked about every 100ms while they are.
+const lingerLogEvery = 10 * time.Second

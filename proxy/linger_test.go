@@ -6,11 +6,15 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestDeadOwnersBudgetHeldWhileItsConnectionsLinger: cap 2, both
@@ -19,12 +23,14 @@ import (
 // for as long as the upstream keeps those connections, which the host
 // knows (orphaned sockets in FIN_WAIT2): a sibling's requests wait, and
 // dial only once the upstream has let go, so it never holds more than 2.
-// With the hold alone they dialed at about 250 ms, to a peak of 4.
+// With the hold alone they dialed at about 250 ms, to a peak of 4. The
+// node says, once, why the budget stays held.
 func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 	const (
 		reclaimHold = 200 * time.Millisecond
 		upstreamFor = 1500 * time.Millisecond
 	)
+	var busy atomic.Int64
 	srv, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ms, err := strconv.Atoi(r.URL.Query().Get("hold")); err == nil {
 			// Busy with the request, deaf to the client's close, and
@@ -34,6 +40,7 @@ func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 			if err != nil {
 				return
 			}
+			busy.Add(1)
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 			c.Close()
 			return
@@ -44,14 +51,17 @@ func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 	owner := startChild(t, seg, srv.URL, 0, 2)
 	owner.send(t, "hang 2 "+strconv.Itoa(int(upstreamFor/time.Millisecond)))
 	owner.expect(t, "hung")
+	// Its requests, not only their connections: one the upstream only
+	// accepted it closes as soon as the owner dies.
 	waitFor(t, 5*time.Second, "the upstream to hold the owner's 2 requests", func() bool {
 		open, _, _ := counts()
-		return open == 2
+		return open == 2 && busy.Load() == 2
 	})
 	spec := testSpec
 	spec.Path = seg
+	core, logs := observer.New(zapcore.InfoLevel)
 	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: reclaimHold},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+		NodeOptions{SweepInterval: 50 * time.Millisecond, Logger: zap.New(core)}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
 
 	killed := time.Now()
 	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -88,6 +98,11 @@ func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 	}
 	if _, peak, _ := counts(); peak > 2 {
 		t.Fatalf("the upstream held %d connections at once, cap 2", peak)
+	}
+	// Once, not at every recheck.
+	said := logs.FilterMessageSnippet("upstream still holds connections closed here").All()
+	if len(said) != 1 || said[0].ContextMap()["connections"] != int64(2) {
+		t.Errorf("logged the held connections %d times (%v), want once, with 2", len(said), said)
 	}
 	waitFor(t, 2*time.Second, "nothing held", func() bool { return heldUnits(t, me.pool) == 0 })
 }

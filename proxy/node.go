@@ -838,6 +838,7 @@ type keyCap struct {
 	passed      map[int]passedDials // by lane, the dials passed there and not yet seen live
 	remoteMu    sync.Mutex
 	remotes     []netip.AddrPort // the upstream's addresses, for lingering
+	lingerLogAt atomic.Int64     // (since processStart) when lingering may log again
 }
 
 // dialBegins and dialEnds bracket a dial of the key by this process, which
