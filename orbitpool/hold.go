@@ -136,6 +136,7 @@ func (p *Pool) keepLingering(due []heldUnit, now time.Time) []heldUnit {
 	for _, h := range p.held {
 		lingering[h.key]--
 	}
+	done := make(map[int]bool) // by pid: the dead process has finished exiting
 	give := due[:0]
 	kept := false
 	for _, h := range due {
@@ -144,7 +145,7 @@ func (p *Pool) keepLingering(due []heldUnit, now time.Time) []heldUnit {
 			continue
 		}
 		switch {
-		case now.Sub(h.began) < maxExitWait && exiting(h.pid):
+		case now.Sub(h.began) < maxExitWait && !exited(done, h.pid):
 			// Found dead as soon as it closed its segment, the process
 			// may not have closed its connections yet: none lingers
 			// until it has.
@@ -185,6 +186,16 @@ func exiting(pid int) bool {
 	}
 	st := b[i+2]
 	return st != 'Z' && st != 'X'
+}
+
+// exited is !exiting(pid), asked once per pid and kept in done.
+func exited(done map[int]bool, pid int) bool {
+	d, ok := done[pid]
+	if !ok {
+		d = !exiting(pid)
+		done[pid] = d
+	}
+	return d
 }
 
 // sortHeld puts held in the order the units' holds end.

@@ -55,7 +55,7 @@ func (n *Node) lingering(key orbitpool.Key) int {
 	if len(addrs) == 0 {
 		return -1
 	}
-	c, err := sockdiag.Orphans(sockdiag.UID(), addrs)
+	c, err := sockdiag.Orphans(addrs)
 	if err != nil {
 		n.lingerErr.Do(func() {
 			n.log.Warn("cannot count the connections an upstream has not closed; a dead process's share of a cap is held for a set time only", zap.Error(err))

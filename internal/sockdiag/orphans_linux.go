@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -45,28 +46,18 @@ const lingerStates = 1<<tcpFinWait1 | 1<<tcpFinWait2
 
 var seq atomic.Uint32
 
-// Orphans counts the host's TCP sockets owned by uid, connected to one of
-// dsts, whose process has closed them or died while the far end has not
-// closed its side. A socket a live process still holds (half-closed with
+// Orphans counts the host's TCP sockets of this process's user, connected to
+// one of dsts, whose process has closed them or died while the far end has
+// not closed its side. A socket a live process still holds (half-closed with
 // shutdown, say) is not counted: it is that process's to account for.
-func Orphans(uid uint32, dsts []netip.AddrPort) (int, error) {
-	var v4, v6 bool
-	for _, d := range dsts {
-		if d.Addr().Unmap().Is4() {
-			v4 = true
-		} else {
-			v6 = true
-		}
-	}
+func Orphans(dsts []netip.AddrPort) (int, error) {
+	uid := uint32(os.Getuid())
 	n := 0
-	for _, fam := range []struct {
-		on     bool
-		family uint8
-	}{{v4, unix.AF_INET}, {v6, unix.AF_INET6}} {
-		if !fam.on {
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		if !slices.ContainsFunc(dsts, func(d netip.AddrPort) bool { return d.Addr().Unmap().Is4() == (family == unix.AF_INET) }) {
 			continue
 		}
-		c, err := dump(fam.family, uid, dsts)
+		c, err := dump(family, uid, dsts)
 		if err != nil {
 			return 0, err
 		}
@@ -193,6 +184,3 @@ func matches(msg []byte, family uint8, uid uint32, dsts []netip.AddrPort) bool {
 	}
 	return false
 }
-
-// UID is the user whose sockets Orphans should count: this process's.
-func UID() uint32 { return uint32(os.Getuid()) }

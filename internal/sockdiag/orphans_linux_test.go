@@ -16,7 +16,7 @@ func waitCount(t *testing.T, dst netip.AddrPort, want int, what string) {
 	var got int
 	var err error
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if got, err = Orphans(UID(), []netip.AddrPort{dst}); err == nil && got == want {
+		if got, err = Orphans([]netip.AddrPort{dst}); err == nil && got == want {
 			return
 		}
 	}
