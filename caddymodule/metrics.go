@@ -125,6 +125,7 @@ var (
 	descRetired         = newDesc("connections_retired_total", "Upstream connections this process closed.")
 	descRebalanced      = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
 	descDialsHeld       = newDesc("dials_held_total", "Dials of a capped upstream's connections this process held back for a moment, holding its share of them already, so that a sibling about to wait for one could dial it instead.")
+	descUpstreamRefused = newDesc("upstream_refused_total", "New connections of a capped upstream that it closed before answering their first request, full: each one's share of the cap stays held while the upstream still holds connections closed here, and a replayable request on it is sent again.")
 	descDialsPassed     = newDesc("dials_passed_total", "Dials of a capped upstream's connections this process left to a sibling waiting for one while holding fewer, which dialed in its place: what a rebalancing move does, without closing a connection.")
 	descIdleBeforeReuse = newDesc("idle_before_reuse_seconds", "Time this process's HTTP/1.1 upstream connections sat idle between an exchange's end and the next one taking them. Under a cap, with requests waiting, it is how long the fleet takes to hand a connection on.")
 	descRetries         = newDesc("retries_total", "Requests this process sent again after a failure that reached no upstream.")
@@ -147,7 +148,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descHeld, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
-		descRetired, descRebalanced, descDialsPassed, descDialsHeld, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
+		descRetired, descRebalanced, descDialsPassed, descDialsHeld, descUpstreamRefused, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
 		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
 		descDialsRefused,
 	} {
@@ -213,6 +214,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRebalanced, float64(st.Rebalanced))
 	counter(descDialsPassed, float64(st.DialsPassed))
 	counter(descDialsHeld, float64(st.DialsHeld))
+	counter(descUpstreamRefused, float64(st.UpstreamRefused))
 	ch <- prometheus.MustNewConstSummary(descIdleBeforeReuse, st.IdleReuses, st.IdleBeforeReuse.Seconds(), nil)
 	counter(descRetries, float64(st.Retries))
 	counter(descLeakedGuards, float64(f.pool.LeakedGuards()), "connection")

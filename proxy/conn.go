@@ -48,6 +48,10 @@ type conn struct {
 	// owner to close once the upstream has closed its side (see
 	// Node.finish). Set before the conn's first exchange.
 	lingers bool
+	// refused: the upstream closed the conn before any byte of an answer
+	// to its first request, as an upstream at a cap of its own does to a
+	// connection past it (see Node.holdRefused). Set only if lingers.
+	refused atomic.Bool
 }
 
 const (

@@ -831,7 +831,15 @@ func (x *exchange) readError(err error, gotByte bool) error {
 		return &Error{Op: "read", Err: err}
 	}
 	if !gotByte && isConnClosed(err) {
-		return &Error{Op: "read", RetrySafe: nothing, counted: true, idleClosed: x.reused,
+		// On a new connection to a capped upstream, this is most likely
+		// the upstream refusing it, full: a replayable request goes
+		// again once there is room (see Node.holdRefused), as after a
+		// reused connection's close.
+		refused := !x.reused && x.o.leg == nil && c.lingers
+		if refused {
+			c.refused.Store(true)
+		}
+		return &Error{Op: "read", RetrySafe: nothing, counted: true, idleClosed: x.reused || refused,
 			Err: fmt.Errorf("%w: closed before any response byte: %w", ErrConnBroken, err)}
 	}
 	if isIOError(err) {

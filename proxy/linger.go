@@ -58,13 +58,13 @@ func (n *Node) lingering(key orbitpool.Key) int {
 	c, err := sockdiag.Orphans(addrs)
 	if err != nil {
 		n.lingerErr.Do(func() {
-			n.log.Warn("cannot count the connections an upstream has not closed; a dead process's share of a cap is held for a set time only", zap.Error(err))
+			n.log.Warn("cannot count the connections an upstream has not closed; a dead process's share of a cap is held for a set time only, and a refused connection's not at all", zap.Error(err))
 		})
 		return -1
 	}
 	if now := sinceStart(time.Now()); c > 0 && now >= kc.lingerLogAt.Load() {
 		kc.lingerLogAt.Store(now + int64(lingerLogEvery))
-		n.log.Info("upstream still holds connections closed here; a dead process's share of the cap stays held",
+		n.log.Info("upstream still holds connections closed here; as many units of its cap stay held",
 			zap.Stringers("upstream", addrs), zap.Int("connections", c))
 	}
 	return c

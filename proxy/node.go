@@ -139,6 +139,11 @@ type NodeStats struct {
 	// held back, holding its share of them already, for a sibling that
 	// might wait for one (see DialsPassed).
 	DialsHeld uint64
+	// UpstreamRefused counts new connections of a capped upstream that it
+	// closed before answering their first request, full (see
+	// Node.holdRefused): the fleet's cap is above the upstream's own, or
+	// connections closed here still count there.
+	UpstreamRefused uint64
 	// IdleBeforeReuse sums the time this process's HTTP/1.1 connections
 	// sat idle in the pool between an exchange's end and the next one
 	// taking them, over IdleReuses takes. Under a cap, with requests
@@ -156,6 +161,7 @@ type nodeCounters struct {
 	followed                                                                                                                 atomic.Uint64 // HTTP/2 state changes seen by the follower
 	idleBeforeReuse                                                                                                          atomic.Int64  // nanoseconds, over idleReuses
 	idleReuses                                                                                                               atomic.Uint64
+	refused                                                                                                                  atomic.Uint64 // see NodeStats.UpstreamRefused
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -300,6 +306,7 @@ func (n *Node) Stats() NodeStats {
 		Rebalanced:      n.stats.rebalanced.Load(),
 		DialsPassed:     n.stats.dialsPassed.Load(),
 		DialsHeld:       n.stats.dialsHeld.Load(),
+		UpstreamRefused: n.stats.refused.Load(),
 		IdleBeforeReuse: time.Duration(n.stats.idleBeforeReuse.Load()),
 		IdleReuses:      n.stats.idleReuses.Load(),
 		Retired:         n.stats.retired.Load(),
@@ -533,10 +540,10 @@ func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
 
 // retireToward is retireInOrder for a connection that leaves so that lane
 // creates the next one (see balanceEvery), -1 for the fleet's oldest waiter.
-// slow is set for a connection whose exchange failed (lane -1 only), which
-// waits failedWait rather than closeWait; it runs when the upstream did not
-// close its side in time.
-func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow func()) {
+// failed is set, to the key's cap, for a connection whose exchange failed
+// (lane -1 only), which waits failedWait rather than closeWait, or as long as
+// maxRefusedHold for an upstream that enforces its cap (see keyCap.enforcing).
+func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, failed *keyCap) {
 	complete := func() {
 		if exec != nil {
 			exec.Complete()
@@ -567,12 +574,15 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, slow
 	go func() {
 		defer n.closing.Done()
 		if lane < 0 {
-			wait, stop := closeWait, (<-chan struct{})(nil)
-			if slow != nil {
+			wait, stop, enforcing := closeWait, (<-chan struct{})(nil), false
+			if failed != nil {
 				wait, stop = n.failedWait, n.stop
+				if enforcing = failed.enforcing(); enforcing {
+					wait = maxRefusedHold
+				}
 			}
-			if !oc.c.closeAfterPeer(wait, stop) && slow != nil {
-				slow()
+			if !oc.c.closeAfterPeer(wait, stop) && failed != nil && !enforcing {
+				n.lingeredInVain(oc, failed)
 			}
 		} else {
 			start := time.Now()
@@ -604,6 +614,66 @@ func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
 // again: one that was busy then may not be now, and under a cap it refuses a
 // replacement dialed too soon.
 var lingerPause = time.Minute
+
+// holdRefused takes oc, a connection its capped upstream closed before
+// answering its first request, out of the pool, and keeps its unit of the
+// key's budget until the upstream has room again, as far as this host can
+// tell. An upstream at a cap of its own closes a connection past it at
+// once, and counts until it has closed them the connections closed here
+// that it has not let go (see lingering): a failed exchange's, closed after
+// failedWait, or a killed sibling's. A unit given back at once goes to the
+// next waiter, whose dial is refused as fast, and so on, a storm of
+// refusals. So a refused unit is kept while the key has at least as many
+// such connections as refused units kept, looked at every lingerRecheck, and
+// for maxRefusedHold at most; and for closeWait at least, so that an
+// upstream full for reasons this host cannot see (other clients, a cap
+// below the fleet's) gets each unit's dial, and a refused request's retry
+// (see rewind), a few times a second, not as fast as it refuses them.
+func (n *Node) holdRefused(oc *owned, exec *orbitpool.Execution, kc *keyCap) {
+	oc.c.close()
+	if !n.unslot(oc) {
+		exec.Complete()
+		return
+	}
+	n.stats.refused.Add(1)
+	kc.refusedAt.Store(sinceStart(time.Now()))
+	n.closeMu.Lock()
+	if n.isClosed {
+		n.closeMu.Unlock()
+		n.unregister(oc)
+		exec.Complete()
+		return
+	}
+	n.closing.Add(1)
+	n.closeMu.Unlock()
+	kc.refusedHeld.Add(1)
+	go func() {
+		defer n.closing.Done()
+		start := time.Now()
+		t := time.NewTicker(lingerRecheck)
+		defer t.Stop()
+	hold:
+		for d := time.Duration(0); d < closeWait || (n.lingering(oc.key) >= int(kc.refusedHeld.Load()) && d < maxRefusedHold); d = time.Since(start) {
+			select {
+			case <-t.C:
+			case <-n.stop:
+				break hold
+			}
+		}
+		kc.refusedHeld.Add(-1)
+		n.unregister(oc)
+		exec.Complete()
+	}()
+}
+
+// lingerRecheck is how often a refused connection's held unit looks again
+// at what its upstream still holds (as the pool's holds do).
+const lingerRecheck = 100 * time.Millisecond
+
+// maxRefusedHold bounds how long a refused connection's unit is held: the
+// kernel's default tcp_fin_timeout, after which it no longer keeps a
+// connection closed here waiting for the upstream's close either.
+const maxRefusedHold = time.Minute
 
 // takeFor takes oc, the connection exec was accepted on (nil if gone), for
 // exec, and reports whether it did. If not, exec ends; and a connection take
@@ -662,10 +732,15 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 	case outcomeHijacked:
 		n.retire(oc)
 	default:
-		if kc := n.capOf(oc.key); oc.c.lingers && kc != nil && kc.lingering() {
+		kc := n.capOf(oc.key)
+		if oc.c.refused.Load() && kc != nil {
+			n.holdRefused(oc, exec, kc)
+			return
+		}
+		if oc.c.lingers && kc != nil && (kc.lingering() || kc.enforcing()) {
 			// A capped upstream counts the connection until it has
 			// read the close: a replacement dialed sooner is refused.
-			n.retireToward(oc, exec, -1, func() { n.lingeredInVain(oc, kc) })
+			n.retireToward(oc, exec, -1, kc)
 			return
 		}
 		oc.c.close()
@@ -827,8 +902,13 @@ type keyCap struct {
 	// a failed connection open past failedWait, so until then the key's
 	// failed connections close at once (see lingeredInVain).
 	noLingerUntil atomic.Int64
-	off           atomic.Bool  // the upstream was slow to close a moved connection
-	dialing       atomic.Int64 // this process's dials of the key under way
+	// refusedHeld counts the units of refused connections held now (see
+	// Node.holdRefused); refusedAt (nanoseconds since processStart, 0 for
+	// never) is when the upstream last refused one.
+	refusedHeld, refusedAt atomic.Int64
+
+	off     atomic.Bool  // the upstream was slow to close a moved connection
+	dialing atomic.Int64 // this process's dials of the key under way
 	// noHoldUntil (nanoseconds since processStart): a dial held back for a
 	// sibling found none to pass to, so until then none is held back (see
 	// dialToward). Zero until the first such hold: the cold start, whose
@@ -876,6 +956,22 @@ func (kc *keyCap) register(permit *orbitpool.CreationPermit, capacity int, dialE
 func (kc *keyCap) lingering() bool {
 	return sinceStart(time.Now()) >= kc.noLingerUntil.Load()
 }
+
+// enforcing reports whether the key's upstream refused one of this
+// process's connections, full, within enforcingFor: it caps its connections
+// itself, and a failed connection closed here before the upstream let it go
+// would have its replacement refused. Such a connection waits for the
+// upstream's close, maxRefusedHold at most, even if another failed one
+// waited in vain (see lingeredInVain): waiters wait no longer than the
+// upstream makes them.
+func (kc *keyCap) enforcing() bool {
+	at := kc.refusedAt.Load()
+	return at != 0 && sinceStart(time.Now())-at < int64(enforcingFor)
+}
+
+// enforcingFor is how long a refusal shows that an upstream enforces its
+// cap (see enforcing).
+const enforcingFor = 10 * time.Minute
 
 // processStart is the origin of the times keyCap keeps in integers, so that
 // they follow the monotonic clock: a step of the wall clock neither
