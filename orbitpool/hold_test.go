@@ -272,3 +272,54 @@ func TestExiting(t *testing.T) {
 		t.Fatalf("a reaped child, or pid 0, reads as exiting")
 	}
 }
+
+// TestReclaimHoldForLingeringEndsWhenTheHolderLeaves: a holder that leaves
+// while it keeps units on for lingering connections, past its set hold,
+// gives them back to the fleet as it would during the set time, and asks no
+// more about lingering once closed.
+func TestReclaimHoldForLingeringEndsWhenTheHolderLeaves(t *testing.T) {
+	const hold = 100 * time.Millisecond
+	p, spec := mpOpenParent(t, Options{ReconcileInterval: time.Hour})
+	owner := mpStart(t, "hold-owner", mpArgs{Spec: spec, Reconcile: time.Hour, ResTimeout: time.Second, Lifetime: 30 * time.Second})
+	owner.expect("ready", 5*time.Second)
+	q, err := Open(spec, Options{ReconcileInterval: time.Hour, ReclaimHold: hold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	var asked atomic.Int64
+	q.SetLingering(func(Key) int {
+		asked.Add(1)
+		return holdUnits
+	})
+	owner.kill()
+	if err := q.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	held := func() KeyStats {
+		snap, _ := p.Snapshot()
+		return mpKS(snap, holdKey)
+	}
+	time.Sleep(hold + 3*lingerRecheck)
+	if ks := held(); ks.Held != holdUnits || asked.Load() == 0 {
+		t.Fatalf("past the set hold with %d lingering: key %+v, lingering asked %d times; want %d held", holdUnits, ks, asked.Load(), holdUnits)
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ks := held(); ks.Held != 0 || ks.Live != 0 || ks.Creating != 0 {
+		t.Fatalf("after the holder left: key %+v, want nothing held", ks)
+	}
+	for range holdUnits {
+		cp, err := p.ClaimCreate(holdKey, Limits{MaxResources: holdUnits})
+		if err != nil {
+			t.Fatalf("ClaimCreate after the holder left: %v", err)
+		}
+		defer cp.Close()
+	}
+	n := asked.Load()
+	time.Sleep(3 * lingerRecheck)
+	if m := asked.Load(); m != n {
+		t.Fatalf("lingering asked %d more times after Close", m-n)
+	}
+}
