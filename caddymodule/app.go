@@ -227,10 +227,11 @@ type App struct {
 	// upstream finishes answering and closes its side; that wait ends as
 	// soon as the upstream closes, and is at least 250ms. Requests waiting
 	// for a connection meanwhile keep waiting, within their wait_timeout.
-	// Once the upstream has refused a connection (closed a new one before
-	// answering), an abandoned connection waits for its close, up to a
-	// minute, and a refused one's place stays held while the upstream
-	// still holds connections closed here. Until then, set it above the
+	// For a minute after the upstream refused a connection (closed a new
+	// one at once while connections closed here still counted there), an
+	// abandoned connection waits for its close, up to a minute; a refused
+	// one's place stays held while the upstream still holds connections
+	// closed here. Otherwise, set it above the
 	// longest response the upstream may still be sending to a request
 	// nobody waits for: an abandoned connection waits no longer, and the
 	// kernel cannot tell of a dead process's connection it reset (one

@@ -48,9 +48,11 @@ type conn struct {
 	// owner to close once the upstream has closed its side (see
 	// Node.finish). Set before the conn's first exchange.
 	lingers bool
-	// refused: the upstream closed the conn before any byte of an answer
-	// to its first request, as an upstream at a cap of its own does to a
-	// connection past it (see Node.holdRefused). Set only if lingers.
+	// full, set with lingers, reports whether the upstream still holds
+	// connections closed here (see Node.lingering): if it closes this one
+	// at once, before answering its first request, it is refusing it, at
+	// a cap of its own; refused records that (see Node.holdRefused).
+	full    func() bool
 	refused atomic.Bool
 }
 
@@ -136,10 +138,18 @@ const maxCloseDrain = 256 << 10
 // than maxCloseDrain meanwhile is reset, and the wait runs its course: the
 // peer may count the connection until it has read the reset.
 func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
+	return c.closeAfterPeerReset(d, d, stop)
+}
+
+// closeAfterPeerReset is closeAfterPeer whose wait, once the peer is reset,
+// runs reset at most from the half-close: a wait for a busy peer's close
+// can be long, and the reset ends what it waits for.
+func (c *conn) closeAfterPeerReset(d, reset time.Duration, stop <-chan struct{}) bool {
 	peerClosed := false
 	src, err := c.halfClose()
 	if err == nil {
-		deadline := time.Now().Add(d)
+		start := time.Now()
+		deadline := start.Add(d)
 		c.nc.SetReadDeadline(deadline)
 		if stop != nil {
 			done := make(chan struct{})
@@ -165,11 +175,12 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 		peerClosed = err == io.EOF || errors.Is(err, syscall.ECONNRESET)
 		if err == nil {
 			c.close()
-			t := time.NewTimer(time.Until(deadline))
+			until := start.Add(min(d, reset))
+			t := time.NewTimer(time.Until(until))
 			select {
 			case <-t.C:
 			case <-stop:
-				time.Sleep(min(closeWait, time.Until(deadline)))
+				time.Sleep(min(closeWait, time.Until(until)))
 			}
 			t.Stop()
 		}

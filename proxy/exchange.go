@@ -790,6 +790,11 @@ func (x *exchange) got100(every bool) {
 }
 
 // readError classifies a failure to read a response head.
+// refusedWithin bounds how long after its dial an upstream's close of a new
+// connection can be a refusal: an upstream at its cap closes a connection
+// past it as it accepts it.
+const refusedWithin = closeWait
+
 func (x *exchange) readError(err error, gotByte bool) error {
 	c := x.c
 	if aerr := c.aborted(); aerr != nil {
@@ -831,11 +836,15 @@ func (x *exchange) readError(err error, gotByte bool) error {
 		return &Error{Op: "read", Err: err}
 	}
 	if !gotByte && isConnClosed(err) {
-		// On a new connection to a capped upstream, this is most likely
-		// the upstream refusing it, full: a replayable request goes
-		// again once there is room (see Node.holdRefused), as after a
-		// reused connection's close.
-		refused := !x.reused && x.o.leg == nil && c.lingers
+		// A new connection to a capped upstream that closed it at once,
+		// while connections closed here still count there, was refused:
+		// a replayable request goes again once there is room (see
+		// Node.holdRefused), as after a reused connection's close. One
+		// closed later, or with nothing known to fill the upstream, is
+		// any failed request (a dropped one, an upstream that refuses
+		// everyone), sent once, as net/http does.
+		refused := !x.reused && x.o.leg == nil && c.full != nil &&
+			time.Since(c.created) < refusedWithin && c.full()
 		if refused {
 			c.refused.Store(true)
 		}

@@ -140,9 +140,8 @@ type NodeStats struct {
 	// might wait for one (see DialsPassed).
 	DialsHeld uint64
 	// UpstreamRefused counts new connections of a capped upstream that it
-	// closed before answering their first request, full (see
-	// Node.holdRefused): the fleet's cap is above the upstream's own, or
-	// connections closed here still count there.
+	// closed at once, before answering their first request, while
+	// connections closed here still counted there (see Node.holdRefused).
 	UpstreamRefused uint64
 	// IdleBeforeReuse sums the time this process's HTTP/1.1 connections
 	// sat idle in the pool between an exchange's end and the next one
@@ -465,7 +464,9 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 		// An upstream may enforce the cap too: when an exchange fails,
 		// the connection keeps its unit until the upstream has let it go
 		// (see finish).
-		_, c.lingers = c.raw.(*net.TCPConn)
+		if _, c.lingers = c.raw.(*net.TCPConn); c.lingers {
+			c.full = func() bool { return n.lingering(key) > 0 }
+		}
 	}
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())
@@ -575,13 +576,15 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, fail
 		defer n.closing.Done()
 		if lane < 0 {
 			wait, stop, enforcing := closeWait, (<-chan struct{})(nil), false
+			reset := wait
 			if failed != nil {
 				wait, stop = n.failedWait, n.stop
+				reset = wait
 				if enforcing = failed.enforcing(); enforcing {
 					wait = maxRefusedHold
 				}
 			}
-			if !oc.c.closeAfterPeer(wait, stop) && failed != nil && !enforcing {
+			if !oc.c.closeAfterPeerReset(wait, reset, stop) && failed != nil && !enforcing {
 				n.lingeredInVain(oc, failed)
 			}
 		} else {
@@ -615,8 +618,8 @@ func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
 // replacement dialed too soon.
 var lingerPause = time.Minute
 
-// holdRefused takes oc, a connection its capped upstream closed before
-// answering its first request, out of the pool, and keeps its unit of the
+// holdRefused takes oc, a connection its capped upstream refused (see
+// conn.full), out of the pool, and keeps its unit of the
 // key's budget until the upstream has room again, as far as this host can
 // tell. An upstream at a cap of its own closes a connection past it at
 // once, and counts until it has closed them the connections closed here
@@ -625,10 +628,7 @@ var lingerPause = time.Minute
 // next waiter, whose dial is refused as fast, and so on, a storm of
 // refusals. So a refused unit is kept while the key has at least as many
 // such connections as refused units kept, looked at every lingerRecheck, and
-// for maxRefusedHold at most; and for closeWait at least, so that an
-// upstream full for reasons this host cannot see (other clients, a cap
-// below the fleet's) gets each unit's dial, and a refused request's retry
-// (see rewind), a few times a second, not as fast as it refuses them.
+// for maxRefusedHold at most.
 func (n *Node) holdRefused(oc *owned, exec *orbitpool.Execution, kc *keyCap) {
 	oc.c.close()
 	if !n.unslot(oc) {
@@ -653,7 +653,7 @@ func (n *Node) holdRefused(oc *owned, exec *orbitpool.Execution, kc *keyCap) {
 		t := time.NewTicker(lingerRecheck)
 		defer t.Stop()
 	hold:
-		for d := time.Duration(0); d < closeWait || (n.lingering(oc.key) >= int(kc.refusedHeld.Load()) && d < maxRefusedHold); d = time.Since(start) {
+		for n.lingering(oc.key) >= int(kc.refusedHeld.Load()) && time.Since(start) < maxRefusedHold {
 			select {
 			case <-t.C:
 			case <-n.stop:
@@ -971,7 +971,7 @@ func (kc *keyCap) enforcing() bool {
 
 // enforcingFor is how long a refusal shows that an upstream enforces its
 // cap (see enforcing).
-const enforcingFor = 10 * time.Minute
+const enforcingFor = time.Minute
 
 // processStart is the origin of the times keyCap keeps in integers, so that
 // they follow the monotonic clock: a step of the wall clock neither
