@@ -49,9 +49,10 @@ type conn struct {
 	// Node.finish). Set before the conn's first exchange.
 	lingers bool
 	// full, set with lingers, reports whether the upstream still holds
-	// connections closed here (see Node.lingering): if it closes this one
-	// at once, before answering its first request, it is refusing it, at
-	// a cap of its own; refused records that (see Node.holdRefused).
+	// connections this process closed before it let them go (see
+	// Node.closedEarly): if it closes this one at once, before answering
+	// its first request, it is refusing it, at a cap of its own; refused
+	// records that (see Node.holdRefused).
 	full    func() bool
 	refused atomic.Bool
 }
@@ -138,18 +139,10 @@ const maxCloseDrain = 256 << 10
 // than maxCloseDrain meanwhile is reset, and the wait runs its course: the
 // peer may count the connection until it has read the reset.
 func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
-	return c.closeAfterPeerReset(d, d, stop)
-}
-
-// closeAfterPeerReset is closeAfterPeer whose wait, once the peer is reset,
-// runs reset at most from the half-close: a wait for a busy peer's close
-// can be long, and the reset ends what it waits for.
-func (c *conn) closeAfterPeerReset(d, reset time.Duration, stop <-chan struct{}) bool {
 	peerClosed := false
 	src, err := c.halfClose()
 	if err == nil {
-		start := time.Now()
-		deadline := start.Add(d)
+		deadline := time.Now().Add(d)
 		c.nc.SetReadDeadline(deadline)
 		if stop != nil {
 			done := make(chan struct{})
@@ -175,12 +168,11 @@ func (c *conn) closeAfterPeerReset(d, reset time.Duration, stop <-chan struct{})
 		peerClosed = err == io.EOF || errors.Is(err, syscall.ECONNRESET)
 		if err == nil {
 			c.close()
-			until := start.Add(min(d, reset))
-			t := time.NewTimer(time.Until(until))
+			t := time.NewTimer(time.Until(deadline))
 			select {
 			case <-t.C:
 			case <-stop:
-				time.Sleep(min(closeWait, time.Until(until)))
+				time.Sleep(min(closeWait, time.Until(deadline)))
 			}
 			t.Stop()
 		}

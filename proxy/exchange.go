@@ -790,11 +790,6 @@ func (x *exchange) got100(every bool) {
 }
 
 // readError classifies a failure to read a response head.
-// refusedWithin bounds how long after its dial an upstream's close of a new
-// connection can be a refusal: an upstream at its cap closes a connection
-// past it as it accepts it.
-const refusedWithin = closeWait
-
 func (x *exchange) readError(err error, gotByte bool) error {
 	c := x.c
 	if aerr := c.aborted(); aerr != nil {
@@ -837,12 +832,11 @@ func (x *exchange) readError(err error, gotByte bool) error {
 	}
 	if !gotByte && isConnClosed(err) {
 		// A new connection to a capped upstream that closed it at once,
-		// while connections closed here still count there, was refused:
-		// a replayable request goes again once there is room (see
-		// Node.holdRefused), as after a reused connection's close. One
-		// closed later, or with nothing known to fill the upstream, is
-		// any failed request (a dropped one, an upstream that refuses
-		// everyone), sent once, as net/http does.
+		// while it still holds connections closed here, was refused: a
+		// replayable request goes again once there is room (see
+		// refused.go), as after a reused connection's close. One closed
+		// later, or with nothing of ours held there, is any failed
+		// request, sent once, as net/http does.
 		refused := !x.reused && x.o.leg == nil && c.full != nil &&
 			time.Since(c.created) < refusedWithin && c.full()
 		if refused {

@@ -57,17 +57,23 @@ func (n *Node) lingering(key orbitpool.Key) int {
 	}
 	c, err := sockdiag.Orphans(addrs)
 	if err != nil {
-		n.lingerErr.Do(func() {
-			n.log.Warn("cannot count the connections an upstream has not closed; a dead process's share of a cap is held for a set time only, and a refused connection's not at all", zap.Error(err))
-		})
+		n.cannotCount(err)
 		return -1
 	}
 	if now := sinceStart(time.Now()); c > 0 && now >= kc.lingerLogAt.Load() {
 		kc.lingerLogAt.Store(now + int64(lingerLogEvery))
-		n.log.Info("upstream still holds connections closed here; as many units of its cap stay held",
+		n.log.Info("upstream still holds connections closed here; a dead process's share of the cap stays held",
 			zap.Stringers("upstream", addrs), zap.Int("connections", c))
 	}
 	return c
+}
+
+// cannotCount logs, once, that the kernel will not say which connections an
+// upstream still holds.
+func (n *Node) cannotCount(err error) {
+	n.lingerErr.Do(func() {
+		n.log.Warn("cannot count the connections an upstream has not closed; a dead process's share of a cap is held for a set time only, and a refused connection is any failed one", zap.Error(err))
+	})
 }
 
 // lingerLogEvery is how often lingering logs a key's connections still held

@@ -465,7 +465,7 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 		// the connection keeps its unit until the upstream has let it go
 		// (see finish).
 		if _, c.lingers = c.raw.(*net.TCPConn); c.lingers {
-			c.full = func() bool { return n.lingering(key) > 0 }
+			c.full = func() bool { return n.earlyHeld(kc) > 0 }
 		}
 	}
 	oc.state.Store(stBusy)
@@ -542,8 +542,10 @@ func (n *Node) retireInOrder(oc *owned, exec *orbitpool.Execution) {
 // retireToward is retireInOrder for a connection that leaves so that lane
 // creates the next one (see balanceEvery), -1 for the fleet's oldest waiter.
 // failed is set, to the key's cap, for a connection whose exchange failed
-// (lane -1 only), which waits failedWait rather than closeWait, or as long as
-// maxRefusedHold for an upstream that enforces its cap (see keyCap.enforcing).
+// (lane -1 only), which waits failedWait rather than closeWait, and whose
+// unit, if the upstream has not let it go by then, stays held while it
+// still counts it, for an upstream that enforces its cap (see
+// keyCap.enforcing).
 func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, failed *keyCap) {
 	complete := func() {
 		if exec != nil {
@@ -574,20 +576,20 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, fail
 	}
 	go func() {
 		defer n.closing.Done()
-		if lane < 0 {
-			wait, stop, enforcing := closeWait, (<-chan struct{})(nil), false
-			reset := wait
-			if failed != nil {
-				wait, stop = n.failedWait, n.stop
-				reset = wait
-				if enforcing = failed.enforcing(); enforcing {
-					wait = maxRefusedHold
+		switch {
+		case failed != nil:
+			ends := oc.c.ends()
+			if !oc.c.closeAfterPeer(n.failedWait, n.stop) {
+				n.closedEarly(failed, ends)
+				if failed.enforcing() {
+					n.holdWhile(func() bool { return n.stillHeld(ends) })
+				} else {
+					n.lingeredInVain(oc, failed)
 				}
 			}
-			if !oc.c.closeAfterPeerReset(wait, reset, stop) && failed != nil && !enforcing {
-				n.lingeredInVain(oc, failed)
-			}
-		} else {
+		case lane < 0:
+			oc.c.closeAfterPeer(closeWait, nil)
+		default:
 			start := time.Now()
 			closed := oc.c.closeAfterPeer(moveCloseWait, n.stop)
 			n.moved(oc, closed && time.Since(start) <= closeWait)
@@ -617,63 +619,6 @@ func (n *Node) lingeredInVain(oc *owned, kc *keyCap) {
 // again: one that was busy then may not be now, and under a cap it refuses a
 // replacement dialed too soon.
 var lingerPause = time.Minute
-
-// holdRefused takes oc, a connection its capped upstream refused (see
-// conn.full), out of the pool, and keeps its unit of the
-// key's budget until the upstream has room again, as far as this host can
-// tell. An upstream at a cap of its own closes a connection past it at
-// once, and counts until it has closed them the connections closed here
-// that it has not let go (see lingering): a failed exchange's, closed after
-// failedWait, or a killed sibling's. A unit given back at once goes to the
-// next waiter, whose dial is refused as fast, and so on, a storm of
-// refusals. So a refused unit is kept while the key has at least as many
-// such connections as refused units kept, looked at every lingerRecheck, and
-// for maxRefusedHold at most.
-func (n *Node) holdRefused(oc *owned, exec *orbitpool.Execution, kc *keyCap) {
-	oc.c.close()
-	if !n.unslot(oc) {
-		exec.Complete()
-		return
-	}
-	n.stats.refused.Add(1)
-	kc.refusedAt.Store(sinceStart(time.Now()))
-	n.closeMu.Lock()
-	if n.isClosed {
-		n.closeMu.Unlock()
-		n.unregister(oc)
-		exec.Complete()
-		return
-	}
-	n.closing.Add(1)
-	n.closeMu.Unlock()
-	kc.refusedHeld.Add(1)
-	go func() {
-		defer n.closing.Done()
-		start := time.Now()
-		t := time.NewTicker(lingerRecheck)
-		defer t.Stop()
-	hold:
-		for n.lingering(oc.key) >= int(kc.refusedHeld.Load()) && time.Since(start) < maxRefusedHold {
-			select {
-			case <-t.C:
-			case <-n.stop:
-				break hold
-			}
-		}
-		kc.refusedHeld.Add(-1)
-		n.unregister(oc)
-		exec.Complete()
-	}()
-}
-
-// lingerRecheck is how often a refused connection's held unit looks again
-// at what its upstream still holds (as the pool's holds do).
-const lingerRecheck = 100 * time.Millisecond
-
-// maxRefusedHold bounds how long a refused connection's unit is held: the
-// kernel's default tcp_fin_timeout, after which it no longer keeps a
-// connection closed here waiting for the upstream's close either.
-const maxRefusedHold = time.Minute
 
 // takeFor takes oc, the connection exec was accepted on (nil if gone), for
 // exec, and reports whether it did. If not, exec ends; and a connection take
@@ -906,6 +851,13 @@ type keyCap struct {
 	// Node.holdRefused); refusedAt (nanoseconds since processStart, 0 for
 	// never) is when the upstream last refused one.
 	refusedHeld, refusedAt atomic.Int64
+	// early are the connections this process closed before the upstream
+	// let them go, latest last (see Node.closedEarly).
+	earlyMu sync.Mutex
+	early   []closedConn
+	// refusedLogAt (nanoseconds since processStart): no refusal is logged
+	// before then (see Node.refusal).
+	refusedLogAt atomic.Int64
 
 	off     atomic.Bool  // the upstream was slow to close a moved connection
 	dialing atomic.Int64 // this process's dials of the key under way
@@ -956,22 +908,6 @@ func (kc *keyCap) register(permit *orbitpool.CreationPermit, capacity int, dialE
 func (kc *keyCap) lingering() bool {
 	return sinceStart(time.Now()) >= kc.noLingerUntil.Load()
 }
-
-// enforcing reports whether the key's upstream refused one of this
-// process's connections, full, within enforcingFor: it caps its connections
-// itself, and a failed connection closed here before the upstream let it go
-// would have its replacement refused. Such a connection waits for the
-// upstream's close, maxRefusedHold at most, even if another failed one
-// waited in vain (see lingeredInVain): waiters wait no longer than the
-// upstream makes them.
-func (kc *keyCap) enforcing() bool {
-	at := kc.refusedAt.Load()
-	return at != 0 && sinceStart(time.Now())-at < int64(enforcingFor)
-}
-
-// enforcingFor is how long a refusal shows that an upstream enforces its
-// cap (see enforcing).
-const enforcingFor = time.Minute
 
 // processStart is the origin of the times keyCap keeps in integers, so that
 // they follow the monotonic clock: a step of the wall clock neither

@@ -782,6 +782,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
 			}
+			dialStart := time.Now()
 			c, err := func() (c *conn, err error) {
 				n.dialing.Add(1)
 				defer n.dialing.Add(-1)
@@ -800,7 +801,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return t.dialer.dial(ctx, &e.u)
 			}()
 			if err != nil {
-				plan.Permit.Close()
+				if n.dialRefused(kc, dialStart, err) {
+					n.holdRefusedUnit(kc, func() { plan.Permit.Close() })
+				} else {
+					plan.Permit.Close()
+				}
 				if fallback != nil && ctx.Err() == nil {
 					policy, fallback = fallback, nil
 					continue

@@ -30,7 +30,9 @@ const (
 	diagReqLen   = 56 // struct inet_diag_req_v2
 	diagMsgLen   = 72 // struct inet_diag_msg
 	msgState     = 1
+	msgSport     = 4 // big-endian
 	msgDport     = 6 // big-endian
+	msgSrc       = 8
 	msgDst       = 24
 	msgUID       = 64
 	msgInode     = 68
@@ -46,18 +48,35 @@ const lingerStates = 1<<tcpFinWait1 | 1<<tcpFinWait2
 
 var seq atomic.Uint32
 
+// Conn names TCP connections by their ends: Remote, and Local unless it is
+// the zero AddrPort, which stands for any.
+type Conn struct {
+	Local, Remote netip.AddrPort
+}
+
 // Orphans counts the host's TCP sockets of this process's user, connected to
 // one of dsts, whose process has closed them or died while the far end has
 // not closed its side. A socket a live process still holds (half-closed with
 // shutdown, say) is not counted: it is that process's to account for.
 func Orphans(dsts []netip.AddrPort) (int, error) {
+	conns := make([]Conn, len(dsts))
+	for i, d := range dsts {
+		conns[i].Remote = d
+	}
+	return OrphansOf(conns)
+}
+
+// OrphansOf is Orphans of the sockets conns name: with a Local end, the one
+// connection, which another process's connection to the same far end is
+// not.
+func OrphansOf(conns []Conn) (int, error) {
 	uid := uint32(os.Getuid())
 	n := 0
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		if !slices.ContainsFunc(dsts, func(d netip.AddrPort) bool { return d.Addr().Unmap().Is4() == (family == unix.AF_INET) }) {
+		if !slices.ContainsFunc(conns, func(c Conn) bool { return c.Remote.Addr().Unmap().Is4() == (family == unix.AF_INET) }) {
 			continue
 		}
-		c, err := dump(family, uid, dsts)
+		c, err := dump(family, uid, conns)
 		if err != nil {
 			return 0, err
 		}
@@ -68,7 +87,7 @@ func Orphans(dsts []netip.AddrPort) (int, error) {
 
 // dump asks for family's TCP sockets in lingerStates and counts those that
 // match.
-func dump(family uint8, uid uint32, dsts []netip.AddrPort) (int, error) {
+func dump(family uint8, uid uint32, conns []Conn) (int, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
 		return 0, fmt.Errorf("sock_diag socket: %w", err)
@@ -88,7 +107,7 @@ func dump(family uint8, uid uint32, dsts []netip.AddrPort) (int, error) {
 			}
 			return 0, fmt.Errorf("sock_diag reply: %w", err)
 		}
-		c, done, err := parse(buf[:n], s, family, uid, dsts)
+		c, done, err := parse(buf[:n], s, family, uid, conns)
 		if err != nil {
 			return 0, err
 		}
@@ -117,7 +136,7 @@ func request(family uint8, seq uint32) []byte {
 // parse counts the matching sockets in one datagram of the kernel's reply to
 // the request numbered seq, and reports whether the reply is over. A
 // message that does not fit its datagram is an error, not a guess.
-func parse(b []byte, seq uint32, family uint8, uid uint32, dsts []netip.AddrPort) (count int, done bool, err error) {
+func parse(b []byte, seq uint32, family uint8, uid uint32, conns []Conn) (count int, done bool, err error) {
 	ne := binary.NativeEndian
 	for len(b) > 0 {
 		if len(b) < nlmsgHdrLen {
@@ -144,7 +163,7 @@ func parse(b []byte, seq uint32, family uint8, uid uint32, dsts []netip.AddrPort
 				if len(msg) < diagMsgLen {
 					return count, false, fmt.Errorf("sock_diag: socket message of %d bytes", len(msg))
 				}
-				if matches(msg, family, uid, dsts) {
+				if matches(msg, family, uid, conns) {
 					count++
 				}
 			}
@@ -161,8 +180,8 @@ func parse(b []byte, seq uint32, family uint8, uid uint32, dsts []netip.AddrPort
 }
 
 // matches reports whether the socket msg describes is an orphan of uid's,
-// in lingerStates, connected to one of dsts.
-func matches(msg []byte, family uint8, uid uint32, dsts []netip.AddrPort) bool {
+// in lingerStates, one of conns.
+func matches(msg []byte, family uint8, uid uint32, conns []Conn) bool {
 	ne := binary.NativeEndian
 	if msg[0] != family || ne.Uint32(msg[msgInode:]) != 0 || ne.Uint32(msg[msgUID:]) != uid {
 		return false
@@ -170,17 +189,30 @@ func matches(msg []byte, family uint8, uid uint32, dsts []netip.AddrPort) bool {
 	if st := msg[msgState]; st != tcpFinWait1 && st != tcpFinWait2 {
 		return false
 	}
-	port := binary.BigEndian.Uint16(msg[msgDport:])
-	var addr netip.Addr
-	if family == unix.AF_INET {
-		addr = netip.AddrFrom4([4]byte(msg[msgDst : msgDst+4]))
-	} else {
-		addr = netip.AddrFrom16([16]byte(msg[msgDst : msgDst+16])).Unmap()
-	}
-	for _, d := range dsts {
-		if d.Port() == port && d.Addr().Unmap() == addr {
+	local := endpoint(msg, family, msgSrc, msgSport)
+	remote := endpoint(msg, family, msgDst, msgDport)
+	for _, c := range conns {
+		if endpointIs(c.Remote, remote) && (c.Local == netip.AddrPort{} || endpointIs(c.Local, local)) {
 			return true
 		}
 	}
 	return false
+}
+
+// endpoint reads the address at off and the big-endian port at portOff of
+// msg, a socket of family.
+func endpoint(msg []byte, family uint8, off, portOff int) netip.AddrPort {
+	var addr netip.Addr
+	if family == unix.AF_INET {
+		addr = netip.AddrFrom4([4]byte(msg[off : off+4]))
+	} else {
+		addr = netip.AddrFrom16([16]byte(msg[off : off+16])).Unmap()
+	}
+	return netip.AddrPortFrom(addr, binary.BigEndian.Uint16(msg[portOff:]))
+}
+
+// endpointIs reports whether a, as the caller knows it, is e, as the kernel
+// reports it (IPv4-mapped IPv6 addresses unmapped).
+func endpointIs(a, e netip.AddrPort) bool {
+	return a.Port() == e.Port() && a.Addr().Unmap() == e.Addr()
 }

@@ -85,10 +85,20 @@ func TestOrphansCountsClosedConnectionsTheServerHolds(t *testing.T) {
 			defer srv1.Close()
 			defer srv2.Close()
 
+			closedLocal := closed.LocalAddr().(*net.TCPAddr).AddrPort()
+			halfLocal := half.LocalAddr().(*net.TCPAddr).AddrPort()
 			closed.Close()
 			half.(*net.TCPConn).CloseWrite()
 			toOther.Close()
 			waitCount(t, dst, 1, "one closed, one half-closed and held")
+			for _, c := range []struct {
+				local netip.AddrPort
+				want  int
+			}{{closedLocal, 1}, {halfLocal, 0}} {
+				if n, err := OrphansOf([]Conn{{Local: c.local, Remote: dst}}); n != c.want || err != nil {
+					t.Errorf("OrphansOf the connection from %v = %d, %v; want %d", c.local, n, err, c.want)
+				}
+			}
 
 			// The server lets go of both: the orphan is done.
 			srv1.Close()
@@ -96,6 +106,15 @@ func TestOrphansCountsClosedConnectionsTheServerHolds(t *testing.T) {
 			waitCount(t, dst, 0, "after the server closed")
 		})
 	}
+}
+
+// to names the connections to dsts from any local end.
+func to(dsts ...netip.AddrPort) []Conn {
+	conns := make([]Conn, len(dsts))
+	for i, d := range dsts {
+		conns[i].Remote = d
+	}
+	return conns
 }
 
 // TestParseRejectsMalformedReplies: a reply whose messages do not fit it is
@@ -125,11 +144,11 @@ func TestParseRejectsMalformedReplies(t *testing.T) {
 		return b
 	}
 	reply := append(append(sock(7), sock(6)...), done(7)...)
-	n, fin, err := parse(reply, 7, unix.AF_INET, 1000, []netip.AddrPort{dst})
+	n, fin, err := parse(reply, 7, unix.AF_INET, 1000, to(dst))
 	if err != nil || n != 1 || !fin {
 		t.Fatalf("parse of one match, one stale, done: %d, %v, %v; want 1, true, nil", n, fin, err)
 	}
-	if n, _, _ := parse(sock(7), 7, unix.AF_INET, 1001, []netip.AddrPort{dst}); n != 0 {
+	if n, _, _ := parse(sock(7), 7, unix.AF_INET, 1001, to(dst)); n != 0 {
 		t.Fatalf("another user's socket counted")
 	}
 	for name, b := range map[string][]byte{
@@ -142,7 +161,7 @@ func TestParseRejectsMalformedReplies(t *testing.T) {
 			return b
 		}(),
 	} {
-		if _, _, err := parse(b, 7, unix.AF_INET, 1000, []netip.AddrPort{dst}); err == nil {
+		if _, _, err := parse(b, 7, unix.AF_INET, 1000, to(dst)); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
@@ -163,9 +182,10 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, nlmsgHdrLen+diagMsgLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		dsts := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0"), netip.MustParseAddrPort("[::1]:0")}
+		conns := append(to(netip.MustParseAddrPort("127.0.0.1:0"), netip.MustParseAddrPort("[::1]:0")),
+			Conn{Local: netip.MustParseAddrPort("127.0.0.1:0"), Remote: netip.MustParseAddrPort("127.0.0.1:0")})
 		for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-			n, _, _ := parse(b, 0, fam, 0, dsts)
+			n, _, _ := parse(b, 0, fam, 0, conns)
 			if n > len(b)/(nlmsgHdrLen+diagMsgLen) {
 				t.Fatalf("%d sockets counted in %d bytes", n, len(b))
 			}
