@@ -228,15 +228,14 @@ type App struct {
 	// soon as the upstream closes, and is at least 250ms. Requests waiting
 	// for a connection meanwhile keep waiting, within their wait_timeout.
 	// For a minute after the upstream refused a connection (closed a new
-	// one at once while connections closed here still counted there), an
-	// abandoned connection waits for its close, up to a minute; a refused
-	// one's place stays held while the upstream still holds connections
-	// closed here. Otherwise, set it above the
-	// longest response the upstream may still be sending to a request
-	// nobody waits for: an abandoned connection waits no longer, and the
-	// kernel cannot tell of a dead process's connection it reset (one
-	// with a response arriving unread). 0 gives a dead process's budget
-	// back at once. Default: 1s.
+	// one at once while it still held one this worker closed after
+	// reclaim_hold), an abandoned connection's place stays held while the
+	// upstream holds it, up to a minute, and a refused one's while it
+	// holds those. Otherwise, set it above the longest response the
+	// upstream may still be sending to a request nobody waits for: an
+	// abandoned connection waits no longer, and the kernel cannot tell of
+	// a dead process's connection it reset (one with a response arriving
+	// unread). 0 gives a dead process's budget back at once. Default: 1s.
 	ReclaimHold *caddy.Duration `json:"reclaim_hold,omitempty"`
 
 	// FixedOwnership keeps a capped upstream's connections with the worker

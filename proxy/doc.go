@@ -33,8 +33,8 @@
 // send the request anywhere again; the transport does so itself, whatever
 // the method, when no attempt has read the body yet. Like net/http, a reused
 // connection that closes before answering is retried here for replayable
-// requests; so is a new one that a capped upstream closes at once while
-// connections closed here still count there (it refuses it, full), and the
+// requests; so is a new one that a capped upstream closes at once while it
+// still holds connections closed here early (it refuses it, full), and the
 // retry waits for a connection the upstream has room for. RoundTrip
 // returns an error only once the attempt's request writer has stopped, so
 // the caller may close or reuse the body at once.

@@ -140,8 +140,8 @@ type NodeStats struct {
 	// might wait for one (see DialsPassed).
 	DialsHeld uint64
 	// UpstreamRefused counts new connections of a capped upstream that it
-	// closed at once, before answering their first request, while
-	// connections closed here still counted there (see Node.holdRefused).
+	// closed at once, before answering their first request, while it still
+	// held connections this process had closed early (see refused.go).
 	UpstreamRefused uint64
 	// IdleBeforeReuse sums the time this process's HTTP/1.1 connections
 	// sat idle in the pool between an exchange's end and the next one
