@@ -9,17 +9,16 @@ import (
 )
 
 // TestAdv2RefusedCloseGivesHeldUnitsToSiblings: two members of a fleet
-// with a cap of 2 on one upstream to which two orphans linger. Member A's
-// GETs to a path the upstream drops are "refused" and A holds both units.
-// A sibling B waits. When A closes (at several instants, also while the
-// refusals are still under way), Close returns at once and B is served:
-// the held executions complete, once.
+// with a cap of 2 on one upstream. Member A gave up two requests the
+// upstream is still busy with, and closed their connections early; its
+// GETs to a path the upstream drops at once are then refusals, and A holds
+// both units. A sibling B waits. When A closes (at several instants, also
+// while the refusals are still under way), Close returns at once and B is
+// served: the held executions complete, once.
 func TestAdv2RefusedCloseGivesHeldUnitsToSiblings(t *testing.T) {
 	for _, after := range []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond, 300 * time.Millisecond} {
 		t.Run(after.String(), func(t *testing.T) {
 			up := startAdv2Upstream(t, 20*time.Second)
-			adv2ForeignOrphan(t, up)
-			adv2ForeignOrphan2(t, up)
 			spec := testSpec
 			spec.Path = filepath.Join(t.TempDir(), "seg")
 			conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
@@ -27,6 +26,15 @@ func TestAdv2RefusedCloseGivesHeldUnitsToSiblings(t *testing.T) {
 			b := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond}, conf)
 
 			var wg sync.WaitGroup
+			for range 2 {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+					defer cancel()
+					getBody(ctx, a.tr, up.url+"/hold")
+				})
+			}
+			wg.Wait()
+			adv2WaitOrphans(t, up, 2)
 			for range 4 {
 				wg.Go(func() {
 					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -57,6 +65,9 @@ func TestAdv2RefusedCloseGivesHeldUnitsToSiblings(t *testing.T) {
 			if err != nil {
 				t.Errorf("B's GET after A closed: %v", err)
 			}
+			if after >= 300*time.Millisecond && a.node.Stats().UpstreamRefused == 0 {
+				t.Errorf("A saw no refusal in %v", after)
+			}
 			if ct > time.Second {
 				t.Errorf("A's Close took %v", ct)
 			}
@@ -65,10 +76,4 @@ func TestAdv2RefusedCloseGivesHeldUnitsToSiblings(t *testing.T) {
 			}
 		})
 	}
-}
-
-func adv2ForeignOrphan2(t *testing.T, u *adv2Upstream) {
-	t.Helper()
-	before := u.count("/hold-foreign")
-	adv2ForeignOrphanN(t, u, before+1, 2)
 }
