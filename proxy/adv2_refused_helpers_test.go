@@ -17,9 +17,11 @@ import (
 
 // adv2Upstream is a plain HTTP/1.1 upstream with no connection cap of its
 // own. /drop* closes the connection at once without an answer (a "return
-// 444" rule, a blocked client, a crashing worker); /hold* reads the request
-// and works on it for holdFor without reading the connection further (a
-// busy handler: a client that gives up leaves an orphan here until it ends);
+// 444" rule, a blocked client, a crashing worker), /slowdrop after working
+// on the request for 500ms; /hold* reads the request and works on it for
+// holdFor without reading the connection further (a busy handler: a client
+// that gives up leaves an orphan here until it ends); /stream answers an
+// endless stream of 4 KiB chunks until a write fails;
 // /trickle answers a chunked stream of a few bytes every 100ms, forever,
 // ignoring the client's FIN (an SSE feed with heartbeats that notices a
 // gone client only when a write fails); anything else is answered "ok".
@@ -87,6 +89,18 @@ func startAdv2Upstream(t *testing.T, holdFor time.Duration) *adv2Upstream {
 						case <-stop:
 						}
 						return
+					case req.URL.Path == "/slowdrop":
+						time.Sleep(500 * time.Millisecond)
+						return
+					case req.URL.Path == "/stream":
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+						chunk := "1000\r\n" + strings.Repeat("x", 4096) + "\r\n"
+						for {
+							if _, err := io.WriteString(c, chunk); err != nil {
+								return
+							}
+							time.Sleep(200 * time.Microsecond)
+						}
 					case req.URL.Path == "/trickle":
 						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 						for {

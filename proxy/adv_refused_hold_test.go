@@ -14,7 +14,7 @@ import (
 // crash, a gateway timeout that drops). That is no "refusal, full": the
 // upstream took the request. net/http sends it once.
 func TestAdvRefusedSlowDropIsNoRefusal(t *testing.T) {
-	up := startAdvRefusedUpstream(t)
+	up := startAdv2Upstream(t, time.Second)
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond},
@@ -32,7 +32,7 @@ func TestAdvRefusedSlowDropIsNoRefusal(t *testing.T) {
 // once. The cap comes back after a storm. A Node closed while requests are
 // failing on new connections closes at once.
 func TestAdvRefusedHeldUp(t *testing.T) {
-	up := startAdvRefusedUpstream(t)
+	up := startAdv2Upstream(t, time.Second)
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 

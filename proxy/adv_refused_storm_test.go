@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -12,19 +13,31 @@ import (
 // TestAdvRefusedDroppedRequestFailsFast: an upstream that closes every
 // connection on which it reads a request for /drop (a blocked client, a
 // "return 444" rule, a request that crashes its worker, a TCP balancer with
-// no healthy backend), a fleet cap of 2. The stock transport, and this one
-// before the refusal hold, sends each GET once, on a new connection, and
-// fails it at once. Now each GET is sent 1+MaxRetries times, and each of its
-// connections keeps a unit of the cap for closeWait after its close: ten
-// concurrent GETs that the upstream answers in no time make 40 connections,
-// take seconds, and GETs to the healthy paths of the same upstream wait
-// behind them for the cap.
+// no healthy backend), a fleet cap of 2; also with a connection to the same
+// address that another process of the user closed early (an orphan that is
+// none of this key's). The stock transport sends each GET once, on a new
+// connection, and fails it at once; so must this one, and a GET to a
+// healthy path of the same upstream must not wait behind them. Taken for
+// refusals, each GET was sent 1+MaxRetries times, each of its connections
+// keeping a unit of the cap: ten concurrent GETs made 40 connections, took
+// seconds, and the healthy GET failed for want of a connection.
 func TestAdvRefusedDroppedRequestFailsFast(t *testing.T) {
-	up := startAdvRefusedUpstream(t)
+	for _, foreign := range []bool{false, true} {
+		t.Run(fmt.Sprintf("foreignOrphan=%v", foreign), func(t *testing.T) {
+			droppedRequestsFailFast(t, foreign)
+		})
+	}
+}
+
+func droppedRequestsFailFast(t *testing.T, foreign bool) {
+	up := startAdv2Upstream(t, 20*time.Second)
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond},
 		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	if foreign {
+		adv2ForeignOrphan(t, up)
+	}
 
 	start := time.Now()
 	err := getBody(context.Background(), m.tr, up.url+"/drop1")

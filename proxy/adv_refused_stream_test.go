@@ -1,100 +1,13 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
-
-// advRefusedUpstream is a plain upstream with no cap of its own: it closes
-// a connection when the client does. /stream answers an endless chunked
-// stream (an SSE feed, say) until its write fails; /drop* closes the
-// connection without an answer (a "return 444" rule, a blocked client);
-// /slowdrop does so after working on the request for 500ms.
-type advRefusedUpstream struct {
-	url      string
-	conns    atomic.Int64
-	requests sync.Map // path -> *atomic.Int64
-}
-
-func (u *advRefusedUpstream) count(path string) int64 {
-	v, _ := u.requests.LoadOrStore(path, new(atomic.Int64))
-	return v.(*atomic.Int64).Load()
-}
-
-func startAdvRefusedUpstream(t *testing.T) *advRefusedUpstream {
-	t.Helper()
-	u := &advRefusedUpstream{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var all []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range all {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.conns.Add(1)
-			mu.Lock()
-			all = append(all, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					v, _ := u.requests.LoadOrStore(req.URL.Path, new(atomic.Int64))
-					v.(*atomic.Int64).Add(1)
-					if strings.HasPrefix(req.URL.Path, "/drop") {
-						return
-					}
-					if strings.HasPrefix(req.URL.Path, "/slowdrop") {
-						io.Copy(io.Discard, req.Body)
-						time.Sleep(500 * time.Millisecond)
-						return
-					}
-					if req.URL.Path == "/stream" {
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-						chunk := "1000\r\n" + strings.Repeat("x", 4096) + "\r\n"
-						for {
-							if _, err := io.WriteString(c, chunk); err != nil {
-								return
-							}
-							time.Sleep(200 * time.Microsecond)
-						}
-					}
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			})
-		}
-	})
-	u.url = "http://" + ln.Addr().String()
-	return u
-}
 
 // advCancelStream opens /stream, reads some of it and gives up, as a client
 // that navigates away from an SSE feed.
@@ -124,7 +37,7 @@ func advCancelStream(t *testing.T, tr http.RoundTripper, url string) {
 // must not make it wait that long for nothing: the next GET is served as
 // before.
 func TestAdvRefusedResetStreamDoesNotHoldTheCap(t *testing.T) {
-	up := startAdvRefusedUpstream(t)
+	up := startAdv2Upstream(t, time.Second)
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond, FailedCloseWait: 300 * time.Millisecond},
