@@ -71,6 +71,10 @@ func droppedRequestsFailFast(t *testing.T, foreign bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	s := time.Now()
 	req, _ := http.NewRequestWithContext(ctx, "GET", up.url+"/ok", nil)
+	// Its connection must not go idle: a GET /drop that reused it would
+	// be sent again, rightly, as net/http sends one whose reused
+	// connection closes before answering.
+	req.Close = true
 	resp, okErr := m.tr.RoundTrip(req)
 	if okErr == nil {
 		resp.Body.Close()
