@@ -27,13 +27,13 @@ func TestAdv2RefusedTLSUpstream(t *testing.T) {
 			tr.TLSClientConfig = &tls.Config{RootCAs: up.CertPool}
 		})
 
-	abandonWhileWaiting(t, m, up, limit)
+	abandonWhileWaiting(t, m, m, up, limit)
 	st := up.Stats()
 	t.Logf("round 1: upstream refused %d, peak %d; UpstreamRefused=%d", st.Refused, st.Peak, m.node.Stats().UpstreamRefused)
 	if st.Peak > limit || st.Refused > limit {
 		t.Errorf("the upstream saw %d connections at once and refused %d, cap %d: want at most one refusal per connection closed before it let go", st.Peak, st.Refused, limit)
 	}
-	abandonWhileWaiting(t, m, up, limit)
+	abandonWhileWaiting(t, m, m, up, limit)
 	again := up.Stats()
 	t.Logf("round 2: upstream refused %d more, peak %d; UpstreamRefused=%d", again.Refused-st.Refused, again.Peak, m.node.Stats().UpstreamRefused)
 	if again.Refused != st.Refused {
@@ -53,7 +53,7 @@ func TestAdv2RefusedH2CUpstream(t *testing.T) {
 			tr.MaxConnsPerKey = limit
 			tr.H2C = true
 		})
-	abandonWhileWaiting(t, m, up, limit)
+	abandonWhileWaiting(t, m, m, up, limit)
 	st := up.Stats()
 	t.Logf("round 1: upstream refused %d, peak %d; UpstreamRefused=%d", st.Refused, st.Peak, m.node.Stats().UpstreamRefused)
 	if st.Peak > limit || st.Refused > limit {

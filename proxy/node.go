@@ -104,6 +104,7 @@ type Node struct {
 	closing  sync.WaitGroup // connections retireInOrder is closing; Adds under closeMu while !isClosed
 	draining atomic.Bool
 	caps     sync.Map // orbitpool.Key -> *keyCap: see setCap
+	sockDir  string   // the fleet's socket directory, "" for a pool without siblings
 }
 
 // NodeStats counts what a node did since it started.
@@ -203,6 +204,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		if err != nil {
 			return nil, err
 		}
+		n.sockDir = dir
 		n.peers = newPeers(dir, opts.MaxIdlePeerStreams)
 		n.peers.log = log
 		n.srv = newServer(ln, n, log)
@@ -285,6 +287,7 @@ func (n *Node) Close() error {
 	}
 	n.wg.Wait()
 	n.closing.Wait()
+	n.removeEarlyFiles()
 	for i := range n.slots {
 		if oc := n.slots[i].Load(); oc != nil {
 			oc.c.close()
@@ -465,7 +468,7 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 		// the connection keeps its unit until the upstream has let it go
 		// (see finish).
 		if _, c.lingers = c.raw.(*net.TCPConn); c.lingers {
-			c.full = func() bool { return n.earlyHeld(kc) > 0 }
+			c.full = func() bool { return n.earlyHeld(key, kc) > 0 }
 		}
 	}
 	oc.state.Store(stBusy)
@@ -580,7 +583,7 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, fail
 		case failed != nil:
 			ends := oc.c.ends()
 			if !oc.c.closeAfterPeer(n.failedWait, n.stop) {
-				n.closedEarly(failed, ends)
+				n.closedEarly(oc.key, failed, ends)
 				if failed.enforcing() {
 					n.holdWhile(func() bool { return n.stillHeld(ends) })
 				} else {

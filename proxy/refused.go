@@ -11,18 +11,18 @@ import (
 
 // An upstream that caps its own connections closes one past its cap as it
 // accepts it. Under the fleet's cap, set to the upstream's, that happens
-// when the upstream still counts connections this process has closed: a
-// failed exchange's, closed after failedWait while the upstream was still
-// busy with its request. The kernel keeps each such socket, orphaned, until
-// the upstream closes its side, so this process can tell which of the
-// connections it closed early the upstream still holds, and a new
-// connection the upstream closes at once while it does was refused, not
+// when the upstream still counts connections the fleet has closed: a failed
+// exchange's, closed after failedWait while the upstream was still busy
+// with its request. The kernel keeps each such socket, orphaned, until the
+// upstream closes its side, so the fleet can tell which of the connections
+// its processes closed early (see early.go) the upstream still holds, and a
+// new connection the upstream closes at once while it does was refused, not
 // failed. The refused connection's unit stays held while they are held, so
 // that the next waiter's dial is not refused in turn, and a replayable
 // request on it goes again (see readError). Anything else that closes a new
 // connection (a dropped request, an upstream that turns everyone away,
-// another process's connections to the same address) fails its request
-// once, as net/http does.
+// other programs' connections to the same address) fails its request once,
+// as net/http does.
 
 // closedConn is a connection this process closed before its upstream let
 // it go, and when.
@@ -63,9 +63,10 @@ func (c *conn) ends() sockdiag.Conn {
 	return sockdiag.Conn{Local: l.AddrPort(), Remote: r.AddrPort()}
 }
 
-// closedEarly records a connection of kc's key, ends, that this process
-// closed before its upstream let it go.
-func (n *Node) closedEarly(kc *keyCap, ends sockdiag.Conn) {
+// closedEarly records a connection of key, ends, that this process closed
+// before its upstream let it go, here and for the fleet's other processes
+// (see writeEarly).
+func (n *Node) closedEarly(key orbitpool.Key, kc *keyCap, ends sockdiag.Conn) {
 	if !ends.Local.IsValid() {
 		return
 	}
@@ -75,24 +76,32 @@ func (n *Node) closedEarly(kc *keyCap, ends sockdiag.Conn) {
 		kc.early = kc.early[1:]
 	}
 	kc.early = append(kc.early, closedConn{ends, time.Now()})
+	n.writeEarly(key, kc.early)
 }
 
-// earlyHeld counts the connections of kc's key this process closed early
-// that their upstream still holds, forgetting those it no longer does; -1
-// if the kernel does not say.
-func (n *Node) earlyHeld(kc *keyCap) int {
+// earlyHeld counts the connections of key that the fleet's processes
+// closed early and their upstream still holds, forgetting this process's
+// once it holds none; -1 if the kernel does not say.
+func (n *Node) earlyHeld(key orbitpool.Key, kc *keyCap) int {
 	kc.earlyMu.Lock()
 	defer kc.earlyMu.Unlock()
 	now := time.Now()
-	var conns []sockdiag.Conn
 	kept := kc.early[:0]
 	for _, e := range kc.early {
 		if now.Sub(e.at) < maxRefusedHold {
 			kept = append(kept, e)
+		}
+	}
+	if len(kept) < len(kc.early) {
+		n.writeEarly(key, kept)
+	}
+	kc.early = kept
+	var conns []sockdiag.Conn
+	for _, e := range append(n.readEarly(key), kc.early...) {
+		if now.Sub(e.at) < maxRefusedHold {
 			conns = append(conns, e.ends)
 		}
 	}
-	kc.early = kept
 	if len(conns) == 0 {
 		return 0
 	}
@@ -101,8 +110,9 @@ func (n *Node) earlyHeld(kc *keyCap) int {
 		n.cannotCount(err)
 		return -1
 	}
-	if c == 0 {
+	if c == 0 && len(kc.early) > 0 {
 		kc.early = kc.early[:0]
+		n.writeEarly(key, nil)
 	}
 	return c
 }
@@ -133,13 +143,13 @@ func (n *Node) holdWhile(held func() bool) {
 // reports whether to hold its unit: if the node is closing, the unit goes
 // back at once. Otherwise the caller's goroutine, counted in n.closing, ends
 // with kc.refusedHeld decremented.
-func (n *Node) refusal(kc *keyCap) bool {
+func (n *Node) refusal(key orbitpool.Key, kc *keyCap) bool {
 	n.stats.refused.Add(1)
 	now := time.Now()
 	kc.refusedAt.Store(sinceStart(now))
 	if at := kc.refusedLogAt.Load(); sinceStart(now) >= at && kc.refusedLogAt.CompareAndSwap(at, sinceStart(now)+int64(lingerLogEvery)) {
 		n.log.Info("capped upstream refused a new connection while it still holds connections closed here; its place under the cap stays held until it lets them go",
-			zap.Int("held_open_upstream", n.earlyHeld(kc)))
+			zap.Int("held_open_upstream", n.earlyHeld(key, kc)))
 	}
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
@@ -162,33 +172,33 @@ func (n *Node) holdRefused(oc *owned, exec *orbitpool.Execution, kc *keyCap) {
 		exec.Complete()
 		return
 	}
-	n.holdRefusedUnit(kc, func() {
+	n.holdRefusedUnit(oc.key, kc, func() {
 		n.unregister(oc)
 		exec.Complete()
 	})
 }
 
-// holdRefusedUnit holds a refused unit of kc's key (see holdRefused) and
-// then gives it back with release.
-func (n *Node) holdRefusedUnit(kc *keyCap, release func()) {
-	if !n.refusal(kc) {
+// holdRefusedUnit holds a refused unit of key (see holdRefused) and then
+// gives it back with release.
+func (n *Node) holdRefusedUnit(key orbitpool.Key, kc *keyCap, release func()) {
+	if !n.refusal(key, kc) {
 		release()
 		return
 	}
 	go func() {
 		defer n.closing.Done()
-		n.holdWhile(func() bool { return n.earlyHeld(kc) >= int(kc.refusedHeld.Load()) })
+		n.holdWhile(func() bool { return n.earlyHeld(key, kc) >= int(kc.refusedHeld.Load()) })
 		kc.refusedHeld.Add(-1)
 		release()
 	}()
 }
 
-// dialRefused reports whether err, a dial of kc's key that began at start,
-// is the upstream refusing the connection (see conn.full): a TLS upstream
-// at its cap closes it during the handshake.
-func (n *Node) dialRefused(kc *keyCap, start time.Time, err error) bool {
+// dialRefused reports whether err, a dial of key that began at start, is
+// the upstream refusing the connection (see conn.full): a TLS upstream at
+// its cap closes it during the handshake.
+func (n *Node) dialRefused(key orbitpool.Key, kc *keyCap, start time.Time, err error) bool {
 	return kc != nil && kc.max.Load() > 0 && time.Since(start) < refusedWithin &&
-		isConnClosed(err) && n.earlyHeld(kc) > 0
+		isConnClosed(err) && n.earlyHeld(key, kc) > 0
 }
 
 // enforcing reports whether the key's upstream refused one of this

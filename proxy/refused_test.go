@@ -33,7 +33,7 @@ func TestRefusedConnectionWaitsForTheUpstreamsRoom(t *testing.T) {
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond, FailedCloseWait: 300 * time.Millisecond},
 		func(tr *Transport) { tr.MaxConnsPerKey = limit })
 
-	abandonWhileWaiting(t, m, up, limit)
+	abandonWhileWaiting(t, m, m, up, limit)
 	st := up.Stats()
 	if st.Peak > limit || st.Refused == 0 || st.Refused > limit {
 		t.Errorf("the upstream saw %d connections at once and refused %d, cap %d: want one refusal, or one per connection closed before it let go", st.Peak, st.Refused, limit)
@@ -42,16 +42,16 @@ func TestRefusedConnectionWaitsForTheUpstreamsRoom(t *testing.T) {
 		t.Errorf("UpstreamRefused = %d, the upstream refused %d", got, st.Refused)
 	}
 
-	abandonWhileWaiting(t, m, up, limit)
+	abandonWhileWaiting(t, m, m, up, limit)
 	if again := up.Stats(); again.Refused != st.Refused || again.Peak > limit {
 		t.Errorf("second round: the upstream refused %d more connections, saw %d at once, cap %d", again.Refused-st.Refused, again.Peak, limit)
 	}
 }
 
-// abandonWhileWaiting fills m's cap of limit connections to up with requests
-// given up after 200ms, while four more wait for a connection: those four
-// must be served.
-func abandonWhileWaiting(t *testing.T, m *member, up *countingupstream.Server, limit int) {
+// abandonWhileWaiting fills the cap of limit connections to up with
+// requests of abandoner's given up after 200ms, while four more of
+// waiter's wait for a connection: those four must be served.
+func abandonWhileWaiting(t *testing.T, abandoner, waiter *member, up *countingupstream.Server, limit int) {
 	t.Helper()
 	open := up.Stats().Open
 	var wg sync.WaitGroup
@@ -59,7 +59,7 @@ func abandonWhileWaiting(t *testing.T, m *member, up *countingupstream.Server, l
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
-			if err := getBody(ctx, m.tr, up.URL+"/"); err == nil {
+			if err := getBody(ctx, abandoner.tr, up.URL+"/"); err == nil {
 				t.Error("a request given up after 200ms was answered")
 			}
 		})
@@ -72,7 +72,7 @@ func abandonWhileWaiting(t *testing.T, m *member, up *countingupstream.Server, l
 	errs := make(chan error, 4)
 	for range cap(errs) {
 		wg.Go(func() {
-			errs <- getBody(context.Background(), m.tr, up.URL+"/")
+			errs <- getBody(context.Background(), waiter.tr, up.URL+"/")
 		})
 	}
 	wg.Wait()
@@ -81,5 +81,30 @@ func abandonWhileWaiting(t *testing.T, m *member, up *countingupstream.Server, l
 		if err != nil {
 			t.Errorf("waiting request failed: %v", err)
 		}
+	}
+}
+
+// TestSiblingsRefusalIsKnown: as above, with the connections given up in
+// one process and the waiters in another: the sibling whose dial the
+// upstream refuses learns, from the fleet's socket directory, of the
+// connections the first closed early, holds the refused unit and sends its
+// requests again.
+func TestSiblingsRefusalIsKnown(t *testing.T) {
+	const limit = 2
+	up := startCappedUpstream(t, countingupstream.Options{MaxConns: limit, Delay: 1500 * time.Millisecond})
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	opts := NodeOptions{SweepInterval: 50 * time.Millisecond, FailedCloseWait: 300 * time.Millisecond}
+	conf := func(tr *Transport) { tr.MaxConnsPerKey = limit }
+	a := newMemberOpts(t, spec, opts, conf)
+	b := newMemberOpts(t, spec, opts, conf)
+
+	abandonWhileWaiting(t, a, b, up, limit)
+	st := up.Stats()
+	if st.Peak > limit || st.Refused > limit {
+		t.Errorf("the upstream saw %d connections at once and refused %d, cap %d", st.Peak, st.Refused, limit)
+	}
+	if got := a.node.Stats().UpstreamRefused + b.node.Stats().UpstreamRefused; got != uint64(st.Refused) {
+		t.Errorf("UpstreamRefused = %d in all, the upstream refused %d", got, st.Refused)
 	}
 }

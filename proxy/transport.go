@@ -801,8 +801,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return t.dialer.dial(ctx, &e.u)
 			}()
 			if err != nil {
-				if n.dialRefused(kc, dialStart, err) {
-					n.holdRefusedUnit(kc, func() { plan.Permit.Close() })
+				if n.dialRefused(e.key, kc, dialStart, err) {
+					n.holdRefusedUnit(e.key, kc, func() { plan.Permit.Close() })
 				} else {
 					plan.Permit.Close()
 				}

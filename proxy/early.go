@@ -1,0 +1,136 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/orbitproxy/orbit/internal/sockdiag"
+	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+)
+
+// The connections a process closed early (see closedEarly) are known to the
+// fleet through a file per process and key in the fleet's socket directory
+// (mode 0700, the running user's): a unit such a connection gave back may go
+// to a sibling's waiter, whose dial the upstream then refuses, and only a
+// process that knows of the connection can tell that refusal from a failed
+// request. Each line is "<unix nanoseconds> <local address> <remote
+// address>"; the file is replaced whole.
+
+// maxEarlyFile bounds what is read of a sibling's file.
+const maxEarlyFile = 8 << 10
+
+// earlyPrefix starts the name of every early-closed connections file.
+const earlyPrefix = "early-"
+
+// earlyFile is the path of this process's file for key, or "" for a pool
+// without siblings.
+func (n *Node) earlyFile(key orbitpool.Key) string {
+	if n.sockDir == "" {
+		return ""
+	}
+	return filepath.Join(n.sockDir, fmt.Sprintf("%s%d-%s", earlyPrefix, n.pool.Lane(), key))
+}
+
+// writeEarly replaces this process's file for key with early, or removes it
+// if early is empty.
+func (n *Node) writeEarly(key orbitpool.Key, early []closedConn) {
+	path := n.earlyFile(key)
+	if path == "" {
+		return
+	}
+	if len(early) == 0 {
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			n.log.Debug("removing the early-closed connections file", zap.String("path", path), zap.Error(err))
+		}
+		return
+	}
+	var b bytes.Buffer
+	for _, e := range early {
+		fmt.Fprintf(&b, "%d %s %s\n", e.at.UnixNano(), e.ends.Local, e.ends.Remote)
+	}
+	tmp := path + ".tmp"
+	err := os.WriteFile(tmp, b.Bytes(), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		n.log.Debug("writing the early-closed connections file", zap.String("path", path), zap.Error(err))
+	}
+}
+
+// readEarly returns the connections of key the fleet's other processes
+// closed early, as their files say.
+func (n *Node) readEarly(key orbitpool.Key) []closedConn {
+	if n.sockDir == "" {
+		return nil
+	}
+	ents, err := os.ReadDir(n.sockDir)
+	if err != nil {
+		return nil
+	}
+	own := filepath.Base(n.earlyFile(key))
+	suffix := "-" + key.String()
+	var all []closedConn
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, earlyPrefix) || !strings.HasSuffix(name, suffix) || name == own {
+			continue
+		}
+		f, err := os.Open(filepath.Join(n.sockDir, name))
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(io.LimitReader(f, maxEarlyFile))
+		f.Close()
+		all = append(all, parseEarly(b)...)
+	}
+	return all
+}
+
+// parseEarly reads the lines of an early-closed connections file, skipping
+// any it cannot read whole, maxEarly at most.
+func parseEarly(b []byte) []closedConn {
+	var out []closedConn
+	for line := range strings.Lines(string(b)) {
+		if len(out) == maxEarly {
+			break
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 || !strings.HasSuffix(line, "\n") {
+			continue
+		}
+		at, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		local, err := netip.ParseAddrPort(f[1])
+		if err != nil {
+			continue
+		}
+		remote, err := netip.ParseAddrPort(f[2])
+		if err != nil {
+			continue
+		}
+		out = append(out, closedConn{sockdiag.Conn{Local: local, Remote: remote}, time.Unix(0, at)})
+	}
+	return out
+}
+
+// removeEarlyFiles removes this process's early-closed connections files.
+func (n *Node) removeEarlyFiles() {
+	if n.sockDir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(n.sockDir, fmt.Sprintf("%s%d-*", earlyPrefix, n.pool.Lane())))
+	for _, f := range files {
+		os.Remove(f)
+	}
+}

@@ -1,0 +1,54 @@
+package proxy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestParseEarlySkipsWhatItCannotRead: a sibling's file is read line by
+// line; a line cut short, with a field too many or too few, or a bad
+// number or address is skipped, and the rest is kept, maxEarly at most.
+func TestParseEarlySkipsWhatItCannotRead(t *testing.T) {
+	at := time.Unix(0, 1796555591940410992)
+	good := "1796555591940410992 127.0.0.1:40000 127.0.0.1:8080\n"
+	in := good +
+		"x 127.0.0.1:40000 127.0.0.1:8080\n" +
+		"1 127.0.0.1 127.0.0.1:8080\n" +
+		"1 127.0.0.1:1 [::1]:80 extra\n" +
+		"1 127.0.0.1:1\n" +
+		"1796555591940410992 [::1]:40001 [::1]:8080\n" +
+		"1 127.0.0.1:2 127.0.0.1:8080" // no newline: a write cut short
+	got := parseEarly([]byte(in))
+	if len(got) != 2 {
+		t.Fatalf("parsed %d lines, want 2: %+v", len(got), got)
+	}
+	if got[0].ends.Local != netip.MustParseAddrPort("127.0.0.1:40000") || got[0].ends.Remote != netip.MustParseAddrPort("127.0.0.1:8080") || !got[0].at.Equal(at) {
+		t.Errorf("first line read as %+v", got[0])
+	}
+	if got[1].ends.Remote != netip.MustParseAddrPort("[::1]:8080") {
+		t.Errorf("second line read as %+v", got[1])
+	}
+	if n := len(parseEarly([]byte(strings.Repeat(good, 3*maxEarly)))); n != maxEarly {
+		t.Errorf("a file of %d lines gave %d, want at most %d", 3*maxEarly, n, maxEarly)
+	}
+}
+
+// FuzzParseEarly: no file, however malformed, panics the parser or gives
+// more than maxEarly connections or one per line.
+func FuzzParseEarly(f *testing.F) {
+	f.Add([]byte("1796555591940410992 127.0.0.1:40000 127.0.0.1:8080\n"))
+	f.Add([]byte("1 [::1]:1 [::ffff:127.0.0.1]:2\n\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := parseEarly(b)
+		if len(got) > maxEarly || len(got) > strings.Count(string(b), "\n") {
+			t.Fatalf("%d connections from %d bytes, %d lines", len(got), len(b), strings.Count(string(b), "\n"))
+		}
+		for _, c := range got {
+			if !c.ends.Local.IsValid() || !c.ends.Remote.IsValid() {
+				t.Fatalf("invalid address kept: %+v", c)
+			}
+		}
+	})
+}
