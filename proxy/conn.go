@@ -49,7 +49,7 @@ type conn struct {
 	// Node.finish). Set before the conn's first exchange.
 	lingers bool
 	// full, set with lingers, reports whether the upstream still holds
-	// connections this process closed before it let them go (see
+	// connections the fleet closed before it let them go (see
 	// Node.closedEarly): if it closes this one at once, before answering
 	// its first request, it is refusing it, at a cap of its own; refused
 	// records that (see Node.holdRefused).

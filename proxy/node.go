@@ -142,7 +142,7 @@ type NodeStats struct {
 	DialsHeld uint64
 	// UpstreamRefused counts new connections of a capped upstream that it
 	// closed at once, before answering their first request, while it still
-	// held connections this process had closed early (see refused.go).
+	// held connections the fleet had closed early (see refused.go).
 	UpstreamRefused uint64
 	// IdleBeforeReuse sums the time this process's HTTP/1.1 connections
 	// sat idle in the pool between an exchange's end and the next one

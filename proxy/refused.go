@@ -24,8 +24,8 @@ import (
 // other programs' connections to the same address) fails its request once,
 // as net/http does.
 
-// closedConn is a connection this process closed before its upstream let
-// it go, and when.
+// closedConn is a connection a process of the fleet closed before its
+// upstream let it go, and when.
 type closedConn struct {
 	ends sockdiag.Conn
 	at   time.Time
