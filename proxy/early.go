@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/orbitproxy/orbit/internal/sockdiag"
@@ -46,6 +47,13 @@ func (n *Node) writeEarly(key orbitpool.Key, early []closedConn) {
 	if path == "" {
 		return
 	}
+	select {
+	case <-n.stop:
+		// Closed: Close removes the files once the last writer is done,
+		// but a request's refusal check may still be under way.
+		early = nil
+	default:
+	}
 	if len(early) == 0 {
 		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 			n.log.Debug("removing the early-closed connections file", zap.String("path", path), zap.Error(err))
@@ -81,18 +89,28 @@ func (n *Node) readEarly(key orbitpool.Key) []closedConn {
 	var all []closedConn
 	for _, e := range ents {
 		name := e.Name()
-		if !strings.HasPrefix(name, earlyPrefix) || !strings.HasSuffix(name, suffix) || name == own {
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, earlyPrefix) || !strings.HasSuffix(name, suffix) || name == own {
 			continue
 		}
-		f, err := os.Open(filepath.Join(n.sockDir, name))
-		if err != nil {
-			continue
-		}
-		b, _ := io.ReadAll(io.LimitReader(f, maxEarlyFile))
-		f.Close()
-		all = append(all, parseEarly(b)...)
+		all = append(all, parseEarly(readRegular(filepath.Join(n.sockDir, name), maxEarlyFile))...)
 	}
 	return all
+}
+
+// readRegular reads at most max bytes of the regular file at path, nil if
+// it is anything else by the time it is opened (a FIFO would block the
+// read, and a request with it).
+func readRegular(path string, max int64) []byte {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, max))
+	return b
 }
 
 // parseEarly reads the lines of an early-closed connections file, skipping

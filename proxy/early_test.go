@@ -1,10 +1,16 @@
 package proxy
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestParseEarlySkipsWhatItCannotRead: a sibling's file is read line by
@@ -51,4 +57,40 @@ func FuzzParseEarly(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestReadEarlyReadsRegularFilesOnly: what stands in the socket directory
+// under a sibling's file name but is no regular file (a FIFO, whose open or
+// read would block the request that checks for a refusal; a symlink, to
+// /dev/zero say; a directory) is skipped, and a regular one is read.
+func TestReadEarlyReadsRegularFilesOnly(t *testing.T) {
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, nil)
+	key := orbitpool.Key{Hi: 1, Lo: 2}
+	name := func(lane int) string {
+		return filepath.Join(m.node.sockDir, fmt.Sprintf("%s%d-%s", earlyPrefix, lane, key))
+	}
+	if err := syscall.Mkfifo(name(61), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/zero", name(62)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(name(63), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(name(60), []byte("1796555591940410992 127.0.0.1:40000 127.0.0.1:8080\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan []closedConn, 1)
+	go func() { done <- m.node.readEarly(key) }()
+	select {
+	case got := <-done:
+		if len(got) != 1 || got[0].ends.Local != netip.MustParseAddrPort("127.0.0.1:40000") {
+			t.Fatalf("readEarly = %+v, want the regular file's one connection", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("readEarly blocked on what is not a regular file")
+	}
 }

@@ -98,7 +98,9 @@ func (n *Node) earlyHeld(key orbitpool.Key, kc *keyCap) int {
 	kc.early = kept
 	var conns []sockdiag.Conn
 	for _, e := range append(n.readEarly(key), kc.early...) {
-		if now.Sub(e.at) < maxRefusedHold {
+		// A time ahead of now is a sibling's clock stepped back, or a
+		// made-up one: the entry counts no longer than one of now.
+		if age := now.Sub(e.at); age > -time.Second && age < maxRefusedHold {
 			conns = append(conns, e.ends)
 		}
 	}
