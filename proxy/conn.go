@@ -176,6 +176,9 @@ func (c *conn) closeAfterPeer(d time.Duration, stop <-chan struct{}) bool {
 			}
 			t.Stop()
 		}
+	} else {
+		// The peer reset the connection already: it has let it go.
+		peerClosed = errors.Is(err, syscall.ENOTCONN) || isConnClosed(err)
 	}
 	c.close()
 	return peerClosed

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/privdir"
 	"github.com/orbitproxy/orbit/internal/sockdiag"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"go.uber.org/zap"
@@ -23,7 +24,11 @@ import (
 // to a sibling's waiter, whose dial the upstream then refuses, and only a
 // process that knows of the connection can tell that refusal from a failed
 // request. Each line is "<unix nanoseconds> <local address> <remote
-// address>"; the file is replaced whole.
+// address>"; the file is replaced whole. Files are named by process ID and
+// lane, not lane alone: a process killed with connections closed early leaves its file for
+// the fleet to read (its connections still count upstream) while another
+// takes its lane; a file not written for maxRefusedHold, whose entries have
+// all expired, is removed by whoever reads it.
 
 // maxEarlyFile bounds what is read of a sibling's file.
 const maxEarlyFile = 8 << 10
@@ -37,7 +42,7 @@ func (n *Node) earlyFile(key orbitpool.Key) string {
 	if n.sockDir == "" {
 		return ""
 	}
-	return filepath.Join(n.sockDir, fmt.Sprintf("%s%d-%s", earlyPrefix, n.pool.Lane(), key))
+	return filepath.Join(n.sockDir, fmt.Sprintf("%s%d-%d-%s", earlyPrefix, os.Getpid(), n.pool.Lane(), key))
 }
 
 // writeEarly replaces this process's file for key with early, or removes it
@@ -64,12 +69,7 @@ func (n *Node) writeEarly(key orbitpool.Key, early []closedConn) {
 	for _, e := range early {
 		fmt.Fprintf(&b, "%d %s %s\n", e.at.UnixNano(), e.ends.Local, e.ends.Remote)
 	}
-	tmp := path + ".tmp"
-	err := os.WriteFile(tmp, b.Bytes(), 0o600)
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
+	if err := privdir.WriteFile(path, b.Bytes()); err != nil {
 		n.log.Debug("writing the early-closed connections file", zap.String("path", path), zap.Error(err))
 	}
 }
@@ -92,7 +92,12 @@ func (n *Node) readEarly(key orbitpool.Key) []closedConn {
 		if !e.Type().IsRegular() || !strings.HasPrefix(name, earlyPrefix) || !strings.HasSuffix(name, suffix) || name == own {
 			continue
 		}
-		all = append(all, parseEarly(readRegular(filepath.Join(n.sockDir, name), maxEarlyFile))...)
+		path := filepath.Join(n.sockDir, name)
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > maxRefusedHold {
+			os.Remove(path) // every entry in it has expired
+			continue
+		}
+		all = append(all, parseEarly(readRegular(path, maxEarlyFile))...)
 	}
 	return all
 }
@@ -147,7 +152,7 @@ func (n *Node) removeEarlyFiles() {
 	if n.sockDir == "" {
 		return
 	}
-	files, _ := filepath.Glob(filepath.Join(n.sockDir, fmt.Sprintf("%s%d-*", earlyPrefix, n.pool.Lane())))
+	files, _ := filepath.Glob(filepath.Join(n.sockDir, fmt.Sprintf("%s%d-%d-*", earlyPrefix, os.Getpid(), n.pool.Lane())))
 	for _, f := range files {
 		os.Remove(f)
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/sockdiag"
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
@@ -68,8 +70,8 @@ func TestReadEarlyReadsRegularFilesOnly(t *testing.T) {
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, nil)
 	key := orbitpool.Key{Hi: 1, Lo: 2}
-	name := func(lane int) string {
-		return filepath.Join(m.node.sockDir, fmt.Sprintf("%s%d-%s", earlyPrefix, lane, key))
+	name := func(pid int) string {
+		return filepath.Join(m.node.sockDir, fmt.Sprintf("%s%d-0-%s", earlyPrefix, pid, key))
 	}
 	if err := syscall.Mkfifo(name(61), 0o600); err != nil {
 		t.Fatal(err)
@@ -92,5 +94,57 @@ func TestReadEarlyReadsRegularFilesOnly(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("readEarly blocked on what is not a regular file")
+	}
+}
+
+// TestEarlyHeldCountsAnotherProcessFile: connections another process of the
+// fleet closed early (one killed since, say, whose lane a new process may
+// have taken) count while the upstream holds them, from that process's
+// file; once their file has not been written for maxRefusedHold, it is
+// removed.
+func TestEarlyHeldCountsAnotherProcessFile(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			held <- c
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-held
+	defer srv.Close()
+	ends := sockdiag.Conn{Local: c.LocalAddr().(*net.TCPAddr).AddrPort(), Remote: c.RemoteAddr().(*net.TCPAddr).AddrPort()}
+	c.Close() // orphaned while srv holds it
+
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Hour}, func(tr *Transport) { tr.MaxConnsPerKey = 1 })
+	key, kc := adv3EarlyKey(t, m, "http://"+ln.Addr().String()+"/")
+	other := filepath.Join(m.node.sockDir, fmt.Sprintf("%s%d-0-%s", earlyPrefix, 1<<22+1, key))
+	line := fmt.Sprintf("%d %s %s\n", time.Now().UnixNano(), ends.Local, ends.Remote)
+	if err := os.WriteFile(other, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); m.node.earlyHeld(key, kc) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("earlyHeld = %d with another process's connection held upstream, want 1", m.node.earlyHeld(key, kc))
+		}
+	}
+	old := time.Now().Add(-maxRefusedHold - time.Second)
+	if err := os.Chtimes(other, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.node.earlyHeld(key, kc); n != 0 {
+		t.Errorf("earlyHeld = %d from a file not written for %v, want 0", n, maxRefusedHold)
+	}
+	if _, err := os.Stat(other); !os.IsNotExist(err) {
+		t.Errorf("a file not written for %v is still there: %v", maxRefusedHold, err)
 	}
 }
