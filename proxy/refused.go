@@ -37,8 +37,9 @@ const maxEarly = 32
 
 // refusedWithin bounds how long after its dial an upstream's close of a new
 // connection can be a refusal: an upstream at its cap closes a connection
-// past it as it accepts it.
-const refusedWithin = closeWait
+// past it as it accepts it, within a scheduling delay or two of the dial on
+// a loaded machine.
+const refusedWithin = time.Second
 
 // lingerRecheck is how often a held unit looks again at what its upstream
 // still holds (as the pool's holds do).
