@@ -25,10 +25,11 @@ import (
 // process that knows of the connection can tell that refusal from a failed
 // request. Each line is "<unix nanoseconds> <local address> <remote
 // address>"; the file is replaced whole. Files are named by process ID and
-// lane, not lane alone: a process killed with connections closed early leaves its file for
-// the fleet to read (its connections still count upstream) while another
-// takes its lane; a file not written for maxRefusedHold, whose entries have
-// all expired, is removed by whoever reads it.
+// lane, not lane alone: a process killed with connections closed early
+// leaves its file for the fleet to read (its connections still count
+// upstream) while another takes its lane; a file not written for
+// maxRefusedHold, whose entries have all expired, is removed by whoever
+// reads it.
 
 // maxEarlyFile bounds what is read of a sibling's file.
 const maxEarlyFile = 8 << 10

@@ -585,7 +585,7 @@ func (n *Node) retireToward(oc *owned, exec *orbitpool.Execution, lane int, fail
 			if !oc.c.closeAfterPeer(n.failedWait, n.stop) {
 				n.closedEarly(oc.key, failed, ends)
 				if failed.enforcing() {
-					n.holdWhile(func() bool { return n.stillHeld(ends) })
+					n.holdWhile(func() bool { return stillHeld(ends) })
 				} else {
 					n.lingeredInVain(oc, failed)
 				}

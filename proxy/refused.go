@@ -122,7 +122,7 @@ func (n *Node) earlyHeld(key orbitpool.Key, kc *keyCap) int {
 
 // stillHeld reports whether the upstream still holds ends, a connection
 // this process has closed.
-func (n *Node) stillHeld(ends sockdiag.Conn) bool {
+func stillHeld(ends sockdiag.Conn) bool {
 	c, err := sockdiag.OrphansOf([]sockdiag.Conn{ends})
 	return err == nil && c > 0
 }
@@ -166,7 +166,7 @@ func (n *Node) refusal(key orbitpool.Key, kc *keyCap) bool {
 
 // holdRefused takes oc, a connection its capped upstream refused (see
 // conn.full), out of the pool, and keeps its unit of the key's budget while
-// the upstream still holds as many of the connections this process closed
+// the upstream still holds as many of the connections the fleet closed
 // early as refused units are kept: given back at once, it would go to the
 // next waiter, whose dial would be refused as fast, and so on.
 func (n *Node) holdRefused(oc *owned, exec *orbitpool.Execution, kc *keyCap) {
