@@ -148,6 +148,9 @@ type Row struct {
 	// upstream accepted beyond the cap is such a replacement.
 	Moves int
 	Notes []string
+	// Log is what a fleet printed, read once it stopped: its workers'
+	// logs, for a test that failed to show.
+	Log   string
 	start time.Time // when the load began
 }
 
@@ -193,7 +196,7 @@ type Runner struct {
 
 // Run runs s on variant v and returns what it measured. A scenario that
 // could not run is an error; what it measured (errors included) is the row.
-func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
+func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (row Row, err error) {
 	s = s.withDefaults()
 	workers := r.Workers
 	if workers <= 0 {
@@ -233,10 +236,15 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (Row, error) {
 		return Row{}, fmt.Errorf("%s/%s: %w", s.Name, v, err)
 	}
 	if proxy != nil {
-		defer proxy.Stop()
+		defer func() {
+			proxy.Stop()
+			if f, ok := proxy.(*Fleet); ok {
+				row.Log = f.Log()
+			}
+		}()
 	}
 
-	row := Row{Scenario: s.Name, Variant: v, Moved: s.Moved}
+	row = Row{Scenario: s.Name, Variant: v, Moved: s.Moved}
 	base := up.Stats()
 	var firstSecond atomic.Int64
 	firstSecond.Store(-1)

@@ -71,6 +71,11 @@ func runOrbit(t *testing.T, s Scenario, opts ...func(*Runner)) Row {
 		o(r)
 	}
 	row, err := r.Run(context.Background(), s, Orbit)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s: what the fleet printed:\n%s", s.Name, row.Log)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
