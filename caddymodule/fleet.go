@@ -295,10 +295,11 @@ func (f *fleet) Destruct() error {
 	cancel()
 	perr := f.pool.Close()
 	// The last member's leaving empties the socket directory, but for the
-	// upstream names; removing a directory still in use fails and is meant
-	// to.
+	// upstream names and what the members wrote there for one another;
+	// removing a directory still in use fails and is meant to.
 	if _, err := os.Stat(f.cfg.Segment); errors.Is(err, fs.ErrNotExist) {
 		f.names.remove()
+		proxy.RemoveFleetFiles(f.socketDir())
 		os.Remove(f.socketDir())
 	}
 	if nerr != nil {

@@ -103,20 +103,29 @@ func (n *Node) readEarly(key orbitpool.Key) []closedConn {
 	return all
 }
 
-// readRegular reads at most max bytes of the regular file at path, nil if
-// it is anything else by the time it is opened (a FIFO would block the
-// read, and a request with it).
-func readRegular(path string, max int64) []byte {
+// readRegular reads the end of the regular file at path, its last whole
+// lines within limit bytes, nil if it is anything else by the time it is
+// opened (a FIFO would block the read, and a request with it).
+func readRegular(path string, limit int64) []byte {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
 		return nil
 	}
-	b, _ := io.ReadAll(io.LimitReader(f, max))
-	return b
+	if st.Size() <= limit {
+		b, _ := io.ReadAll(io.LimitReader(f, limit))
+		return b
+	}
+	// From the byte before the first one kept, through the line it ends.
+	b, _ := io.ReadAll(io.NewSectionReader(f, st.Size()-limit-1, limit+1))
+	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+		return b[i+1:]
+	}
+	return nil
 }
 
 // parseEarly reads the lines of an early-closed connections file, skipping

@@ -3,9 +3,13 @@ package proxy
 import (
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/privdir"
 	"github.com/orbitproxy/orbit/internal/sockdiag"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"go.uber.org/zap"
@@ -16,42 +20,123 @@ import (
 const maxRemotes = 8
 
 // sawRemote records a, a literal address of the key's upstream or one a
-// connection of the key was dialed to, for lingering. kc may be nil.
-func (kc *keyCap) sawRemote(a netip.AddrPort) {
+// connection of the key was dialed to, for lingering, and reports whether it
+// was new. kc may be nil.
+func (kc *keyCap) sawRemote(a netip.AddrPort) bool {
 	if kc == nil || !a.IsValid() {
-		return
+		return false
 	}
 	kc.remoteMu.Lock()
 	defer kc.remoteMu.Unlock()
 	if slices.Contains(kc.remotes, a) {
-		return
+		return false
 	}
 	if len(kc.remotes) == maxRemotes {
 		kc.remotes = slices.Delete(kc.remotes, 0, 1)
 	}
 	kc.remotes = append(kc.remotes, a)
+	return true
+}
+
+// sawRemote records a for key (see keyCap.sawRemote) and, the first time
+// this process sees it, tells the fleet (see publishRemote).
+func (n *Node) sawRemote(key orbitpool.Key, kc *keyCap, a netip.AddrPort) {
+	if kc.sawRemote(a) {
+		n.publishRemote(key, a)
+	}
 }
 
 // sawConn records the address c is connected to (see sawRemote).
-func (kc *keyCap) sawConn(c *conn) {
+func (n *Node) sawConn(key orbitpool.Key, kc *keyCap, c *conn) {
 	if a, ok := c.raw.RemoteAddr().(*net.TCPAddr); ok {
-		kc.sawRemote(a.AddrPort())
+		n.sawRemote(key, kc, a.AddrPort())
 	}
 }
+
+// A key's upstream addresses are known to the fleet through a file per key
+// in the socket directory (mode 0700, the running user's), to which each
+// process appends a line the first time it learns an address. The member
+// that holds a dead process's share of a cap may have no request for the
+// key yet, as a worker restarted in the dead one's place has none, and
+// must still count the connections the dead one left with the upstream:
+// without their address, the share went back on a set time while the
+// upstream still counted them, and every dial into it was refused.
+const remotesPrefix = "remotes-"
+
+// maxRemotesFile bounds what is read of a key's addresses file: its end,
+// where the newest addresses are.
+const maxRemotesFile = 4 << 10
+
+func (n *Node) remotesFile(key orbitpool.Key) string {
+	return filepath.Join(n.sockDir, remotesPrefix+key.String())
+}
+
+// publishRemote appends a to key's addresses file: one write of one line,
+// which O_APPEND keeps whole when members append at once.
+func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
+	if n.sockDir == "" {
+		return
+	}
+	f, err := privdir.OpenFile(n.remotesFile(key), os.O_WRONLY|os.O_APPEND|os.O_CREATE)
+	if err == nil {
+		_, err = f.Write([]byte(a.String() + "\n"))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		n.log.Warn("telling the fleet an upstream's address; a dead process's share of its cap may be held for a set time only",
+			zap.Stringer("upstream", a), zap.Error(err))
+	}
+}
+
+// fleetRemotes returns the addresses the fleet's processes have learned
+// for key, as its addresses file says.
+func (n *Node) fleetRemotes(key orbitpool.Key) []netip.AddrPort {
+	if n.sockDir == "" {
+		return nil
+	}
+	return parseRemotes(readRegular(n.remotesFile(key), maxRemotesFile))
+}
+
+// parseRemotes reads the lines of an addresses file, skipping any it cannot
+// read whole and repeats, maxFleetRemotes at most, the last ones.
+func parseRemotes(b []byte) []netip.AddrPort {
+	var out []netip.AddrPort
+	for line := range strings.Lines(string(b)) {
+		text, whole := strings.CutSuffix(line, "\n")
+		a, err := netip.ParseAddrPort(text)
+		if !whole || err != nil || slices.Contains(out, a) {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out[max(len(out)-maxFleetRemotes, 0):]
+}
+
+// maxFleetRemotes bounds the addresses lingering asks the kernel about for
+// a key: the fleet's, each process keeping maxRemotes.
+const maxFleetRemotes = 4 * maxRemotes
 
 // lingering counts the host's connections of key that their processes have
 // closed, or died holding, and the upstream has not closed: it still counts
 // them against any limit of its own, and a dead process's budget stays held
-// for them (orbitpool.Pool.SetLingering). -1 if it cannot tell: this process
+// for them (orbitpool.Pool.SetLingering). -1 if it cannot tell: the fleet
 // knows no address of key's upstream, or the kernel does not say.
 func (n *Node) lingering(key orbitpool.Key) int {
-	kc := n.capOf(key)
-	if kc == nil {
-		return -1
+	var addrs []netip.AddrPort
+	logAt := &n.lingerLogAt
+	if kc := n.capOf(key); kc != nil {
+		kc.remoteMu.Lock()
+		addrs = slices.Clone(kc.remotes)
+		kc.remoteMu.Unlock()
+		logAt = &kc.lingerLogAt
 	}
-	kc.remoteMu.Lock()
-	addrs := slices.Clone(kc.remotes)
-	kc.remoteMu.Unlock()
+	for _, a := range n.fleetRemotes(key) {
+		if !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
 	if len(addrs) == 0 {
 		return -1
 	}
@@ -60,8 +145,8 @@ func (n *Node) lingering(key orbitpool.Key) int {
 		n.cannotCount(err)
 		return -1
 	}
-	if now := sinceStart(time.Now()); c > 0 && now >= kc.lingerLogAt.Load() {
-		kc.lingerLogAt.Store(now + int64(lingerLogEvery))
+	if now := sinceStart(time.Now()); c > 0 && now >= logAt.Load() {
+		logAt.Store(now + int64(lingerLogEvery))
 		n.log.Info("upstream still holds connections closed here; a dead process's share of the cap stays held",
 			zap.Stringers("upstream", addrs), zap.Int("connections", c))
 	}
@@ -79,3 +164,16 @@ func (n *Node) cannotCount(err error) {
 // lingerLogEvery is how often lingering logs a key's connections still held
 // open by its upstream, which it is asked about every 100ms while they are.
 const lingerLogEvery = 10 * time.Second
+
+// RemoveFleetFiles removes the files a fleet's processes wrote in its
+// socket directory dir for one another (upstream addresses, connections
+// closed early), for the last member to leave: a process killed leaves its
+// own behind.
+func RemoveFleetFiles(dir string) {
+	for _, prefix := range []string{remotesPrefix, earlyPrefix} {
+		files, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
+		for _, f := range files {
+			os.Remove(f)
+		}
+	}
+}

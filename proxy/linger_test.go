@@ -107,6 +107,87 @@ func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 	waitFor(t, 2*time.Second, "nothing held", func() bool { return heldUnits(t, me.pool) == 0 })
 }
 
+// TestDeadOwnersBudgetHeldByAMemberThatNeverUsedTheKey: as above, but the
+// member that finds the owner dead, and holds its budget, joins after the
+// kill, as a worker restarted in the dead one's place does, and has no
+// request for the key until the hold has ended. The fleet told it the
+// upstream's address (see remotesPrefix): it counts the dead owner's
+// connections the upstream still holds and keeps their units, so requests
+// sent after the hold wait for the upstream to let go, and it never holds
+// more than 2. Without the address the units went back on the set time, the
+// requests dialed to a peak of 4, and an upstream enforcing its cap refused
+// every such dial.
+func TestDeadOwnersBudgetHeldByAMemberThatNeverUsedTheKey(t *testing.T) {
+	const (
+		reclaimHold = 200 * time.Millisecond
+		upstreamFor = 1500 * time.Millisecond
+	)
+	var busy atomic.Int64
+	srv, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, err := strconv.Atoi(r.URL.Query().Get("hold")); err == nil {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			busy.Add(1)
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+			c.Close()
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	seg := filepath.Join(t.TempDir(), "seg")
+	owner := startChild(t, seg, srv.URL, 0, 2)
+	owner.send(t, "hang 2 "+strconv.Itoa(int(upstreamFor/time.Millisecond)))
+	owner.expect(t, "hung")
+	waitFor(t, 5*time.Second, "the upstream to hold the owner's 2 requests", func() bool {
+		open, _, _ := counts()
+		return open == 2 && busy.Load() == 2
+	})
+	killed := time.Now()
+	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	owner.cmd.Process.Wait()
+
+	spec := testSpec
+	spec.Path = seg
+	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: reclaimHold},
+		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	if held := heldUnits(t, me.pool); held != 2 {
+		t.Fatalf("joining after the kill: %d units held, want the dead owner's 2", held)
+	}
+	time.Sleep(reclaimHold + 3*lingerRecheckForTest)
+	if open, _, _ := counts(); open != 2 {
+		t.Fatalf("%v after the kill, the upstream holds %d connections; the test needs the owner's 2",
+			time.Since(killed).Round(time.Millisecond), open)
+	}
+	if held := heldUnits(t, me.pool); held != 2 {
+		t.Errorf("%v after the kill, past the hold, with the upstream holding the owner's 2 connections: %d units held, want 2",
+			time.Since(killed).Round(time.Millisecond), held)
+	}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := get(t, ctx, me.tr, srv.URL+"/")
+			if err == nil {
+				drain(resp)
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, peak, _ := counts(); peak > 2 {
+		t.Fatalf("the upstream held %d connections at once, cap 2", peak)
+	}
+}
+
 // lingerRecheckForTest is orbitpool's recheck of a lingering hold (100 ms).
 const lingerRecheckForTest = 100 * time.Millisecond
 

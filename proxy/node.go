@@ -105,6 +105,10 @@ type Node struct {
 	draining atomic.Bool
 	caps     sync.Map // orbitpool.Key -> *keyCap: see setCap
 	sockDir  string   // the fleet's socket directory, "" for a pool without siblings
+
+	// lingerLogAt is when lingering may log again of a key no Transport
+	// of this process has used (see keyCap.lingerLogAt).
+	lingerLogAt atomic.Int64
 }
 
 // NodeStats counts what a node did since it started.
@@ -925,13 +929,13 @@ func sinceStart(t time.Time) int64 { return int64(t.Sub(processStart)) }
 func (n *Node) setCap(key orbitpool.Key, max int, addr string) {
 	v, ok := n.caps.Load(key)
 	if !ok {
-		kc := new(keyCap)
-		if a, err := netip.ParseAddrPort(addr); err == nil {
-			kc.sawRemote(a)
-		}
-		v, _ = n.caps.LoadOrStore(key, kc)
+		v, _ = n.caps.LoadOrStore(key, new(keyCap))
 	}
-	v.(*keyCap).max.Store(int64(max))
+	kc := v.(*keyCap)
+	kc.max.Store(int64(max))
+	if a, err := netip.ParseAddrPort(addr); err == nil {
+		n.sawRemote(key, kc, a)
+	}
 }
 
 // capOf is key's record, nil if no Transport has used key.

@@ -812,7 +812,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return nil, err
 			}
-			kc.sawConn(c)
+			n.sawConn(e.key, kc, c)
 			h2 := h2Wanted(&e.u, c)
 			e.sawProto(h2)
 			if h2 {
