@@ -625,7 +625,7 @@ func BenchmarkIdleCheck(b *testing.B) {
 				u.Scheme, u.TLS = "https", &tls.Config{RootCAs: roots, ServerName: "example.com"}
 			}
 			d := dialer{}
-			c, err := d.dial(context.Background(), &u)
+			c, err := d.dial(context.Background(), &u, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/netip"
+	"syscall"
 	"time"
 )
 
@@ -37,8 +39,11 @@ const defaultDialTimeout = 10 * time.Second
 
 // dial connects to u within the dial timeout and, for https, completes the
 // TLS handshake, resuming a session from the cache when it can. Every
-// failure here is retry-safe: no request byte was sent.
-func (d *dialer) dial(ctx context.Context, u *upstream) (*conn, error) {
+// failure here is retry-safe: no request byte was sent. seen, if not nil,
+// learns each address dial connects to before it does: a process that dies
+// before its connection is made, or during its handshake, leaves a
+// connection the upstream may count, and the fleet must know where to.
+func (d *dialer) dial(ctx context.Context, u *upstream, seen func(netip.AddrPort)) (*conn, error) {
 	timeout := d.timeout
 	if timeout <= 0 {
 		timeout = defaultDialTimeout
@@ -46,6 +51,14 @@ func (d *dialer) dial(ctx context.Context, u *upstream) (*conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	nd := net.Dialer{KeepAlive: d.keepAlive}
+	if seen != nil {
+		nd.ControlContext = func(_ context.Context, _, address string, _ syscall.RawConn) error {
+			if a, err := netip.ParseAddrPort(address); err == nil {
+				seen(a)
+			}
+			return nil
+		}
+	}
 	raw, err := nd.DialContext(ctx, "tcp", u.Addr)
 	if err != nil {
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: err}

@@ -1,12 +1,14 @@
 package proxy
 
 import (
-	"net"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/orbitproxy/orbit/internal/privdir"
@@ -19,22 +21,38 @@ import (
 // a name that resolves to many keeps its latest.
 const maxRemotes = 8
 
+// maxPublished bounds the addresses a key remembers having told the fleet
+// (see publishRemote), beyond maxRemotes: a name that resolves to more
+// addresses than a key remembers, dialed in turn, would otherwise have
+// each told again at every dial.
+const maxPublished = 256
+
 // sawRemote records a, a literal address of the key's upstream or one a
-// connection of the key was dialed to, for lingering, and reports whether it
-// was new. kc may be nil.
-func (kc *keyCap) sawRemote(a netip.AddrPort) bool {
+// connection of the key is dialed to, for lingering, and reports whether the
+// fleet has yet to be told of it. kc may be nil.
+func (kc *keyCap) sawRemote(a netip.AddrPort) (tell bool) {
 	if kc == nil || !a.IsValid() {
 		return false
 	}
+	a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 	kc.remoteMu.Lock()
 	defer kc.remoteMu.Unlock()
-	if slices.Contains(kc.remotes, a) {
+	if !slices.Contains(kc.remotes, a) {
+		if len(kc.remotes) == maxRemotes {
+			kc.remotes = slices.Delete(kc.remotes, 0, 1)
+		}
+		kc.remotes = append(kc.remotes, a)
+	}
+	if kc.published[a] {
 		return false
 	}
-	if len(kc.remotes) == maxRemotes {
-		kc.remotes = slices.Delete(kc.remotes, 0, 1)
+	if len(kc.published) == maxPublished {
+		clear(kc.published)
 	}
-	kc.remotes = append(kc.remotes, a)
+	if kc.published == nil {
+		kc.published = make(map[netip.AddrPort]bool)
+	}
+	kc.published[a] = true
 	return true
 }
 
@@ -43,13 +61,6 @@ func (kc *keyCap) sawRemote(a netip.AddrPort) bool {
 func (n *Node) sawRemote(key orbitpool.Key, kc *keyCap, a netip.AddrPort) {
 	if kc.sawRemote(a) {
 		n.publishRemote(key, a)
-	}
-}
-
-// sawConn records the address c is connected to (see sawRemote).
-func (n *Node) sawConn(key orbitpool.Key, kc *keyCap, c *conn) {
-	if a, ok := c.raw.RemoteAddr().(*net.TCPAddr); ok {
-		n.sawRemote(key, kc, a.AddrPort())
 	}
 }
 
@@ -71,15 +82,30 @@ func (n *Node) remotesFile(key orbitpool.Key) string {
 	return filepath.Join(n.sockDir, remotesPrefix+key.String())
 }
 
-// publishRemote appends a to key's addresses file: one write of one line,
-// which O_APPEND keeps whole when members append at once.
+// publishRemote appends a to key's addresses file, on a line of its own
+// even if the last write to the file was cut short: one write, which
+// O_APPEND keeps whole when members append at once. It never blocks on
+// what is no regular file (a FIFO's open for writing would, and the dial
+// with it), and a closed node writes nothing: the last member to leave
+// removes the files.
 func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
 	if n.sockDir == "" {
 		return
 	}
-	f, err := privdir.OpenFile(n.remotesFile(key), os.O_WRONLY|os.O_APPEND|os.O_CREATE)
+	select {
+	case <-n.stop:
+		return
+	default:
+	}
+	f, err := privdir.OpenFile(n.remotesFile(key), os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK)
 	if err == nil {
-		_, err = f.Write([]byte(a.String() + "\n"))
+		var st os.FileInfo
+		if st, err = f.Stat(); err == nil && !st.Mode().IsRegular() {
+			err = fmt.Errorf("%s is no regular file", f.Name())
+		}
+		if err == nil {
+			_, err = f.Write([]byte("\n" + a.String() + "\n"))
+		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -100,18 +126,24 @@ func (n *Node) fleetRemotes(key orbitpool.Key) []netip.AddrPort {
 }
 
 // parseRemotes reads the lines of an addresses file, skipping any it cannot
-// read whole and repeats, maxFleetRemotes at most, the last ones.
+// read whole, and returns the addresses last written, each once,
+// maxFleetRemotes at most.
 func parseRemotes(b []byte) []netip.AddrPort {
-	var out []netip.AddrPort
+	var all []netip.AddrPort
 	for line := range strings.Lines(string(b)) {
 		text, whole := strings.CutSuffix(line, "\n")
-		a, err := netip.ParseAddrPort(text)
-		if !whole || err != nil || slices.Contains(out, a) {
-			continue
+		if a, err := netip.ParseAddrPort(text); whole && err == nil {
+			all = append(all, a)
 		}
-		out = append(out, a)
 	}
-	return out[max(len(out)-maxFleetRemotes, 0):]
+	var out []netip.AddrPort
+	for i := len(all) - 1; i >= 0 && len(out) < maxFleetRemotes; i-- {
+		if !slices.Contains(out, all[i]) {
+			out = append(out, all[i])
+		}
+	}
+	slices.Reverse(out)
+	return out
 }
 
 // maxFleetRemotes bounds the addresses lingering asks the kernel about for
@@ -125,12 +157,15 @@ const maxFleetRemotes = 4 * maxRemotes
 // knows no address of key's upstream, or the kernel does not say.
 func (n *Node) lingering(key orbitpool.Key) int {
 	var addrs []netip.AddrPort
-	logAt := &n.lingerLogAt
+	var logAt *atomic.Int64
 	if kc := n.capOf(key); kc != nil {
 		kc.remoteMu.Lock()
 		addrs = slices.Clone(kc.remotes)
 		kc.remoteMu.Unlock()
 		logAt = &kc.lingerLogAt
+	} else {
+		v, _ := n.lingerLogAt.LoadOrStore(key, new(atomic.Int64))
+		logAt = v.(*atomic.Int64)
 	}
 	for _, a := range n.fleetRemotes(key) {
 		if !slices.Contains(addrs, a) {

@@ -106,9 +106,10 @@ type Node struct {
 	caps     sync.Map // orbitpool.Key -> *keyCap: see setCap
 	sockDir  string   // the fleet's socket directory, "" for a pool without siblings
 
-	// lingerLogAt is when lingering may log again of a key no Transport
-	// of this process has used (see keyCap.lingerLogAt).
-	lingerLogAt atomic.Int64
+	// lingerLogAt is, by key no Transport of this process has used
+	// (orbitpool.Key -> *atomic.Int64), when lingering may log again of
+	// it (see keyCap.lingerLogAt).
+	lingerLogAt sync.Map
 }
 
 // NodeStats counts what a node did since it started.
@@ -876,8 +877,9 @@ type keyCap struct {
 	passMu      sync.Mutex
 	passed      map[int]passedDials // by lane, the dials passed there and not yet seen live
 	remoteMu    sync.Mutex
-	remotes     []netip.AddrPort // the upstream's addresses, for lingering
-	lingerLogAt atomic.Int64     // (since processStart) when lingering may log again
+	remotes     []netip.AddrPort        // the upstream's addresses, for lingering
+	published   map[netip.AddrPort]bool // the addresses told the fleet (see sawRemote)
+	lingerLogAt atomic.Int64            // (since processStart) when lingering may log again
 }
 
 // dialBegins and dialEnds bracket a dial of the key by this process, which

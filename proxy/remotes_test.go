@@ -16,10 +16,11 @@ import (
 
 // TestParseRemotesSkipsWhatItCannotRead: an addresses file is read line by
 // line; a line cut short or not an address is skipped, a repeat is kept
-// once, and of more than maxFleetRemotes the last are kept.
+// once, where it was last written, and of more than maxFleetRemotes the
+// last are kept.
 func TestParseRemotesSkipsWhatItCannotRead(t *testing.T) {
 	got := parseRemotes([]byte("127.0.0.1:8080\nlocalhost:80\n[::1]:443\n127.0.0.1:8080\n10.0.0.1\n\n127.0.0.2:1"))
-	want := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:8080"), netip.MustParseAddrPort("[::1]:443")}
+	want := []netip.AddrPort{netip.MustParseAddrPort("[::1]:443"), netip.MustParseAddrPort("127.0.0.1:8080")}
 	if !slices.Equal(got, want) {
 		t.Fatalf("parseRemotes = %v, want %v", got, want)
 	}
@@ -102,8 +103,8 @@ func TestFleetLearnsTheAddressesItsMembersDial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(b) != addr+"\n" {
-		t.Fatalf("after 3 dials, the addresses file is %q, want %q once", b, addr+"\n")
+	if string(b) != "\n"+addr+"\n" {
+		t.Fatalf("after 3 dials, the addresses file is %q, want %q once", b, addr)
 	}
 
 	other := orbitpool.Key{Hi: 3, Lo: 4}

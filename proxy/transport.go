@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -798,7 +799,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 						plan.Permit.Close()
 					}
 				}()
-				return t.dialer.dial(ctx, &e.u)
+				return t.dialer.dial(ctx, &e.u, func(a netip.AddrPort) { n.sawRemote(e.key, kc, a) })
 			}()
 			if err != nil {
 				if n.dialRefused(e.key, kc, dialStart, err) {
@@ -812,7 +813,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return nil, err
 			}
-			n.sawConn(e.key, kc, c)
 			h2 := h2Wanted(&e.u, c)
 			e.sawProto(h2)
 			if h2 {
