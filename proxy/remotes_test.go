@@ -78,7 +78,7 @@ func TestReadRegularKeepsTheLastWholeLines(t *testing.T) {
 // TestFleetLearnsTheAddressesItsMembersDial: the address a member dials for
 // a key (by name, here) is known to a sibling that never used the key, once,
 // however often it is dialed; the sibling's lingering asks the kernel about
-// it (0, not "cannot tell"). A FIFO in the file's place blocks no one.
+// it (not -1, "cannot tell"). A FIFO in the file's place blocks no one.
 func TestFleetLearnsTheAddressesItsMembersDial(t *testing.T) {
 	srv := discardUpstream(t)
 	addr := strings.TrimPrefix(srv.URL, "http://")
@@ -95,8 +95,9 @@ func TestFleetLearnsTheAddressesItsMembersDial(t *testing.T) {
 			t.Fatal(err)
 		}
 		drain(resp)
-		if got := ms[1].node.lingering(key); got != 0 {
-			t.Fatalf("a sibling's lingering = %d once its sibling dialed, want 0", got)
+		// Not 0: the connection closed before may still be closing.
+		if got := ms[1].node.lingering(key); got < 0 {
+			t.Fatalf("a sibling's lingering = %d once its sibling dialed, want the address known", got)
 		}
 	}
 	b, err := os.ReadFile(ms[0].node.remotesFile(key))
