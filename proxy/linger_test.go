@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -30,33 +31,7 @@ func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 		reclaimHold = 200 * time.Millisecond
 		upstreamFor = 1500 * time.Millisecond
 	)
-	var busy atomic.Int64
-	srv, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if ms, err := strconv.Atoi(r.URL.Query().Get("hold")); err == nil {
-			// Busy with the request, deaf to the client's close, and
-			// then gone without a word: the close is counted before
-			// the client's kernel can see it.
-			c, _, err := w.(http.Hijacker).Hijack()
-			if err != nil {
-				return
-			}
-			busy.Add(1)
-			time.Sleep(time.Duration(ms) * time.Millisecond)
-			c.Close()
-			return
-		}
-		io.WriteString(w, "ok")
-	}))
-	seg := filepath.Join(t.TempDir(), "seg")
-	owner := startChild(t, seg, srv.URL, 0, 2)
-	owner.send(t, "hang 2 "+strconv.Itoa(int(upstreamFor/time.Millisecond)))
-	owner.expect(t, "hung")
-	// Its requests, not only their connections: one the upstream only
-	// accepted it closes as soon as the owner dies.
-	waitFor(t, 5*time.Second, "the upstream to hold the owner's 2 requests", func() bool {
-		open, _, _ := counts()
-		return open == 2 && busy.Load() == 2
-	})
+	srv, counts, seg, owner := ownerHoldingTwo(t, upstreamFor)
 	spec := testSpec
 	spec.Path = seg
 	core, logs := observer.New(zapcore.InfoLevel)
@@ -122,28 +97,7 @@ func TestDeadOwnersBudgetHeldByAMemberThatNeverUsedTheKey(t *testing.T) {
 		reclaimHold = 200 * time.Millisecond
 		upstreamFor = 1500 * time.Millisecond
 	)
-	var busy atomic.Int64
-	srv, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if ms, err := strconv.Atoi(r.URL.Query().Get("hold")); err == nil {
-			c, _, err := w.(http.Hijacker).Hijack()
-			if err != nil {
-				return
-			}
-			busy.Add(1)
-			time.Sleep(time.Duration(ms) * time.Millisecond)
-			c.Close()
-			return
-		}
-		io.WriteString(w, "ok")
-	}))
-	seg := filepath.Join(t.TempDir(), "seg")
-	owner := startChild(t, seg, srv.URL, 0, 2)
-	owner.send(t, "hang 2 "+strconv.Itoa(int(upstreamFor/time.Millisecond)))
-	owner.expect(t, "hung")
-	waitFor(t, 5*time.Second, "the upstream to hold the owner's 2 requests", func() bool {
-		open, _, _ := counts()
-		return open == 2 && busy.Load() == 2
-	})
+	srv, counts, seg, owner := ownerHoldingTwo(t, upstreamFor)
 	killed := time.Now()
 	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -186,6 +140,40 @@ func TestDeadOwnersBudgetHeldByAMemberThatNeverUsedTheKey(t *testing.T) {
 	if _, peak, _ := counts(); peak > 2 {
 		t.Fatalf("the upstream held %d connections at once, cap 2", peak)
 	}
+}
+
+// ownerHoldingTwo starts an upstream and, in a child process on a new
+// segment (seg), a member with a cap of 2 whose two requests the upstream
+// holds for d: busy with them, deaf to the client's close, and then gone
+// without a word, so the close is counted before the client's kernel can
+// see it. It returns once the upstream holds both requests, not only their
+// connections: one the upstream only accepted it closes as soon as the
+// owner dies.
+func ownerHoldingTwo(t *testing.T, d time.Duration) (srv *httptest.Server, counts func() (open, peak, total int64), seg string, owner *child) {
+	t.Helper()
+	var busy atomic.Int64
+	srv, counts = countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, err := strconv.Atoi(r.URL.Query().Get("hold")); err == nil {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			busy.Add(1)
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+			c.Close()
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	seg = filepath.Join(t.TempDir(), "seg")
+	owner = startChild(t, seg, srv.URL, 0, 2)
+	owner.send(t, "hang 2 "+strconv.Itoa(int(d/time.Millisecond)))
+	owner.expect(t, "hung")
+	waitFor(t, 5*time.Second, "the upstream to hold the owner's 2 requests", func() bool {
+		open, _, _ := counts()
+		return open == 2 && busy.Load() == 2
+	})
+	return srv, counts, seg, owner
 }
 
 // lingerRecheckForTest is orbitpool's recheck of a lingering hold (100 ms).
