@@ -220,7 +220,8 @@ type App struct {
 	// refuse them, failing the requests sent on them. Those the upstream
 	// has still not closed when the hold ends stay counted until it does,
 	// for at most a minute: the kernel keeps each, orphaned in FIN_WAIT,
-	// until the upstream closes its side, and says so (sock_diag; where it
+	// until the upstream closes its side, and says so (sock_diag, asked of
+	// every address a worker of the fleet dialed the upstream at; where it
 	// cannot be asked, the hold is the set time). It also bounds how long
 	// a connection whose request was abandoned (its client, or the sibling
 	// it served, went away) keeps its place under the cap while the
