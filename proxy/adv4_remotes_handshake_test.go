@@ -7,11 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv4RemotesDeadDuringHandshakeIsCounted: a worker killed while its
@@ -60,15 +57,7 @@ func TestAdv4RemotesDeadDuringHandshakeIsCounted(t *testing.T) {
 	owner.expect(t, "hung")
 	waitFor(t, 5*time.Second, "the upstream to accept the owner's 2 connections", func() bool { return accepted.Load() == 2 })
 	time.Sleep(100 * time.Millisecond)
-	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	owner.cmd.Process.Wait()
-
-	spec := testSpec
-	spec.Path = seg
-	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: reclaimHold},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	me := joinInPlaceOf(t, owner, seg, reclaimHold)
 	key := mustKey(t, &Transport{}, url)
 	heldAtJoin := heldUnits(t, me.pool)
 	time.Sleep(reclaimHold + 3*lingerRecheckForTest)

@@ -99,7 +99,6 @@ func TestAdv4RemotesConcurrentAppendsStayWhole(t *testing.T) {
 // neither blocks a request nor slows lingering (the dispatcher's), and a
 // symlink's target is not written.
 func TestAdv4RemotesHostileFilesBlockNothing(t *testing.T) {
-	srv := discardUpstream(t)
 	victim := filepath.Join(t.TempDir(), "victim")
 	os.WriteFile(victim, []byte("keep"), 0o600)
 	big := strings.Repeat("garbage that is not an address\n", 300000) + "127.0.0.9:9\n"
@@ -114,6 +113,9 @@ func TestAdv4RemotesHostileFilesBlockNothing(t *testing.T) {
 		{"unreadable", func(p string) error { return os.WriteFile(p, nil, 0o000) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// An upstream of its own: a previous case's connections may still
+			// be closing, and counted, at the last one's address.
+			srv := discardUpstream(t)
 			ms := newFleet(t, 2, nil)
 			key := mustKey(t, &Transport{}, srv.URL)
 			if err := tc.plant(ms[0].node.remotesFile(key)); err != nil {

@@ -103,19 +103,33 @@ func (n *Node) readEarly(key orbitpool.Key) []closedConn {
 	return all
 }
 
-// readRegular reads the end of the regular file at path, its last whole
-// lines within limit bytes, nil if it is anything else by the time it is
-// opened (a FIFO would block the read, and a request with it).
+// openRegular opens path (see privdir.OpenFile) without blocking, and only
+// if it is a regular file by then: a FIFO's open or read would block, and
+// the request or dial with it.
+func openRegular(path string, flag int) (*os.File, os.FileInfo, error) {
+	f, err := privdir.OpenFile(path, flag|syscall.O_NONBLOCK)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = fmt.Errorf("%s is no regular file", path)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
+}
+
+// readRegular reads the end of the regular file at path (see openRegular),
+// its last whole lines within limit bytes; nil if it cannot.
 func readRegular(path string, limit int64) []byte {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, st, err := openRegular(path, os.O_RDONLY)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		return nil
-	}
 	if st.Size() <= limit {
 		b, _ := io.ReadAll(io.LimitReader(f, limit))
 		return b

@@ -1,17 +1,14 @@
 package proxy
 
 import (
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/orbitproxy/orbit/internal/privdir"
 	"github.com/orbitproxy/orbit/internal/sockdiag"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"go.uber.org/zap"
@@ -82,12 +79,10 @@ func (n *Node) remotesFile(key orbitpool.Key) string {
 	return filepath.Join(n.sockDir, remotesPrefix+key.String())
 }
 
-// publishRemote appends a to key's addresses file, on a line of its own
-// even if the last write to the file was cut short: one write, which
-// O_APPEND keeps whole when members append at once. It never blocks on
-// what is no regular file (a FIFO's open for writing would, and the dial
-// with it), and a closed node writes nothing: the last member to leave
-// removes the files.
+// publishRemote appends a to key's addresses file (see openRegular), on a
+// line of its own even if the last write to the file was cut short: one
+// write, which O_APPEND keeps whole when members append at once. A closed
+// node writes nothing: the last member to leave removes the files.
 func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
 	if n.sockDir == "" {
 		return
@@ -97,15 +92,9 @@ func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
 		return
 	default:
 	}
-	f, err := privdir.OpenFile(n.remotesFile(key), os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK)
+	f, _, err := openRegular(n.remotesFile(key), os.O_WRONLY|os.O_APPEND|os.O_CREATE)
 	if err == nil {
-		var st os.FileInfo
-		if st, err = f.Stat(); err == nil && !st.Mode().IsRegular() {
-			err = fmt.Errorf("%s is no regular file", f.Name())
-		}
-		if err == nil {
-			_, err = f.Write([]byte("\n" + a.String() + "\n"))
-		}
+		_, err = f.Write([]byte("\n" + a.String() + "\n"))
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

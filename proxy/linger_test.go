@@ -99,15 +99,7 @@ func TestDeadOwnersBudgetHeldByAMemberThatNeverUsedTheKey(t *testing.T) {
 	)
 	srv, counts, seg, owner := ownerHoldingTwo(t, upstreamFor)
 	killed := time.Now()
-	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	owner.cmd.Process.Wait()
-
-	spec := testSpec
-	spec.Path = seg
-	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: reclaimHold},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	me := joinInPlaceOf(t, owner, seg, reclaimHold)
 	if held := heldUnits(t, me.pool); held != 2 {
 		t.Fatalf("joining after the kill: %d units held, want the dead owner's 2", held)
 	}
@@ -174,6 +166,21 @@ func ownerHoldingTwo(t *testing.T, d time.Duration) (srv *httptest.Server, count
 		return open == 2 && busy.Load() == 2
 	})
 	return srv, counts, seg, owner
+}
+
+// joinInPlaceOf kills owner, a member of seg, and once it has exited joins
+// seg with a cap of 2 and reclaimHold, as a worker restarted in its place
+// does: it finds the owner dead as it joins, and holds its budget.
+func joinInPlaceOf(t *testing.T, owner *child, seg string, reclaimHold time.Duration) *member {
+	t.Helper()
+	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	owner.cmd.Process.Wait()
+	spec := testSpec
+	spec.Path = seg
+	return newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: reclaimHold},
+		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 2 })
 }
 
 // lingerRecheckForTest is orbitpool's recheck of a lingering hold (100 ms).
