@@ -3,9 +3,10 @@ package caddymodule
 import (
 	"context"
 	"errors"
-	"net/http/httptrace"
 	"sync"
 	"time"
+
+	"github.com/orbitproxy/orbit/proxy"
 )
 
 // errWaitTimeout is the cause of a request context ended by its wait
@@ -27,12 +28,13 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // the parent context and does exactly that.
 //
 // Every request through the transport makes one, so it holds what it needs
-// itself (the trace, what it observes) rather than in closures: each is an
-// allocation per request.
+// itself (what it observes) rather than in closures: each is an allocation
+// per request. It learns that the head is written from the proxy
+// (proxy.WithWroteHeaders), not from a trace of its own, which httptrace
+// would join to reverse_proxy's by reflection on every request.
 type waitGuard struct {
 	ctx         context.Context
 	cancelCause context.CancelCauseFunc
-	trace       httptrace.ClientTrace
 	waited      waitObserver // observes the wait once it is over, if set
 	start       time.Time
 
@@ -47,8 +49,7 @@ type waitGuard struct {
 func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, start time.Time) *waitGuard {
 	g := &waitGuard{armed: true, waited: waited, start: start}
 	g.ctx, g.cancelCause = context.WithCancelCause(parent)
-	g.trace.WroteHeaders = g.disarm
-	g.ctx = httptrace.WithClientTrace(g.ctx, &g.trace)
+	g.ctx = proxy.WithWroteHeaders(g.ctx, g.disarm)
 	if d > 0 {
 		g.mu.Lock()
 		g.timer = time.AfterFunc(d, g.fire)

@@ -84,6 +84,8 @@ type exchange struct {
 	req   *http.Request
 	o     *exchangeOpts
 	trace *httptrace.ClientTrace
+	// wroteHeaders is the caller's WithWroteHeaders function, if any.
+	wroteHeaders func()
 	// ownerH2: the owner's accept said its connection is HTTP/2. Set and
 	// read by the reader.
 	ownerH2 bool
@@ -162,6 +164,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	x.keepAlive.Store(true)
 	ctx := req.Context()
 	x.trace = httptrace.ContextClientTrace(ctx)
+	x.wroteHeaders = wroteHeaders(ctx)
 	if ctx.Done() != nil {
 		abort := abortOnCancel // taken now: a test's hook sees only the exchanges it started
 		x.stopCtx = context.AfterFunc(ctx, func() { abort(c, ctx.Err()) })
@@ -371,8 +374,12 @@ func (x *exchange) writeRequest(r *http.Request) error {
 		}
 		r = wrapRequest(r)
 	}
-	if x.contRecv != nil && x.trace != nil && x.trace.WroteRequest != nil {
-		r = x.declineWithoutError(r)
+	// A request written whole here (no body, or one that goes with its
+	// head) tells the caller's wroteHeaders once written; one whose body
+	// streams, from Request.Write's trace, before its body.
+	whole := x.writeDone == closedChan
+	if !whole && x.wroteHeaders != nil || x.contRecv != nil && x.trace != nil && x.trace.WroteRequest != nil {
+		r = x.traced(r)
 	}
 	// Request.Write reports WroteRequest itself, as net/http's Transport
 	// relies on it to.
@@ -380,22 +387,36 @@ func (x *exchange) writeRequest(r *http.Request) error {
 	if err == nil {
 		err = c.bw.Flush()
 	}
+	if err == nil && whole && x.wroteHeaders != nil {
+		x.wroteHeaders()
+	}
 	return err
 }
 
-// declineWithoutError returns r with a trace whose WroteRequest reports no
-// error for a body continueBody declined to send: net/http's Request.write
-// returns nil when its waitForContinue says not to send the body, where
-// Request.Write here sees the gate's error. Request.write reads nothing
-// else from the request's context.
-func (x *exchange) declineWithoutError(r *http.Request) *http.Request {
-	t := *x.trace
-	report := t.WroteRequest
-	t.WroteRequest = func(i httptrace.WroteRequestInfo) {
-		if x.declined.Load() {
-			i.Err = nil
+// traced returns r with the trace Request.Write is to report to: the
+// caller's, with WroteHeaders also calling the caller's WithWroteHeaders
+// function, and with WroteRequest reporting no error for a body
+// continueBody declined to send (net/http's Request.write returns nil when
+// its waitForContinue says not to send the body, where Request.Write here
+// sees the gate's error). Request.write reads nothing else from the
+// request's context.
+func (x *exchange) traced(r *http.Request) *http.Request {
+	var t httptrace.ClientTrace
+	if x.trace != nil {
+		t = *x.trace
+	}
+	if hook, own := x.wroteHeaders, t.WroteHeaders; own == nil {
+		t.WroteHeaders = hook
+	} else if hook != nil {
+		t.WroteHeaders = func() { hook(); own() }
+	}
+	if report := t.WroteRequest; report != nil && x.contRecv != nil {
+		t.WroteRequest = func(i httptrace.WroteRequestInfo) {
+			if x.declined.Load() {
+				i.Err = nil
+			}
+			report(i)
 		}
-		report(i)
 	}
 	return r.WithContext(httptrace.WithClientTrace(context.Background(), &t))
 }
