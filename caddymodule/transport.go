@@ -99,8 +99,9 @@ type Transport struct {
 	MaxDialingPerHost int `json:"max_dialing_per_host,omitempty"`
 
 	// WaitTimeout is how long a request may wait for a back-pressure permit
-	// and an upstream connection together before it is refused with 503.
-	// Default: the app's wait_timeout.
+	// and an upstream connection together before it is refused with 503,
+	// and again when it is sent again after an attempt that had its
+	// connection. Default: the app's wait_timeout.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// Timeout bounds a request's whole exchange through this transport,

@@ -158,12 +158,12 @@ func TestWaitGuard(t *testing.T) {
 		}
 	})
 	t.Run("disarmed by the request head", func(t *testing.T) {
-		// The proxy calls the guard's WithWroteHeaders function once the
-		// head is out (TestWroteHeadersOnEveryPath in proxy).
+		// The proxy tells the guard once the head is out
+		// (TestWroteHeadersOnEveryPath in proxy).
 		var waited countWaits
 		start := time.Now()
 		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, start)
-		g.disarm()
+		g.WroteHeaders()
 		time.Sleep(60 * time.Millisecond)
 		if g.ctx.Err() != nil || g.expired() {
 			t.Fatal("the wait timeout fired after the request had its connection")
@@ -176,6 +176,43 @@ func TestWaitGuard(t *testing.T) {
 			t.Errorf("observed a wait of %gs, want more than 0 and at most %gs", waited.sum, max)
 		}
 		g.cancel()
+	})
+	t.Run("armed again for a retry", func(t *testing.T) {
+		// The proxy tells the guard before it sends a request again after
+		// an attempt that had its head out (a sibling that refused it):
+		// the retry's wait is bounded too
+		// (TestRetryAfterAnOwnersRefusalWaitsAgain in proxy).
+		var waited countWaits
+		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())
+		g.WroteHeaders()
+		time.Sleep(40 * time.Millisecond)
+		g.Retrying()
+		select {
+		case <-g.ctx.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatal("the wait timeout did not end the retry's wait")
+		}
+		if !g.expired() || !errors.Is(context.Cause(g.ctx), errWaitTimeout) {
+			t.Errorf("expired %v, cause %v", g.expired(), context.Cause(g.ctx))
+		}
+		if waited.n != 1 {
+			t.Errorf("the wait was observed %d times, want once", waited.n)
+		}
+	})
+	t.Run("a retry before any connection keeps the first bound", func(t *testing.T) {
+		start := time.Now()
+		g := newWaitGuard(context.Background(), 200*time.Millisecond, nil, start)
+		time.Sleep(150 * time.Millisecond)
+		g.Retrying() // a failed dial: the guard is still armed
+		select {
+		case <-g.ctx.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatal("the wait timeout did not end the wait")
+		}
+		// Armed anew, it would have fired 350 ms in at the earliest.
+		if d := time.Since(start); d >= 340*time.Millisecond {
+			t.Errorf("the wait ended %v in; a retry before any connection restarted the wait timeout", d)
+		}
 	})
 	t.Run("stopped", func(t *testing.T) {
 		var waited countWaits

@@ -27,29 +27,35 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // request's own deadline, when it has one (see Transport.deadline), is on
 // the parent context and does exactly that.
 //
+// The proxy tells the guard when the head is written, and when it sends the
+// request again after a failed attempt (a sibling that refused it as busy,
+// say), which waits for a connection again: the guard is its
+// proxy.WaitWatcher, and is armed again for that wait.
+//
 // Every request through the transport makes one, so it holds what it needs
 // itself (what it observes) rather than in closures: each is an allocation
-// per request. It learns that the head is written from the proxy
-// (proxy.WithWroteHeaders), not from a trace of its own, which httptrace
-// would join to reverse_proxy's by reflection on every request.
+// per request.
 type waitGuard struct {
 	ctx         context.Context
 	cancelCause context.CancelCauseFunc
-	waited      waitObserver // observes the wait once it is over, if set
+	waited      waitObserver // observes the first wait once it is over, if set
 	start       time.Time
+	d           time.Duration
 
 	mu       sync.Mutex
 	timer    *time.Timer
 	armed    bool
 	timedOut bool
+	observed bool
 }
 
 // newWaitGuard returns a guard over a context derived from parent. waited,
-// if set, observes the time since start when the request has its connection.
+// if set, observes the time since start when the request first has its
+// connection.
 func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, start time.Time) *waitGuard {
-	g := &waitGuard{armed: true, waited: waited, start: start}
+	g := &waitGuard{armed: true, waited: waited, start: start, d: d}
 	g.ctx, g.cancelCause = context.WithCancelCause(parent)
-	g.ctx = proxy.WithWroteHeaders(g.ctx, g.disarm)
+	g.ctx = proxy.WithWaitWatcher(g.ctx, g)
 	if d > 0 {
 		g.mu.Lock()
 		g.timer = time.AfterFunc(d, g.fire)
@@ -82,13 +88,33 @@ func (g *waitGuard) disarm() {
 	if g.timer != nil {
 		g.timer.Stop()
 	}
+	observe := !g.observed && g.waited != nil
+	g.observed = true
 	g.mu.Unlock()
-	if g.waited != nil {
+	if observe {
 		g.waited.Observe(time.Since(g.start).Seconds())
 	}
 }
 
-// stop stops the wait timeout without counting the request as served.
+// WroteHeaders disarms the guard: the request has its connection.
+func (g *waitGuard) WroteHeaders() { g.disarm() }
+
+// Retrying arms a disarmed guard again, for the wait timeout: the proxy is
+// about to send the request again, and the retry waits for a connection.
+// A guard still armed keeps its timer, so retries before any connection
+// (failed dials) share the first wait's bound.
+func (g *waitGuard) Retrying() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.armed || g.timedOut || g.timer == nil {
+		return
+	}
+	g.armed = true
+	g.timer.Reset(g.d)
+}
+
+// stop stops the wait timeout without counting the request as served, once
+// the round trip has returned.
 func (g *waitGuard) stop() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -107,3 +133,5 @@ func (g *waitGuard) expired() bool {
 	defer g.mu.Unlock()
 	return g.timedOut
 }
+
+var _ proxy.WaitWatcher = (*waitGuard)(nil)

@@ -84,8 +84,8 @@ type exchange struct {
 	req   *http.Request
 	o     *exchangeOpts
 	trace *httptrace.ClientTrace
-	// wroteHeaders is the caller's WithWroteHeaders function, if any.
-	wroteHeaders func()
+	// waits is the caller's WithWaitWatcher watcher, if any.
+	waits WaitWatcher
 	// ownerH2: the owner's accept said its connection is HTTP/2. Set and
 	// read by the reader.
 	ownerH2 bool
@@ -164,7 +164,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	x.keepAlive.Store(true)
 	ctx := req.Context()
 	x.trace = httptrace.ContextClientTrace(ctx)
-	x.wroteHeaders = wroteHeaders(ctx)
+	x.waits = waitWatcher(ctx)
 	if ctx.Done() != nil {
 		abort := abortOnCancel // taken now: a test's hook sees only the exchanges it started
 		x.stopCtx = context.AfterFunc(ctx, func() { abort(c, ctx.Err()) })
@@ -173,7 +173,7 @@ func (c *conn) roundTrip(req *http.Request, o *exchangeOpts) (*http.Response, er
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	if !hasBody || o.bodyWithHead {
 		x.writeDone = closedChan
-		if err := x.writeRequest(req); err != nil {
+		if err := x.writeRequestSafe(req); err != nil {
 			werr := x.writeError(err)
 			if ferr := x.ownerAnswer(err); ferr != nil {
 				werr = ferr
@@ -375,10 +375,10 @@ func (x *exchange) writeRequest(r *http.Request) error {
 		r = wrapRequest(r)
 	}
 	// A request written whole here (no body, or one that goes with its
-	// head) tells the caller's wroteHeaders once written; one whose body
+	// head) tells the caller's WaitWatcher once written; one whose body
 	// streams, from Request.Write's trace, before its body.
 	whole := x.writeDone == closedChan
-	if !whole && x.wroteHeaders != nil || x.contRecv != nil && x.trace != nil && x.trace.WroteRequest != nil {
+	if !whole && x.waits != nil || x.contRecv != nil && x.trace != nil && x.trace.WroteRequest != nil {
 		r = x.traced(r)
 	}
 	// Request.Write reports WroteRequest itself, as net/http's Transport
@@ -387,15 +387,15 @@ func (x *exchange) writeRequest(r *http.Request) error {
 	if err == nil {
 		err = c.bw.Flush()
 	}
-	if err == nil && whole && x.wroteHeaders != nil {
-		x.wroteHeaders()
+	if err == nil && whole && x.waits != nil {
+		x.waits.WroteHeaders()
 	}
 	return err
 }
 
 // traced returns r with the trace Request.Write is to report to: the
-// caller's, with WroteHeaders also calling the caller's WithWroteHeaders
-// function, and with WroteRequest reporting no error for a body
+// caller's, with WroteHeaders also telling the caller's WaitWatcher, and
+// with WroteRequest reporting no error for a body
 // continueBody declined to send (net/http's Request.write returns nil when
 // its waitForContinue says not to send the body, where Request.Write here
 // sees the gate's error). Request.write reads nothing else from the
@@ -405,10 +405,10 @@ func (x *exchange) traced(r *http.Request) *http.Request {
 	if x.trace != nil {
 		t = *x.trace
 	}
-	if hook, own := x.wroteHeaders, t.WroteHeaders; own == nil {
-		t.WroteHeaders = hook
-	} else if hook != nil {
-		t.WroteHeaders = func() { hook(); own() }
+	if w, own := x.waits, t.WroteHeaders; w != nil && own == nil {
+		t.WroteHeaders = w.WroteHeaders
+	} else if w != nil {
+		t.WroteHeaders = func() { w.WroteHeaders(); own() }
 	}
 	if report := t.WroteRequest; report != nil && x.contRecv != nil {
 		t.WroteRequest = func(i httptrace.WroteRequestInfo) {
@@ -524,9 +524,11 @@ func (x *exchange) ownerAnswer(werr error) error {
 	return err
 }
 
-// writeRequestSafe is writeRequest with a panic (in the body's Read, say)
-// turned into the write's error: the write loop is a goroutine of its own,
-// and a panic there would end the process.
+// writeRequestSafe is writeRequest with a panic (in the body's Read, say,
+// or a caller's trace hook) turned into the write's error: the write loop
+// is a goroutine of its own, and a panic there would end the process; a
+// request written whole would leave its exchange unfinished, and its
+// connection taken.
 func (x *exchange) writeRequestSafe(r *http.Request) (err error) {
 	defer func() {
 		if p := recover(); p != nil {

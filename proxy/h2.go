@@ -799,14 +799,14 @@ func (hc *h2conn) wrappedTakes() bool {
 // client keeps already: a request's headers go out after those of the
 // requests before it. Where the request's context already carries a trace
 // (reverse_proxy's), httptrace joins the two by reflection: about 1.5 µs a
-// request, measured alone. The caller's WithWroteHeaders function goes in
-// the same trace.
+// request, measured alone. The caller's WaitWatcher goes in the same
+// trace.
 func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	hook := wroteHeaders(ctx)
+	w := waitWatcher(ctx)
 	if !h2Wrapped {
-		if hook != nil {
-			req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: hook}))
+		if w != nil {
+			req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: w.WroteHeaders}))
 		}
 		return hc.cc.RoundTrip(req)
 	}
@@ -818,8 +818,8 @@ func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
 	g := &sendGate{c: hc.sending}
 	defer g.open() // also if the round trip panics: the gate is the connection's
 	g.trace.WroteHeaders = g.open
-	if hook != nil {
-		g.trace.WroteHeaders = func() { g.open(); hook() }
+	if w != nil {
+		g.trace.WroteHeaders = func() { g.open(); w.WroteHeaders() }
 	}
 	return hc.cc.RoundTrip(req.WithContext(httptrace.WithClientTrace(ctx, &g.trace)))
 }

@@ -444,6 +444,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				if gz && next != r {
 					next = withGzip(next)
 				}
+				if w := waitWatcher(ctx); w != nil {
+					w.Retrying()
+				}
 				r = next
 				continue
 			}

@@ -1,0 +1,38 @@
+package proxy
+
+import "context"
+
+// A WaitWatcher is told when a request's wait for a connection ends and
+// when it begins again. The Caddy module's wait timeout bounds the wait and
+// not the exchange that follows, so it needs both.
+type WaitWatcher interface {
+	// WroteHeaders is called once the request's head is written: onto its
+	// upstream connection, or onto the stream to the sibling that relays
+	// it. It does what a trace's WroteHeaders does, without a second
+	// trace: httptrace.WithClientTrace joins a trace to one the context
+	// already carries (reverse_proxy puts one on every request) by
+	// reflection, which cost the workers about as much CPU as the pool's
+	// Acquire.
+	WroteHeaders()
+	// Retrying is called before the transport sends the request again
+	// after an attempt failed (a sibling that refused it, a reused
+	// connection that closed before answering, a failed dial): the request
+	// waits for a connection again, though WroteHeaders may have been
+	// called for the attempt that failed.
+	Retrying()
+}
+
+// waitWatcherKey is the context key of WithWaitWatcher's watcher.
+type waitWatcherKey struct{}
+
+// WithWaitWatcher returns a copy of ctx under which the transport tells w
+// of the request's waits.
+func WithWaitWatcher(ctx context.Context, w WaitWatcher) context.Context {
+	return context.WithValue(ctx, waitWatcherKey{}, w)
+}
+
+// waitWatcher is the watcher WithWaitWatcher set on ctx, if any.
+func waitWatcher(ctx context.Context) WaitWatcher {
+	w, _ := ctx.Value(waitWatcherKey{}).(WaitWatcher)
+	return w
+}

@@ -1,0 +1,195 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/governor"
+)
+
+// recordWaits is a WaitWatcher that records what it is told, in order, and
+// closes wrote (if set) the first time it is told the head is out.
+type recordWaits struct {
+	mu     sync.Mutex
+	events []string
+	wrote  chan struct{}
+}
+
+func (r *recordWaits) WroteHeaders() { r.add("wrote") }
+func (r *recordWaits) Retrying()     { r.add("retry") }
+
+func (r *recordWaits) add(e string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e == "wrote" && r.wrote != nil && !slices.Contains(r.events, "wrote") {
+		close(r.wrote)
+	}
+	r.events = append(r.events, e)
+}
+
+func (r *recordWaits) got() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.events, " ")
+}
+
+// TestWroteHeadersOnEveryPath: WithWaitWatcher's watcher is told once a
+// request's head is out and before its body is, on the worker's own
+// connection and through a sibling, over HTTP/1.1 and h2c, with and
+// without Expect: 100-continue. The second half of each upload is sent only
+// once the watcher has been told, so a transport that told it with the
+// body's end or with the response hangs the request until its deadline. The caller's own trace still sees WroteHeaders, once.
+func TestWroteHeadersOnEveryPath(t *testing.T) {
+	const half = 8 << 10
+	answer := func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, n)
+	}
+	for _, proto := range []string{"http1", "h2c"} {
+		for _, path := range []string{"local", "remote"} {
+			t.Run(proto+"/"+path, func(t *testing.T) {
+				var url string
+				var conf func(*Transport)
+				if proto == "h2c" {
+					url, conf = newH2CServer(t, answer).url, h2cConf
+				} else {
+					ts := httptest.NewServer(http.HandlerFunc(answer))
+					t.Cleanup(ts.Close)
+					url = ts.URL
+				}
+				var rt http.RoundTripper
+				var owner *member
+				if path == "local" {
+					rt = localTransportMember(t, conf).tr
+				} else {
+					var client *member
+					owner, client = remotePair(t, conf)
+					warm(t, owner, url)
+					rt = client.tr
+				}
+				for _, c := range []struct {
+					name, method string
+					expect       bool
+				}{{"GET", "GET", false}, {"POST", "POST", false}, {"POST with Expect", "POST", true}} {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					var own atomic.Int32
+					w := &recordWaits{wrote: make(chan struct{})}
+					ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { own.Add(1) }})
+					ctx = WithWaitWatcher(ctx, w)
+					wrote := w.wrote
+					var body io.Reader
+					want := "0"
+					if c.method == "POST" {
+						pr, pw := io.Pipe()
+						go func() {
+							pw.Write(make([]byte, half))
+							select {
+							case <-wrote:
+								pw.Write(make([]byte, half))
+								pw.Close()
+							case <-ctx.Done():
+								pw.CloseWithError(ctx.Err())
+							}
+						}()
+						body, want = pr, fmt.Sprint(2*half)
+					}
+					req, err := http.NewRequestWithContext(ctx, c.method, url, body)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if c.expect {
+						req.Header.Set("Expect", "100-continue")
+					}
+					resp, err := rt.RoundTrip(req)
+					if err != nil {
+						t.Fatalf("%s: %v (watcher told %q)", c.name, err, w.got())
+					}
+					b, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil || string(b) != want {
+						t.Fatalf("%s: body %q, %v; want %q", c.name, b, err, want)
+					}
+					if got := w.got(); got != "wrote" || own.Load() != 1 {
+						t.Errorf("%s: watcher told %q, the caller's WroteHeaders called %d times; want \"wrote\" and 1", c.name, got, own.Load())
+					}
+				}
+				if owner != nil {
+					if s := owner.node.Stats(); s.ServedRemote < 3 {
+						t.Errorf("the owner served %d of the sibling's requests, want 3: %+v", s.ServedRemote, s)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestRetryAfterAnOwnersRefusalWaitsAgain: a sibling whose owner refuses it
+// as busy (its one worker taken past MaxLeaseWait) was told that its head
+// was out, on the unix stream; the transport then tells the watcher it
+// sends the request again, before the retry's head, so that a wait timeout
+// bounds the retry's wait for a connection too.
+func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
+	u := newTestUpstream(t)
+	gov := governor.New(1, 0)
+	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: 200 * time.Millisecond},
+		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	warm(t, owner, u.url("/cl"))
+	held := gov.Acquire() // the owner's one worker
+	defer held.Release()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	w := &recordWaits{}
+	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "POST", u.url("/cl"), bytes.NewReader([]byte("payload")))
+	req.Header.Set("Idempotency-Key", "1") // replayable: the sibling's idle connection first
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%v (watcher told %q)", err, w.got())
+	}
+	drain(resp)
+	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
+		t.Fatalf("the owner refused %d requests as busy, want 1 (setup)", n)
+	}
+	if got := w.got(); got != "wrote retry wrote" {
+		t.Errorf("watcher told %q, want \"wrote retry wrote\"", got)
+	}
+}
+
+// TestPanickingWatcherLeavesNoConnectionTaken: a watcher that panics when a
+// request written whole is out fails that request with an error, as a
+// panic in a streamed body's writer does, and its connection is not left
+// taken: with one connection for the key, the next request is served.
+func TestPanickingWatcherLeavesNoConnectionTaken(t *testing.T) {
+	u := newTestUpstream(t)
+	m := localTransportMember(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, panicWaits{}), "GET", u.url("/cl"), nil)
+	if resp, err := m.tr.RoundTrip(req); err == nil {
+		drain(resp)
+		t.Fatal("a request whose watcher panicked succeeded")
+	}
+	req, _ = http.NewRequestWithContext(ctx, "GET", u.url("/cl"), nil)
+	resp, err := m.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("the request after a panicking watcher: %v (stats %+v)", err, m.node.Stats())
+	}
+	drain(resp)
+}
+
+type panicWaits struct{}
+
+func (panicWaits) WroteHeaders() { panic("watcher") }
+func (panicWaits) Retrying()     {}
