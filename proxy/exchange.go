@@ -395,11 +395,10 @@ func (x *exchange) writeRequest(r *http.Request) error {
 
 // traced returns r with the trace Request.Write is to report to: the
 // caller's, with WroteHeaders also telling the caller's WaitWatcher, and
-// with WroteRequest reporting no error for a body
-// continueBody declined to send (net/http's Request.write returns nil when
-// its waitForContinue says not to send the body, where Request.Write here
-// sees the gate's error). Request.write reads nothing else from the
-// request's context.
+// with WroteRequest reporting no error for a body continueBody declined to
+// send (net/http's Request.write returns nil when its waitForContinue says
+// not to send the body, where Request.Write here sees the gate's error).
+// Request.write reads nothing else from the request's context.
 func (x *exchange) traced(r *http.Request) *http.Request {
 	var t httptrace.ClientTrace
 	if x.trace != nil {
