@@ -146,15 +146,10 @@ const maxFleetRemotes = 4 * maxRemotes
 // knows no address of key's upstream, or the kernel does not say.
 func (n *Node) lingering(key orbitpool.Key) int {
 	var addrs []netip.AddrPort
-	var logAt *atomic.Int64
 	if kc := n.capOf(key); kc != nil {
 		kc.remoteMu.Lock()
 		addrs = slices.Clone(kc.remotes)
 		kc.remoteMu.Unlock()
-		logAt = &kc.lingerLogAt
-	} else {
-		v, _ := n.lingerLogAt.LoadOrStore(key, new(atomic.Int64))
-		logAt = v.(*atomic.Int64)
 	}
 	for _, a := range n.fleetRemotes(key) {
 		if !slices.Contains(addrs, a) {
@@ -169,7 +164,11 @@ func (n *Node) lingering(key orbitpool.Key) int {
 		n.cannotCount(err)
 		return -1
 	}
-	if now := sinceStart(time.Now()); c > 0 && now >= logAt.Load() {
+	if c == 0 {
+		return 0
+	}
+	v, _ := n.lingerLogAt.LoadOrStore(key, new(atomic.Int64))
+	if logAt, now := v.(*atomic.Int64), sinceStart(time.Now()); now >= logAt.Load() {
 		logAt.Store(now + int64(lingerLogEvery))
 		n.log.Info("upstream still holds connections closed here; a dead process's share of the cap stays held",
 			zap.Stringers("upstream", addrs), zap.Int("connections", c))

@@ -42,22 +42,7 @@ func TestDeadOwnersBudgetHeldWhileItsConnectionsLinger(t *testing.T) {
 	if err := owner.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		err error
-		at  time.Duration
-	}
-	done := make(chan result, 2)
-	for range 2 {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			resp, err := get(t, ctx, me.tr, srv.URL+"/")
-			if err == nil {
-				drain(resp)
-			}
-			done <- result{err, time.Since(killed)}
-		}()
-	}
+	done := getTwoAtOnce(t, me, srv.URL+"/", killed)
 	// Well past the hold, the dead owner's 2 units are still held.
 	time.Sleep(reclaimHold + 4*lingerRecheckForTest)
 	if held := heldUnits(t, me.pool); held != 2 {
@@ -112,26 +97,39 @@ func TestDeadOwnersBudgetHeldByAMemberThatNeverUsedTheKey(t *testing.T) {
 		t.Errorf("%v after the kill, past the hold, with the upstream holding the owner's 2 connections: %d units held, want 2",
 			time.Since(killed).Round(time.Millisecond), held)
 	}
-	errs := make(chan error, 2)
+	done := getTwoAtOnce(t, me, srv.URL+"/", killed)
 	for range 2 {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			resp, err := get(t, ctx, me.tr, srv.URL+"/")
-			if err == nil {
-				drain(resp)
-			}
-			errs <- err
-		}()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+		if r := <-done; r.err != nil {
+			t.Fatal(r.err)
 		}
 	}
 	if _, peak, _ := counts(); peak > 2 {
 		t.Fatalf("the upstream held %d connections at once, cap 2", peak)
 	}
+}
+
+// timedResult is a request's error, and when it ended.
+type timedResult struct {
+	err error
+	at  time.Duration // since the time getTwoAtOnce was given
+}
+
+// getTwoAtOnce sends two GETs to url through m at once, each within 10s,
+// and delivers their results as they end.
+func getTwoAtOnce(t *testing.T, m *member, url string, since time.Time) <-chan timedResult {
+	done := make(chan timedResult, 2)
+	for range 2 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := get(t, ctx, m.tr, url)
+			if err == nil {
+				drain(resp)
+			}
+			done <- timedResult{err, time.Since(since)}
+		}()
+	}
+	return done
 }
 
 // ownerHoldingTwo starts an upstream and, in a child process on a new

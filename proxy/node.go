@@ -106,9 +106,9 @@ type Node struct {
 	caps     sync.Map // orbitpool.Key -> *keyCap: see setCap
 	sockDir  string   // the fleet's socket directory, "" for a pool without siblings
 
-	// lingerLogAt is, by key no Transport of this process has used
-	// (orbitpool.Key -> *atomic.Int64), when lingering may log again of
-	// it (see keyCap.lingerLogAt).
+	// lingerLogAt is, by key (orbitpool.Key -> *atomic.Int64, since
+	// processStart), when lingering may log again of its connections the
+	// upstream still holds.
 	lingerLogAt sync.Map
 }
 
@@ -879,7 +879,6 @@ type keyCap struct {
 	remoteMu    sync.Mutex
 	remotes     []netip.AddrPort        // the upstream's addresses, for lingering
 	published   map[netip.AddrPort]bool // the addresses told the fleet (see sawRemote)
-	lingerLogAt atomic.Int64            // (since processStart) when lingering may log again
 }
 
 // dialBegins and dialEnds bracket a dial of the key by this process, which
