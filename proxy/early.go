@@ -130,12 +130,18 @@ func readRegular(path string, limit int64) []byte {
 		return nil
 	}
 	defer f.Close()
-	if st.Size() <= limit {
-		b, _ := io.ReadAll(io.LimitReader(f, limit))
+	return tailLines(f, st.Size(), limit)
+}
+
+// tailLines reads the last whole lines within limit bytes of f, which
+// holds size bytes.
+func tailLines(f *os.File, size, limit int64) []byte {
+	if size <= limit {
+		b, _ := io.ReadAll(io.NewSectionReader(f, 0, limit))
 		return b
 	}
 	// From the byte before the first one kept, through the line it ends.
-	b, _ := io.ReadAll(io.NewSectionReader(f, st.Size()-limit-1, limit+1))
+	b, _ := io.ReadAll(io.NewSectionReader(f, size-limit-1, limit+1))
 	if i := bytes.IndexByte(b, '\n'); i >= 0 {
 		return b[i+1:]
 	}

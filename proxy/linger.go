@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -9,9 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/orbitproxy/orbit/internal/privdir"
 	"github.com/orbitproxy/orbit/internal/sockdiag"
 	"github.com/orbitproxy/orbit/orbitpool"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 // maxRemotes bounds the upstream addresses a key remembers (see sawRemote):
@@ -79,10 +82,18 @@ func (n *Node) remotesFile(key orbitpool.Key) string {
 	return filepath.Join(n.sockDir, remotesPrefix+key.String())
 }
 
-// publishRemote appends a to key's addresses file (see openRegular), on a
-// line of its own even if the last write to the file was cut short: one
-// write, which O_APPEND keeps whole when members append at once. A closed
-// node writes nothing: the last member to leave removes the files.
+// maxRemotesFileSize is the size past which an append rewrites a key's
+// addresses file with what a reader takes from it (see rewriteRemotes):
+// every process start tells the fleet its addresses again, so a fleet that
+// lives through many restarts would otherwise grow the file without bound.
+const maxRemotesFileSize = 4 * maxRemotesFile
+
+// remotesLockWait bounds how long an append waits for another member's
+// append or rewrite of the same file: it runs on a dial.
+const remotesLockWait = 100 * time.Millisecond
+
+// publishRemote appends a to key's addresses file (see appendRemote). A
+// closed node writes nothing: the last member to leave removes the files.
 func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
 	if n.sockDir == "" {
 		return
@@ -92,17 +103,81 @@ func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
 		return
 	default:
 	}
-	f, _, err := openRegular(n.remotesFile(key), os.O_WRONLY|os.O_APPEND|os.O_CREATE)
-	if err == nil {
-		_, err = f.Write([]byte("\n" + a.String() + "\n"))
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err != nil {
+	if err := appendRemote(n.remotesFile(key), a); err != nil {
 		n.log.Warn("telling the fleet an upstream's address; a dead process's share of its cap may be held for a set time only",
 			zap.Stringer("upstream", a), zap.Error(err))
 	}
+}
+
+// appendRemote appends a to the addresses file at path (see openRegular),
+// on a line of its own even if the last write to the file was cut short, or
+// rewrites the file with it once it has grown past maxRemotesFileSize. Both
+// hold the file's lock (flock): an append must not go to a file that a
+// rewrite has read and is replacing, to be lost with it, so one that finds
+// its file replaced by the time it has the lock opens the new one.
+func appendRemote(path string, a netip.AddrPort) error {
+	line := []byte("\n" + a.String() + "\n")
+	deadline := time.Now().Add(remotesLockWait)
+	for {
+		f, _, err := openRegular(path, os.O_RDWR|os.O_APPEND|os.O_CREATE)
+		if err != nil {
+			return err
+		}
+		st, err := lockFile(f, deadline)
+		if err == nil {
+			if cur, lerr := os.Lstat(path); lerr != nil || !os.SameFile(cur, st) {
+				f.Close()
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%s replaced under every append for %v", path, remotesLockWait)
+				}
+				continue
+			}
+			if st.Size()+int64(len(line)) > maxRemotesFileSize {
+				err = rewriteRemotes(path, f, st.Size(), a)
+			} else {
+				_, err = f.Write(line)
+			}
+		}
+		if cerr := f.Close(); err == nil { // the lock goes with it
+			err = cerr
+		}
+		return err
+	}
+}
+
+// lockFile takes f's exclusive lock, waiting until deadline at most, and
+// returns f's state once it has it.
+func lockFile(f *os.File, deadline time.Time) (os.FileInfo, error) {
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return f.Stat()
+		case err != unix.EWOULDBLOCK && err != unix.EINTR:
+			return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("%s locked by another process for over %v", f.Name(), remotesLockWait)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// rewriteRemotes replaces the addresses file at path, of which f (locked)
+// holds size bytes, with the addresses a reader takes from it (see
+// parseRemotes) and a: what a reader takes from the new file is what it
+// would take from the old one with a appended.
+func rewriteRemotes(path string, f *os.File, size int64, a netip.AddrPort) error {
+	keep := parseRemotes(tailLines(f, size, maxRemotesFile))
+	keep = slices.DeleteFunc(keep, func(k netip.AddrPort) bool { return k == a })
+	var b []byte
+	for _, k := range append(keep, a) {
+		b = k.AppendTo(b)
+		b = append(b, '\n')
+	}
+	if err := privdir.WriteFile(path, b); err != nil {
+		return fmt.Errorf("rewriting %s: %w", path, err)
+	}
+	return nil
 }
 
 // fleetRemotes returns the addresses the fleet's processes have learned
