@@ -100,8 +100,9 @@ type Transport struct {
 
 	// WaitTimeout is how long a request may wait for a back-pressure permit
 	// and an upstream connection together before it is refused with 503,
-	// and again when it is sent again after an attempt that had its
-	// connection. Default: the app's wait_timeout.
+	// and again when it is sent again after a reused connection closed
+	// before answering (see the app's wait_timeout). Default: the app's
+	// wait_timeout.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// Timeout bounds a request's whole exchange through this transport,

@@ -186,7 +186,7 @@ func TestWaitGuard(t *testing.T) {
 		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())
 		g.WroteHeaders()
 		time.Sleep(40 * time.Millisecond)
-		g.Retrying()
+		g.Retrying(false)
 		select {
 		case <-g.ctx.Done():
 		case <-time.After(2 * time.Second):
@@ -203,7 +203,7 @@ func TestWaitGuard(t *testing.T) {
 		start := time.Now()
 		g := newWaitGuard(context.Background(), 200*time.Millisecond, nil, start)
 		time.Sleep(150 * time.Millisecond)
-		g.Retrying() // a failed dial: the guard is still armed
+		g.Retrying(false) // a failed dial: the guard is still armed
 		select {
 		case <-g.ctx.Done():
 		case <-time.After(2 * time.Second):
@@ -212,6 +212,39 @@ func TestWaitGuard(t *testing.T) {
 		// Armed anew, it would have fired 350 ms in at the earliest.
 		if d := time.Since(start); d >= 340*time.Millisecond {
 			t.Errorf("the wait ended %v in; a retry before any connection restarted the wait timeout", d)
+		}
+	})
+	t.Run("a refused attempt's time counts as waiting", func(t *testing.T) {
+		// The head went to a sibling, which held it and refused it as
+		// busy (TestRetryAfterAnOwnersRefusalWaitsAgain in proxy): that
+		// was a wait, past the wait timeout by now.
+		var waited countWaits
+		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())
+		g.WroteHeaders()
+		time.Sleep(40 * time.Millisecond)
+		g.Retrying(true)
+		if !g.expired() || !errors.Is(context.Cause(g.ctx), errWaitTimeout) {
+			t.Errorf("after a refusal past the wait timeout: expired %v, cause %v; want the wait over at once", g.expired(), context.Cause(g.ctx))
+		}
+	})
+	t.Run("a refusal counts from the last whole wait", func(t *testing.T) {
+		// A reused connection that closed unanswered gave the retry a
+		// whole wait; a refusal after that counts from its start.
+		g := newWaitGuard(context.Background(), time.Second, nil, time.Now().Add(-time.Hour))
+		g.WroteHeaders()
+		g.Retrying(false)
+		g.WroteHeaders()
+		g.Retrying(true)
+		if g.expired() || g.ctx.Err() != nil {
+			t.Fatal("a refusal right after a whole wait began ended the wait")
+		}
+		select {
+		case <-g.ctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the wait timeout did not end the refused retry's wait")
+		}
+		if !g.expired() {
+			t.Error("the refused retry's wait ended, not by the wait timeout")
 		}
 	})
 	t.Run("stopped", func(t *testing.T) {

@@ -28,9 +28,11 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // the parent context and does exactly that.
 //
 // The proxy tells the guard when the head is written, and when it sends the
-// request again after a failed attempt (a sibling that refused it as busy,
-// say), which waits for a connection again: the guard is its
-// proxy.WaitWatcher, and is armed again for that wait.
+// request again after a failed attempt, which waits for a connection again:
+// the guard is its proxy.WaitWatcher, and is armed again for that wait. An
+// attempt a sibling refused (busy, leaving) was a wait too, from the guard's
+// last arming on, so the retry gets what is left of that wait; after any
+// other (a reused connection that closed before answering), a whole one.
 //
 // Every request through the transport makes one, so it holds what it needs
 // itself (what it observes) rather than in closures: each is an allocation
@@ -44,6 +46,7 @@ type waitGuard struct {
 
 	mu       sync.Mutex
 	timer    *time.Timer
+	armedAt  time.Time // when the current wait began
 	armed    bool
 	timedOut bool
 	observed bool
@@ -53,7 +56,7 @@ type waitGuard struct {
 // if set, observes the time since start when the request first has its
 // connection.
 func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, start time.Time) *waitGuard {
-	g := &waitGuard{armed: true, waited: waited, start: start, d: d}
+	g := &waitGuard{armed: true, armedAt: start, waited: waited, start: start, d: d}
 	g.ctx, g.cancelCause = context.WithCancelCause(parent)
 	g.ctx = proxy.WithWaitWatcher(g.ctx, g)
 	if d > 0 {
@@ -99,18 +102,34 @@ func (g *waitGuard) disarm() {
 // WroteHeaders disarms the guard: the request has its connection.
 func (g *waitGuard) WroteHeaders() { g.disarm() }
 
-// Retrying arms a disarmed guard again, for the wait timeout: the proxy is
-// about to send the request again, and the retry waits for a connection.
-// A guard still armed keeps its timer, so retries before any connection
-// (failed dials) share the first wait's bound.
-func (g *waitGuard) Retrying() {
+// Retrying arms a disarmed guard again: the proxy is about to send the
+// request again, and the retry waits for a connection. After a sibling's
+// refusal the wait that the head's writing seemed to end went on, and the
+// guard keeps its bound, firing at once if it has passed; otherwise the
+// retry waits for the wait timeout anew. A guard still armed keeps its
+// timer, so retries before any connection (failed dials) share the first
+// wait's bound.
+func (g *waitGuard) Retrying(refused bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.armed || g.timedOut || g.timer == nil {
+		g.mu.Unlock()
 		return
 	}
-	g.armed = true
-	g.timer.Reset(g.d)
+	left := g.d
+	if now := time.Now(); refused {
+		left -= now.Sub(g.armedAt)
+	} else {
+		g.armedAt = now
+	}
+	if left > 0 {
+		g.armed = true
+		g.timer.Reset(left)
+		g.mu.Unlock()
+		return
+	}
+	g.timedOut = true
+	g.mu.Unlock()
+	g.cancelCause(errWaitTimeout)
 }
 
 // stop stops the wait timeout without counting the request as served, once

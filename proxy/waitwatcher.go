@@ -18,8 +18,11 @@ type WaitWatcher interface {
 	// after an attempt failed (a sibling that refused it, a reused
 	// connection that closed before answering, a failed dial): the request
 	// waits for a connection again, though WroteHeaders may have been
-	// called for the attempt that failed.
-	Retrying()
+	// called for the attempt that failed. refused reports that the
+	// sibling owning the attempt's connection refused it (busy, leaving,
+	// or its lease gone) before any work upstream: the time since
+	// WroteHeaders was spent waiting for a connection too.
+	Retrying(refused bool)
 }
 
 // waitWatcherKey is the context key of WithWaitWatcher's watcher.

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -27,7 +29,14 @@ type recordWaits struct {
 }
 
 func (r *recordWaits) WroteHeaders() { r.add("wrote") }
-func (r *recordWaits) Retrying()     { r.add("retry") }
+
+func (r *recordWaits) Retrying(refused bool) {
+	if refused {
+		r.add("retry-refused")
+	} else {
+		r.add("retry")
+	}
+}
 
 func (r *recordWaits) add(e string) {
 	r.mu.Lock()
@@ -138,8 +147,9 @@ func TestWroteHeadersOnEveryPath(t *testing.T) {
 // TestRetryAfterAnOwnersRefusalWaitsAgain: a sibling whose owner refuses it
 // as busy (its one worker taken past MaxLeaseWait) was told that its head
 // was out, on the unix stream; the transport then tells the watcher it
-// sends the request again, before the retry's head, so that a wait timeout
-// bounds the retry's wait for a connection too.
+// sends the request again, refused, before the retry's head, so that a
+// wait timeout bounds the retry's wait for a connection too, counting the
+// time the owner kept it.
 func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
 	u := newTestUpstream(t)
 	gov := governor.New(1, 0)
@@ -162,6 +172,55 @@ func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
 	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
 		t.Fatalf("the owner refused %d requests as busy, want 1 (setup)", n)
 	}
+	if got := w.got(); got != "wrote retry-refused wrote" {
+		t.Errorf("watcher told %q, want \"wrote retry-refused wrote\"", got)
+	}
+}
+
+// TestRetryAfterAConnectionClosedUnansweredIsNoRefusal: a GET on a reused
+// connection that its upstream closes once it has read the request is sent
+// again on a new one; the time the closed connection took was no wait for
+// a connection, and the watcher is not told the attempt was refused.
+func TestRetryAfterAConnectionClosedUnansweredIsNoRefusal(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				// The first request on a connection is answered, the
+				// second read and dropped.
+				for i := range 2 {
+					req, err := http.ReadRequest(br)
+					if err != nil || i == 1 {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	url := "http://" + ln.Addr().String() + "/"
+	m := localTransportMember(t, nil)
+	warm(t, m, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	w := &recordWaits{}
+	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "GET", url, nil)
+	resp, err := m.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%v (watcher told %q)", err, w.got())
+	}
+	drain(resp)
 	if got := w.got(); got != "wrote retry wrote" {
 		t.Errorf("watcher told %q, want \"wrote retry wrote\"", got)
 	}
@@ -192,4 +251,4 @@ func TestPanickingWatcherLeavesNoConnectionTaken(t *testing.T) {
 type panicWaits struct{}
 
 func (panicWaits) WroteHeaders() { panic("watcher") }
-func (panicWaits) Retrying()     {}
+func (panicWaits) Retrying(bool) {}
