@@ -156,7 +156,8 @@ type App struct {
 	// pathological fan-out, not a CPU budget: sized by CPU count it would
 	// let a slow upstream's requests queue behind two exchanges. A
 	// request waits for a worker within its wait_timeout and deadline; a
-	// sibling's lease waits at most half the reservation_timeout, then is
+	// sibling's lease waits at most half the reservation_timeout, and no
+	// longer than what is left of the sibling's wait_timeout, then is
 	// rejected so the sibling tries another plan. Default: 1024, like
 	// max_in_flight.
 	Workers int `json:"workers,omitempty"`

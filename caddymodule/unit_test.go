@@ -214,6 +214,27 @@ func TestWaitGuard(t *testing.T) {
 			t.Errorf("the wait ended %v in; a retry before any connection restarted the wait timeout", d)
 		}
 	})
+	t.Run("what is left of the wait", func(t *testing.T) {
+		// For a sibling's wait for a worker
+		// (TestOwnerWaitsNoLongerThanTheCaller in proxy).
+		g := newWaitGuard(context.Background(), time.Second, nil, time.Now().Add(-300*time.Millisecond))
+		defer g.cancel()
+		if left := g.WaitLeft(); left <= 0 || left > 700*time.Millisecond {
+			t.Errorf("armed 300ms ago for 1s: %v left, want at most 700ms", left)
+		}
+		g.WroteHeaders()
+		if left := g.WaitLeft(); left != 0 {
+			t.Errorf("disarmed: %v left, want 0 (no bound)", left)
+		}
+		late := newWaitGuard(context.Background(), time.Second, nil, time.Now().Add(-2*time.Second))
+		defer late.cancel()
+		if left := late.WaitLeft(); left <= 0 || left > time.Millisecond {
+			t.Errorf("armed past its timeout: %v left, want a bound at once", left)
+		}
+		if left := newWaitGuard(context.Background(), 0, nil, time.Now()).WaitLeft(); left != 0 {
+			t.Errorf("no wait timeout: %v left, want 0", left)
+		}
+	})
 	t.Run("a refused attempt's time counts as waiting", func(t *testing.T) {
 		// The head went to a sibling, which held it and refused it as
 		// busy (TestRetryAfterAnOwnersRefusalWaitsAgain in proxy): that

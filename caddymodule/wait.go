@@ -132,6 +132,19 @@ func (g *waitGuard) Retrying(refused bool) {
 	g.cancelCause(errWaitTimeout)
 }
 
+// WaitLeft is what is left of the wait timeout while the guard is armed,
+// for a sibling that owns the request's connection to wait for a worker no
+// longer; 0 (no bound) otherwise.
+func (g *waitGuard) WaitLeft() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.armed || g.timer == nil {
+		return 0
+	}
+	// Armed, the guard has not fired yet: the sibling refuses at once.
+	return max(g.d-time.Since(g.armedAt), time.Nanosecond)
+}
+
 // stop stops the wait timeout without counting the request as served, once
 // the round trip has returned.
 func (g *waitGuard) stop() {

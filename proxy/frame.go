@@ -14,7 +14,7 @@ import (
 // reader can reject garbage after a few bytes, before it parses any HTTP:
 //
 //	request  = magic(2) version(1) type(1) flags(2) leaseLen(2) deadline(8) lease(leaseLen)
-//	           [length(8) if flags has flagLength]
+//	           [length(8) if flags has flagLength] [waitLeft(8) if flags has flagWaitLeft]
 //	           followed by one HTTP/1.1 request
 //	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
 //	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
@@ -34,7 +34,7 @@ import (
 // the head flag headStatus, for an HTTP/2 answer without a body that may
 // end with trailers, and flagNoInterim; version 7 the error frame in place
 // of a head, and its flagResponseBegan; version 8 the accept frame's
-// flagAcceptH2. The processes of one fleet must run builds that speak
+// flagAcceptH2; version 9 the request's flagWaitLeft. The processes of one fleet must run builds that speak
 // the same unix leg: one of another version cannot join the fleet's
 // segment (Protocol), and a frame of another version is refused with an
 // error that names both versions.
@@ -49,7 +49,7 @@ const (
 
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 8
+	frameVersion  = 9
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
@@ -121,8 +121,13 @@ const (
 	// header limit, as net/http counts them for such a caller: the owner
 	// bounds them so (see interimShareLimit), and relays only a 100.
 	flagNoInterim
+	// flagWaitLeft: the caller waits for a connection at most waitLeft
+	// (nanoseconds) longer, from when it writes the frame: the owner waits
+	// for a worker no longer than that (see server.budget), so that its
+	// refusal comes within the caller's wait timeout.
+	flagWaitLeft
 
-	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent | flagNoInterim
+	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent | flagNoInterim | flagWaitLeft
 )
 
 // Reject reasons.
@@ -211,6 +216,7 @@ type requestFrame struct {
 	flags    uint16
 	deadline int64 // unix nanoseconds; 0 means none
 	length   int64 // with flagLength
+	waitLeft int64 // with flagWaitLeft; 0 means none
 	leaseLen uint8
 	lease    [maxLeaseLen]byte
 }
@@ -224,17 +230,27 @@ func (f *requestFrame) deadlineTime() (time.Time, bool) {
 	return time.Unix(0, f.deadline), true
 }
 
-// appendRequestFrame encodes a request frame without flagLength.
+// appendRequestFrame encodes a request frame without flagLength and
+// flagWaitLeft.
 func appendRequestFrame(b []byte, lease []byte, deadline time.Time, flags uint16) ([]byte, error) {
-	return appendRequestFrameLength(b, lease, deadline, flags&^flagLength, -1)
+	return appendRequestFrameLength(b, lease, deadline, flags, -1)
 }
 
-// appendRequestFrameLength encodes a request frame, with flagLength and
-// length when length >= 0.
+// appendRequestFrameLength encodes a request frame without flagWaitLeft,
+// with flagLength and length when length >= 0.
 func appendRequestFrameLength(b []byte, lease []byte, deadline time.Time, flags uint16, length int64) ([]byte, error) {
-	flags &^= flagLength
+	return appendRequestFrameWait(b, lease, deadline, flags, length, 0)
+}
+
+// appendRequestFrameWait encodes a request frame, with flagLength and
+// length when length >= 0, and flagWaitLeft and waitLeft when waitLeft > 0.
+func appendRequestFrameWait(b []byte, lease []byte, deadline time.Time, flags uint16, length int64, waitLeft time.Duration) ([]byte, error) {
+	flags &^= flagLength | flagWaitLeft
 	if length >= 0 {
 		flags |= flagLength
+	}
+	if waitLeft > 0 {
+		flags |= flagWaitLeft
 	}
 	if len(lease) == 0 || len(lease) > maxLeaseLen {
 		return b, fmt.Errorf("%w: lease of %d bytes", ErrBadFrame, len(lease))
@@ -250,6 +266,9 @@ func appendRequestFrameLength(b []byte, lease []byte, deadline time.Time, flags 
 	b = append(b, lease...)
 	if length >= 0 {
 		b = binary.BigEndian.AppendUint64(b, uint64(length))
+	}
+	if waitLeft > 0 {
+		b = binary.BigEndian.AppendUint64(b, uint64(waitLeft))
 	}
 	return b, nil
 }
@@ -281,18 +300,30 @@ func decodeRequestFrame(b []byte) (f requestFrame, n int, err error) {
 	if f.flags&flagLength != 0 {
 		n += 8
 	}
+	if f.flags&flagWaitLeft != 0 {
+		n += 8
+	}
 	if len(b) < n {
 		return f, n, errShort
 	}
 	f.leaseLen = uint8(ll)
 	copy(f.lease[:], b[reqHeaderLen:reqHeaderLen+ll])
 	f.length = -1
+	off := reqHeaderLen + ll
 	if f.flags&flagLength != 0 {
-		l := binary.BigEndian.Uint64(b[reqHeaderLen+ll:])
+		l := binary.BigEndian.Uint64(b[off:])
 		if l > 1<<62 {
 			return f, 0, fmt.Errorf("%w: request length %d", ErrBadFrame, l)
 		}
 		f.length = int64(l)
+		off += 8
+	}
+	if f.flags&flagWaitLeft != 0 {
+		w := binary.BigEndian.Uint64(b[off:])
+		if w == 0 || w > 1<<62 {
+			return f, 0, fmt.Errorf("%w: wait left %d", ErrBadFrame, w)
+		}
+		f.waitLeft = int64(w)
 	}
 	return f, n, nil
 }

@@ -42,6 +42,38 @@ func TestRequestFrameRoundTrip(t *testing.T) {
 	}
 }
 
+// TestRequestFrameWaitLeft: the caller's wait left travels with the frame,
+// after the length when there is one, and a frame that says it carries one
+// but carries 0 is refused.
+func TestRequestFrameWaitLeft(t *testing.T) {
+	for _, length := range []int64{-1, 0, 1 << 20} {
+		b, err := appendRequestFrameWait(nil, []byte("lease"), time.Time{}, flagBodyOnAccept, length, 1500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, n, err := decodeRequestFrame(b)
+		if err != nil || n != len(b) {
+			t.Fatalf("length %d: n=%d of %d, err %v", length, n, len(b), err)
+		}
+		if f.waitLeft != int64(1500*time.Millisecond) || f.length != length || f.flags != flagBodyOnAccept|flagWaitLeft|map[bool]uint16{true: flagLength}[length >= 0] {
+			t.Errorf("length %d: decoded %+v", length, f)
+		}
+		for i := range len(b) {
+			if _, _, err := decodeRequestFrame(b[:i]); !errors.Is(err, errShort) {
+				t.Fatalf("length %d, prefix %d: %v", length, i, err)
+			}
+		}
+		zero := append([]byte(nil), b...)
+		clear(zero[len(zero)-8:])
+		if _, _, err := decodeRequestFrame(zero); !errors.Is(err, ErrBadFrame) {
+			t.Errorf("length %d: a wait left of 0 decoded: %v", length, err)
+		}
+	}
+	if b, _ := appendRequestFrameWait(nil, []byte("lease"), time.Time{}, flagWaitLeft, -1, 0); len(b) != reqHeaderLen+len("lease") {
+		t.Errorf("no wait left: %d bytes, want %d without the field", len(b), reqHeaderLen+len("lease"))
+	}
+}
+
 func TestResponseFrameRoundTrip(t *testing.T) {
 	for _, f := range []responseFrame{
 		{typ: frameAccept},
@@ -65,7 +97,7 @@ func TestFrameRejectsGarbage(t *testing.T) {
 	valid, _ := appendRequestFrame(nil, []byte("lease"), time.Now(), 0)
 	bad := map[string][]byte{
 		"magic":      append([]byte("XX"), valid[2:]...),
-		"version":    append([]byte{'O', 'R', 9}, valid[3:]...),
+		"version":    append([]byte{'O', 'R', frameVersion + 1}, valid[3:]...),
 		"type":       append([]byte{'O', 'R', 1, byte(frameAccept)}, valid[4:]...),
 		"flags":      append(append([]byte{}, valid[:4]...), append([]byte{0x80, 0}, valid[6:]...)...),
 		"lease zero": append(append([]byte{}, valid[:6]...), append([]byte{0, 0}, valid[8:]...)...),
@@ -118,6 +150,8 @@ func TestReadFrameFromStream(t *testing.T) {
 func FuzzDecodeFrame(f *testing.F) {
 	req, _ := appendRequestFrame(nil, bytes.Repeat([]byte{1}, 32), time.Unix(0, 42), 0)
 	f.Add(req)
+	req, _ = appendRequestFrameWait(nil, bytes.Repeat([]byte{1}, 32), time.Unix(0, 42), 0, 9, time.Second)
+	f.Add(req)
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptH2}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectGone, msg: "gone"}))
@@ -134,7 +168,7 @@ func FuzzDecodeFrame(f *testing.F) {
 			if rf.deadline != 0 {
 				dl = time.Unix(0, rf.deadline)
 			}
-			enc, err := appendRequestFrameLength(nil, rf.leaseBytes(), dl, rf.flags, rf.length)
+			enc, err := appendRequestFrameWait(nil, rf.leaseBytes(), dl, rf.flags, rf.length, time.Duration(rf.waitLeft))
 			if err != nil || !bytes.Equal(enc, b[:n]) {
 				t.Fatalf("request re-encodes to %x, want %x (%v)", enc, b[:n], err)
 			}

@@ -1,6 +1,9 @@
 package proxy
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // A WaitWatcher is told when a request's wait for a connection ends and
 // when it begins again. The Caddy module's wait timeout bounds the wait and
@@ -23,6 +26,11 @@ type WaitWatcher interface {
 	// or its lease gone) before any work upstream: the time since
 	// WroteHeaders was spent waiting for a connection too.
 	Retrying(refused bool)
+	// WaitLeft is how much longer the request may wait for a connection,
+	// or 0 for no bound. It is asked when the request goes to a sibling
+	// that owns the connection, which waits for a worker of its own no
+	// longer (see App.Workers in the Caddy module).
+	WaitLeft() time.Duration
 }
 
 // waitWatcherKey is the context key of WithWaitWatcher's watcher.

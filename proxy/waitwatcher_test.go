@@ -26,7 +26,10 @@ type recordWaits struct {
 	mu     sync.Mutex
 	events []string
 	wrote  chan struct{}
+	left   time.Duration // what WaitLeft says
 }
+
+func (r *recordWaits) WaitLeft() time.Duration { return r.left }
 
 func (r *recordWaits) WroteHeaders() { r.add("wrote") }
 
@@ -177,6 +180,37 @@ func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
 	}
 }
 
+// TestOwnerWaitsNoLongerThanTheCaller: a sibling's request that finds its
+// owner without a free worker is refused as busy once the caller's wait
+// for a connection is over (WaitLeft), not after the owner's own bound.
+func TestOwnerWaitsNoLongerThanTheCaller(t *testing.T) {
+	u := newTestUpstream(t)
+	gov := governor.New(1, 0)
+	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: 4 * time.Second},
+		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	warm(t, owner, u.url("/cl"))
+	held := gov.Acquire() // the owner's one worker
+	defer held.Release()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w := &recordWaits{left: 100 * time.Millisecond}
+	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "GET", u.url("/cl"), nil)
+	start := time.Now()
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%v (watcher told %q)", err, w.got())
+	}
+	drain(resp)
+	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
+		t.Fatalf("the owner refused %d requests as busy, want 1 (setup)", n)
+	}
+	// The owner's own bound would have it refuse 4s in.
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the request was answered %v in: the owner kept it past the caller's wait of %v", d, w.left)
+	}
+}
+
 // TestRetryAfterAConnectionClosedUnansweredIsNoRefusal: a GET on a reused
 // connection that its upstream closes once it has read the request is sent
 // again on a new one; the time the closed connection took was no wait for
@@ -250,5 +284,6 @@ func TestPanickingWatcherLeavesNoConnectionTaken(t *testing.T) {
 
 type panicWaits struct{}
 
-func (panicWaits) WroteHeaders() { panic("watcher") }
-func (panicWaits) Retrying(bool) {}
+func (panicWaits) WroteHeaders()           { panic("watcher") }
+func (panicWaits) Retrying(bool)           {}
+func (panicWaits) WaitLeft() time.Duration { return 0 }
