@@ -131,7 +131,7 @@ type App struct {
 	// WaitTimeout is how long a request may wait for a back-pressure permit
 	// and an upstream connection together; past it the request is refused
 	// with 503. The time a sibling held a request it then refused (busy,
-	// leaving) counts; a request sent again after a reused connection
+	// leaving, its connection gone) counts; a request sent again after a reused connection
 	// closed before answering may wait as long again. A transport may set
 	// its own. Default: 5s.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`

@@ -24,7 +24,7 @@ func BenchmarkWaitGuard(b *testing.B) {
 	for b.Loop() {
 		g := newWaitGuard(parent, 5*time.Second, &waited, time.Now())
 		g.WroteHeaders()
-		g.disarm() // as the round trip returns
+		g.end(true) // as the round trip returns
 		g.cancel()
 	}
 }

@@ -474,12 +474,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		ab.ended(err)
 	}
 	if err != nil {
-		wg.stop()
+		wg.end(false)
 		wg.cancel()
 		end()
 		return nil, t.classify(req, up, wg, dl, err)
 	}
-	wg.disarm()
+	wg.end(true)
 	resp.Request = req
 	resp.Body = trackBody(resp.Body, end)
 	return resp, nil

@@ -150,7 +150,7 @@ func TestWaitGuard(t *testing.T) {
 		if !g.expired() || !errors.Is(context.Cause(g.ctx), errWaitTimeout) {
 			t.Errorf("expired %v, cause %v", g.expired(), context.Cause(g.ctx))
 		}
-		if g.disarm(); waited.n != 0 {
+		if g.end(true); waited.n != 0 {
 			t.Error("a timed-out wait was observed as served")
 		}
 		if _, ok := g.ctx.Deadline(); ok {
@@ -164,16 +164,21 @@ func TestWaitGuard(t *testing.T) {
 		start := time.Now()
 		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, start)
 		g.WroteHeaders()
+		head := time.Since(start)
 		time.Sleep(60 * time.Millisecond)
 		if g.ctx.Err() != nil || g.expired() {
 			t.Fatal("the wait timeout fired after the request had its connection")
 		}
-		g.disarm() // and again when the round trip returns
+		if waited.n != 0 {
+			t.Error("the wait was observed before the round trip was over: a sibling may still refuse it")
+		}
+		g.end(true) // the round trip returns
+		g.end(true)
 		if waited.n != 1 {
 			t.Errorf("the wait was observed %d times", waited.n)
 		}
-		if max := time.Since(start).Seconds(); waited.sum <= 0 || waited.sum > max {
-			t.Errorf("observed a wait of %gs, want more than 0 and at most %gs", waited.sum, max)
+		if waited.sum <= 0 || waited.sum > head.Seconds() {
+			t.Errorf("observed a wait of %gs, want more than 0 and at most the %gs to the head", waited.sum, head.Seconds())
 		}
 		g.cancel()
 	})
@@ -195,8 +200,8 @@ func TestWaitGuard(t *testing.T) {
 		if !g.expired() || !errors.Is(context.Cause(g.ctx), errWaitTimeout) {
 			t.Errorf("expired %v, cause %v", g.expired(), context.Cause(g.ctx))
 		}
-		if waited.n != 1 {
-			t.Errorf("the wait was observed %d times, want once", waited.n)
+		if g.end(false); waited.n != 0 {
+			t.Errorf("a request the wait timeout ended was observed %d times as served", waited.n)
 		}
 	})
 	t.Run("a retry before any connection keeps the first bound", func(t *testing.T) {
@@ -268,16 +273,16 @@ func TestWaitGuard(t *testing.T) {
 			t.Error("the refused retry's wait ended, not by the wait timeout")
 		}
 	})
-	t.Run("stopped", func(t *testing.T) {
+	t.Run("ended without a connection", func(t *testing.T) {
 		var waited countWaits
 		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())
-		g.stop()
+		g.end(false)
 		time.Sleep(60 * time.Millisecond)
 		if g.ctx.Err() != nil {
-			t.Fatal("a stopped guard fired")
+			t.Fatal("an ended guard fired")
 		}
-		if g.disarm(); waited.n != 0 {
-			t.Error("a stopped wait was observed as served")
+		if g.end(true); waited.n != 0 {
+			t.Error("a wait that ended without a connection was observed as served")
 		}
 		g.cancel()
 	})

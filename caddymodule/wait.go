@@ -21,7 +21,7 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // The request goes to the proxy with a context that is cancelled when the
 // wait timeout fires, unless the guard was disarmed first. It is disarmed
 // once the request head is written (so the request has its connection), and
-// at the latest when the round trip returns. The guard adds no deadline of
+// at the latest when the round trip returns (end). The guard adds no deadline of
 // its own: a deadline travels with the request to a sibling that forwards it
 // and bounds the whole exchange there, which the wait timeout must not. The
 // request's own deadline, when it has one (see Transport.deadline), is on
@@ -30,9 +30,10 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 // The proxy tells the guard when the head is written, and when it sends the
 // request again after a failed attempt, which waits for a connection again:
 // the guard is its proxy.WaitWatcher, and is armed again for that wait. An
-// attempt a sibling refused (busy, leaving) was a wait too, from the guard's
-// last arming on, so the retry gets what is left of that wait; after any
-// other (a reused connection that closed before answering), a whole one.
+// attempt refused before any work upstream (a sibling busy or leaving) was
+// a wait too, from the guard's last arming on, so the retry gets what is
+// left of that wait; after any other (a reused connection that closed
+// before answering), a whole one.
 //
 // Every request through the transport makes one, so it holds what it needs
 // itself (what it observes) rather than in closures: each is an allocation
@@ -40,21 +41,22 @@ var errWaitTimeout = errors.New("orbit_pool: wait timeout")
 type waitGuard struct {
 	ctx         context.Context
 	cancelCause context.CancelCauseFunc
-	waited      waitObserver // observes the first wait once it is over, if set
+	waited      waitObserver // observes the wait once the round trip is over, if set
 	start       time.Time
 	d           time.Duration
 
 	mu       sync.Mutex
 	timer    *time.Timer
 	armedAt  time.Time // when the current wait began
+	servedAt time.Time // when the request had its connection, if it has
 	armed    bool
 	timedOut bool
-	observed bool
+	ended    bool
 }
 
 // newWaitGuard returns a guard over a context derived from parent. waited,
-// if set, observes the time since start when the request first has its
-// connection.
+// if set, observes the time from start to when the request first had its
+// connection, once the round trip is over (see end).
 func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, start time.Time) *waitGuard {
 	g := &waitGuard{armed: true, armedAt: start, waited: waited, start: start, d: d}
 	g.ctx, g.cancelCause = context.WithCancelCause(parent)
@@ -68,47 +70,45 @@ func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, 
 }
 
 // fire ends the wait: the timeout passed before the request had its
-// connection.
+// connection. A fire that finds the guard disarmed, or armed for a wait
+// that has time left, is one the timer started before the guard was
+// disarmed or armed anew: it waited for the lock, and does nothing.
 func (g *waitGuard) fire() {
 	g.mu.Lock()
-	fire := g.armed
-	g.armed = false
-	g.timedOut = fire
-	g.mu.Unlock()
-	if fire {
-		g.cancelCause(errWaitTimeout)
+	if !g.armed || time.Now().Before(g.armedAt.Add(g.d)) {
+		g.mu.Unlock()
+		return
 	}
+	g.armed = false
+	g.timedOut = true
+	g.mu.Unlock()
+	g.cancelCause(errWaitTimeout)
 }
 
-// disarm stops the wait timeout: the request has its connection.
-func (g *waitGuard) disarm() {
+// WroteHeaders disarms the guard: the request has its connection, unless
+// the sibling it went to refuses it (see Retrying).
+func (g *waitGuard) WroteHeaders() {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	if !g.armed {
-		g.mu.Unlock()
 		return
 	}
 	g.armed = false
 	if g.timer != nil {
 		g.timer.Stop()
 	}
-	observe := !g.observed && g.waited != nil
-	g.observed = true
-	g.mu.Unlock()
-	if observe {
-		g.waited.Observe(time.Since(g.start).Seconds())
+	if g.servedAt.IsZero() {
+		g.servedAt = time.Now()
 	}
 }
 
-// WroteHeaders disarms the guard: the request has its connection.
-func (g *waitGuard) WroteHeaders() { g.disarm() }
-
 // Retrying arms a disarmed guard again: the proxy is about to send the
 // request again, and the retry waits for a connection. After a sibling's
-// refusal the wait that the head's writing seemed to end went on, and the
-// guard keeps its bound, firing at once if it has passed; otherwise the
-// retry waits for the wait timeout anew. A guard still armed keeps its
-// timer, so retries before any connection (failed dials) share the first
-// wait's bound.
+// refusal the wait that the head's writing seemed to end went on: the
+// request has not had its connection, and the guard keeps its bound,
+// firing at once if it has passed. Otherwise the retry waits for the wait
+// timeout anew. A guard still armed keeps its timer, so retries before any
+// connection (failed dials) share the first wait's bound.
 func (g *waitGuard) Retrying(refused bool) {
 	g.mu.Lock()
 	if g.armed || g.timedOut || g.timer == nil {
@@ -118,6 +118,7 @@ func (g *waitGuard) Retrying(refused bool) {
 	left := g.d
 	if now := time.Now(); refused {
 		left -= now.Sub(g.armedAt)
+		g.servedAt = time.Time{}
 	} else {
 		g.armedAt = now
 	}
@@ -145,14 +146,23 @@ func (g *waitGuard) WaitLeft() time.Duration {
 	return max(g.d-time.Since(g.armedAt), time.Nanosecond)
 }
 
-// stop stops the wait timeout without counting the request as served, once
-// the round trip has returned.
-func (g *waitGuard) stop() {
+// end stops the wait timeout once the round trip has returned, with a
+// response (served) or not, and observes the wait of a request that had its
+// connection: a response is one, though the proxy told of no head.
+func (g *waitGuard) end(served bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.armed = false
 	if g.timer != nil {
 		g.timer.Stop()
+	}
+	if served && g.servedAt.IsZero() && !g.timedOut {
+		g.servedAt = time.Now()
+	}
+	observe := !g.ended && !g.timedOut && !g.servedAt.IsZero() && g.waited != nil
+	g.ended = true
+	g.mu.Unlock()
+	if observe {
+		g.waited.Observe(g.servedAt.Sub(g.start).Seconds())
 	}
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -57,10 +58,13 @@ func (kc *keyCap) sawRemote(a netip.AddrPort) (tell bool) {
 }
 
 // sawRemote records a for key (see keyCap.sawRemote) and, the first time
-// this process sees it, tells the fleet (see publishRemote).
+// this process sees it, tells the fleet (see publishRemote); again at the
+// next dial if another member kept the file locked.
 func (n *Node) sawRemote(key orbitpool.Key, kc *keyCap, a netip.AddrPort) {
-	if kc.sawRemote(a) {
-		n.publishRemote(key, a)
+	if kc.sawRemote(a) && errors.Is(n.publishRemote(key, a), errRemotesBusy) {
+		kc.remoteMu.Lock()
+		delete(kc.published, a)
+		kc.remoteMu.Unlock()
 	}
 }
 
@@ -94,20 +98,27 @@ const remotesLockWait = 100 * time.Millisecond
 
 // publishRemote appends a to key's addresses file (see appendRemote). A
 // closed node writes nothing: the last member to leave removes the files.
-func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) {
+func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) error {
 	if n.sockDir == "" {
-		return
+		return nil
 	}
 	select {
 	case <-n.stop:
-		return
+		return nil
 	default:
 	}
-	if err := appendRemote(n.remotesFile(key), a); err != nil {
+	err := appendRemote(n.remotesFile(key), a)
+	if err != nil {
 		n.log.Warn("telling the fleet an upstream's address; a dead process's share of its cap may be held for a set time only",
 			zap.Stringer("upstream", a), zap.Error(err))
 	}
+	return err
 }
+
+// errRemotesBusy is an append's error when other members kept the
+// addresses file locked, or replaced it, past remotesLockWait: the next
+// dial tries again.
+var errRemotesBusy = errors.New("addresses file busy")
 
 // appendRemote appends a to the addresses file at path (see openRegular),
 // on a line of its own even if the last write to the file was cut short, or
@@ -128,7 +139,7 @@ func appendRemote(path string, a netip.AddrPort) error {
 			if cur, lerr := os.Lstat(path); lerr != nil || !os.SameFile(cur, st) {
 				f.Close()
 				if time.Now().After(deadline) {
-					return fmt.Errorf("%s replaced under every append for %v", path, remotesLockWait)
+					return fmt.Errorf("%w: %s replaced under every append for %v", errRemotesBusy, path, remotesLockWait)
 				}
 				continue
 			}
@@ -156,7 +167,7 @@ func lockFile(f *os.File, deadline time.Time) (os.FileInfo, error) {
 		case err != unix.EWOULDBLOCK && err != unix.EINTR:
 			return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
 		case time.Now().After(deadline):
-			return nil, fmt.Errorf("%s locked by another process for over %v", f.Name(), remotesLockWait)
+			return nil, fmt.Errorf("%w: %s locked by another process for over %v", errRemotesBusy, f.Name(), remotesLockWait)
 		}
 		time.Sleep(time.Millisecond)
 	}

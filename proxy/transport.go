@@ -445,7 +445,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 					next = withGzip(next)
 				}
 				if w := waitWatcher(ctx); w != nil {
-					w.Retrying(errors.Is(err, ErrLeaseRefused))
+					w.Retrying(refusedUnserved(err))
 				}
 				r = next
 				continue

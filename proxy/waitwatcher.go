@@ -22,9 +22,10 @@ type WaitWatcher interface {
 	// connection that closed before answering, a failed dial): the request
 	// waits for a connection again, though WroteHeaders may have been
 	// called for the attempt that failed. refused reports that the
-	// sibling owning the attempt's connection refused it (busy, leaving,
-	// or its lease gone) before any work upstream: the time since
-	// WroteHeaders was spent waiting for a connection too.
+	// attempt was refused before any work upstream, by the sibling owning
+	// its connection (busy, leaving, its connection gone) or by an HTTP/2
+	// connection going away: the time since WroteHeaders was spent
+	// waiting for a connection too.
 	Retrying(refused bool)
 	// WaitLeft is how much longer the request may wait for a connection,
 	// or 0 for no bound. It is asked when the request goes to a sibling
