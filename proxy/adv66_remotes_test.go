@@ -44,7 +44,7 @@ func TestAdv66RemotesCrossProcessLosesNoAppend(t *testing.T) {
 	for filler.Len() < maxRemotesFileSize-40 {
 		fmt.Fprintf(&filler, "10.0.0.%d:80\n", filler.Len()%20)
 	}
-	for trial := range 10 {
+	for trial := range 5 {
 		path := filepath.Join(dir, fmt.Sprintf("%s%d", remotesPrefix, trial))
 		if err := os.WriteFile(path, []byte(filler.String()), 0o600); err != nil {
 			t.Fatal(err)
