@@ -273,6 +273,21 @@ func TestWaitGuard(t *testing.T) {
 			t.Error("the refused retry's wait ended, not by the wait timeout")
 		}
 	})
+	t.Run("no wait timeout: a refused head is no connection", func(t *testing.T) {
+		var waited countWaits
+		start := time.Now()
+		g := newWaitGuard(context.Background(), 0, &waited, start)
+		defer g.cancel()
+		g.WroteHeaders()
+		time.Sleep(20 * time.Millisecond) // the sibling holds it, then refuses
+		g.Retrying(true)
+		served := time.Since(start)
+		g.WroteHeaders()
+		g.end(true)
+		if waited.n != 1 || waited.sum < served.Seconds() {
+			t.Errorf("observed %d waits summing %gs; the request had its connection after %gs", waited.n, waited.sum, served.Seconds())
+		}
+	})
 	t.Run("ended without a connection", func(t *testing.T) {
 		var waited countWaits
 		g := newWaitGuard(context.Background(), 20*time.Millisecond, &waited, time.Now())

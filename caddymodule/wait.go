@@ -90,14 +90,13 @@ func (g *waitGuard) fire() {
 func (g *waitGuard) WroteHeaders() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.armed {
-		return
+	if g.armed {
+		g.armed = false
+		if g.timer != nil {
+			g.timer.Stop()
+		}
 	}
-	g.armed = false
-	if g.timer != nil {
-		g.timer.Stop()
-	}
-	if g.servedAt.IsZero() {
+	if g.servedAt.IsZero() && !g.timedOut && !g.ended {
 		g.servedAt = time.Now()
 	}
 }
@@ -111,6 +110,9 @@ func (g *waitGuard) WroteHeaders() {
 // connection (failed dials) share the first wait's bound.
 func (g *waitGuard) Retrying(refused bool) {
 	g.mu.Lock()
+	if refused {
+		g.servedAt = time.Time{}
+	}
 	if g.armed || g.timedOut || g.timer == nil {
 		g.mu.Unlock()
 		return
@@ -118,7 +120,6 @@ func (g *waitGuard) Retrying(refused bool) {
 	left := g.d
 	if now := time.Now(); refused {
 		left -= now.Sub(g.armedAt)
-		g.servedAt = time.Time{}
 	} else {
 		g.armedAt = now
 	}

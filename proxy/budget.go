@@ -94,6 +94,11 @@ func waitEnd(ctx context.Context, err error) error {
 // isRefusal reports whether err is a decision not to start the request
 // (its deadline, or the admission backstop), which sending it again at once
 // would only repeat.
+func isRefusal(err error) bool {
+	return errors.Is(err, backpressure.ErrDeadlineNear) || errors.Is(err, backpressure.ErrDeadlineElapsed) ||
+		errors.Is(err, ErrNotAdmitted)
+}
+
 // refusedUnserved reports whether err refused its attempt before any work
 // upstream, once the request's head was out: a sibling that refused its
 // lease (busy, leaving, its connection gone), or an HTTP/2 connection that
@@ -102,11 +107,6 @@ func waitEnd(ctx context.Context, err error) error {
 func refusedUnserved(err error) bool {
 	var pe *Error
 	return errors.Is(err, ErrLeaseRefused) || errors.As(err, &pe) && pe.connGone
-}
-
-func isRefusal(err error) bool {
-	return errors.Is(err, backpressure.ErrDeadlineNear) || errors.Is(err, backpressure.ErrDeadlineElapsed) ||
-		errors.Is(err, ErrNotAdmitted)
 }
 
 // avoided is what one request's attempts keep off: owners that rejected it

@@ -287,3 +287,26 @@ type panicWaits struct{}
 func (panicWaits) WroteHeaders()           { panic("watcher") }
 func (panicWaits) Retrying(bool)           {}
 func (panicWaits) WaitLeft() time.Duration { return 0 }
+
+// TestRefusedUnserved: the attempts whose time after the head counts as
+// waiting for a connection (WaitWatcher.Retrying's refused) are those
+// refused before any work upstream, by a sibling or by an HTTP/2
+// connection going away.
+func TestRefusedUnserved(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"owner busy", &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: fmt.Errorf("%w: %w: x", ErrLeaseRefused, ErrOwnerBusy)}, true},
+		{"owner leaving", &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: fmt.Errorf("%w: %w", ErrLeaseRefused, errOwnerLeaving)}, true},
+		{"stream refused as the connection went away", fmt.Errorf("attempt: %w", &Error{Op: "roundtrip", RetrySafe: true, connGone: true, Err: ErrConnBroken}), true},
+		{"reused connection closed unanswered", &Error{Op: "read", RetrySafe: true, Err: ErrConnBroken}, false},
+		{"owner failed before its accept", &Error{Op: "read", RetrySafe: true, beforeAccept: true, Err: fmt.Errorf("%w: x", ErrOwnerFailed)}, false},
+		{"dial", &Error{Op: "dial", RetrySafe: true, Err: io.EOF}, false},
+	} {
+		if got := refusedUnserved(tc.err); got != tc.want {
+			t.Errorf("%s: refusedUnserved = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
