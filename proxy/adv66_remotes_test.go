@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -40,15 +39,8 @@ func TestAdv66RemotesCrossProcessLosesNoAppend(t *testing.T) {
 	}
 	dir := t.TempDir()
 	const procs = 6
-	var filler strings.Builder
-	for filler.Len() < maxRemotesFileSize-40 {
-		fmt.Fprintf(&filler, "10.0.0.%d:80\n", filler.Len()%20)
-	}
 	for trial := range 5 {
-		path := filepath.Join(dir, fmt.Sprintf("%s%d", remotesPrefix, trial))
-		if err := os.WriteFile(path, []byte(filler.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		path := nearlyFullRemotes(t, dir, trial, 40)
 		at := time.Now().Add(150 * time.Millisecond).UnixNano()
 		var cmds []*exec.Cmd
 		for i := range procs {

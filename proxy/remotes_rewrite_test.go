@@ -77,15 +77,8 @@ func TestRemotesFileStaysBounded(t *testing.T) {
 func TestRemotesRewriteLosesNoAppend(t *testing.T) {
 	dir := t.TempDir()
 	const members = 8
-	var filler strings.Builder
-	for filler.Len() < maxRemotesFileSize-16 {
-		fmt.Fprintf(&filler, "10.0.0.%d:80\n", filler.Len()%20)
-	}
 	for trial := range 200 {
-		path := filepath.Join(dir, fmt.Sprintf("%s%d", remotesPrefix, trial))
-		if err := os.WriteFile(path, []byte(filler.String()), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		path := nearlyFullRemotes(t, dir, trial, 16)
 		want := make([]netip.AddrPort, members)
 		var start, wg sync.WaitGroup
 		start.Add(1)
@@ -107,4 +100,20 @@ func TestRemotesRewriteLosesNoAppend(t *testing.T) {
 			}
 		}
 	}
+}
+
+// nearlyFullRemotes writes the addresses file of trial in dir with
+// addresses up to room bytes short of the size at which an append rewrites
+// it, and returns its path.
+func nearlyFullRemotes(t *testing.T, dir string, trial, room int) string {
+	t.Helper()
+	var filler strings.Builder
+	for filler.Len() < maxRemotesFileSize-room {
+		fmt.Fprintf(&filler, "10.0.0.%d:80\n", filler.Len()%20)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s%d", remotesPrefix, trial))
+	if err := os.WriteFile(path, []byte(filler.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

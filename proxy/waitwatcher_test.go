@@ -147,6 +147,22 @@ func TestWroteHeadersOnEveryPath(t *testing.T) {
 	}
 }
 
+// busyOwner is a pair whose owner has a connection to the upstream and its
+// one worker taken: a sibling's lease on that connection waits up to
+// maxLeaseWait for the worker, then is refused as busy. The client may dial
+// a connection of its own.
+func busyOwner(t *testing.T, maxLeaseWait time.Duration) (u *testUpstream, owner, client *member) {
+	t.Helper()
+	u = newTestUpstream(t)
+	gov := governor.New(1, 0)
+	owner, client = budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: maxLeaseWait},
+		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
+	warm(t, owner, u.url("/cl"))
+	held := gov.Acquire()
+	t.Cleanup(held.Release)
+	return u, owner, client
+}
+
 // TestRetryAfterAnOwnersRefusalWaitsAgain: a sibling whose owner refuses it
 // as busy (its one worker taken past MaxLeaseWait) was told that its head
 // was out, on the unix stream; the transport then tells the watcher it
@@ -154,14 +170,7 @@ func TestWroteHeadersOnEveryPath(t *testing.T) {
 // wait timeout bounds the retry's wait for a connection too, counting the
 // time the owner kept it.
 func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
-	u := newTestUpstream(t)
-	gov := governor.New(1, 0)
-	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: 200 * time.Millisecond},
-		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
-	warm(t, owner, u.url("/cl"))
-	held := gov.Acquire() // the owner's one worker
-	defer held.Release()
-
+	u, owner, client := busyOwner(t, 200*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	w := &recordWaits{}
@@ -184,14 +193,7 @@ func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
 // owner without a free worker is refused as busy once the caller's wait
 // for a connection is over (WaitLeft), not after the owner's own bound.
 func TestOwnerWaitsNoLongerThanTheCaller(t *testing.T) {
-	u := newTestUpstream(t)
-	gov := governor.New(1, 0)
-	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: 4 * time.Second},
-		func(tr *Transport) { tr.MaxConnsPerKey = 2 })
-	warm(t, owner, u.url("/cl"))
-	held := gov.Acquire() // the owner's one worker
-	defer held.Release()
-
+	u, owner, client := busyOwner(t, 4*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	w := &recordWaits{left: 100 * time.Millisecond}
@@ -216,34 +218,19 @@ func TestOwnerWaitsNoLongerThanTheCaller(t *testing.T) {
 // again on a new one; the time the closed connection took was no wait for
 // a connection, and the watcher is not told the attempt was refused.
 func TestRetryAfterAConnectionClosedUnansweredIsNoRefusal(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				// The first request on a connection is answered, the
-				// second read and dropped.
-				for i := range 2 {
-					req, err := http.ReadRequest(br)
-					if err != nil || i == 1 {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			}()
+	var mu sync.Mutex
+	answered := map[net.Conn]bool{}
+	url := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if answered[c] { // the second request on a connection: read and dropped
+			c.Close()
+			return false
 		}
-	}()
-	url := "http://" + ln.Addr().String() + "/"
+		answered[c] = true
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	}) + "/"
 	m := localTransportMember(t, nil)
 	warm(t, m, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
