@@ -45,10 +45,12 @@ type waitGuard struct {
 	start       time.Time
 	d           time.Duration
 
-	mu       sync.Mutex
-	timer    *time.Timer
-	armedAt  time.Time // when the current wait began
-	servedAt time.Time // when the request had its connection, if it has
+	mu    sync.Mutex
+	timer *time.Timer
+	// Times since start, which keep the guard small: when the current
+	// wait began, and when the request had its connection (0: not yet).
+	armedAt  time.Duration
+	served   time.Duration
 	armed    bool
 	timedOut bool
 	ended    bool
@@ -58,7 +60,7 @@ type waitGuard struct {
 // if set, observes the time from start to when the request first had its
 // connection, once the round trip is over (see end).
 func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, start time.Time) *waitGuard {
-	g := &waitGuard{armed: true, armedAt: start, waited: waited, start: start, d: d}
+	g := &waitGuard{armed: true, waited: waited, start: start, d: d}
 	g.ctx, g.cancelCause = context.WithCancelCause(parent)
 	g.ctx = proxy.WithWaitWatcher(g.ctx, g)
 	if d > 0 {
@@ -75,7 +77,7 @@ func newWaitGuard(parent context.Context, d time.Duration, waited waitObserver, 
 // disarmed or armed anew: it waited for the lock, and does nothing.
 func (g *waitGuard) fire() {
 	g.mu.Lock()
-	if !g.armed || time.Now().Before(g.armedAt.Add(g.d)) {
+	if !g.armed || time.Since(g.start) < g.armedAt+g.d {
 		g.mu.Unlock()
 		return
 	}
@@ -96,8 +98,8 @@ func (g *waitGuard) WroteHeaders() {
 			g.timer.Stop()
 		}
 	}
-	if g.servedAt.IsZero() && !g.timedOut && !g.ended {
-		g.servedAt = time.Now()
+	if g.served == 0 && !g.timedOut && !g.ended {
+		g.served = max(time.Since(g.start), 1)
 	}
 }
 
@@ -111,15 +113,15 @@ func (g *waitGuard) WroteHeaders() {
 func (g *waitGuard) Retrying(refused bool) {
 	g.mu.Lock()
 	if refused {
-		g.servedAt = time.Time{}
+		g.served = 0
 	}
 	if g.armed || g.timedOut || g.timer == nil {
 		g.mu.Unlock()
 		return
 	}
 	left := g.d
-	if now := time.Now(); refused {
-		left -= now.Sub(g.armedAt)
+	if now := time.Since(g.start); refused {
+		left -= now - g.armedAt
 	} else {
 		g.armedAt = now
 	}
@@ -144,7 +146,7 @@ func (g *waitGuard) WaitLeft() time.Duration {
 		return 0
 	}
 	// Armed, the guard has not fired yet: the sibling refuses at once.
-	return max(g.d-time.Since(g.armedAt), time.Nanosecond)
+	return max(g.d-(time.Since(g.start)-g.armedAt), time.Nanosecond)
 }
 
 // end stops the wait timeout once the round trip has returned, with a
@@ -152,18 +154,18 @@ func (g *waitGuard) WaitLeft() time.Duration {
 // connection: a response is one, though the proxy told of no head.
 func (g *waitGuard) end(served bool) {
 	g.mu.Lock()
-	g.armed = false
-	if g.timer != nil {
+	if g.armed && g.timer != nil {
 		g.timer.Stop()
 	}
-	if served && g.servedAt.IsZero() && !g.timedOut {
-		g.servedAt = time.Now()
+	g.armed = false
+	if served && g.served == 0 && !g.timedOut {
+		g.served = max(time.Since(g.start), 1)
 	}
-	observe := !g.ended && !g.timedOut && !g.servedAt.IsZero() && g.waited != nil
+	observe := !g.ended && !g.timedOut && g.served != 0 && g.waited != nil
 	g.ended = true
 	g.mu.Unlock()
 	if observe {
-		g.waited.Observe(g.servedAt.Sub(g.start).Seconds())
+		g.waited.Observe(g.served.Seconds())
 	}
 }
 
