@@ -67,8 +67,9 @@ type exchangeOpts struct {
 
 // leg is what the unix leg adds around the HTTP/1.1 messages.
 type leg interface {
-	// writePreamble writes what precedes the request.
-	writePreamble(bw *bufio.Writer) error
+	// writePreamble writes what precedes the request; w is the caller's
+	// WaitWatcher, if any.
+	writePreamble(bw *bufio.Writer, w WaitWatcher) error
 	// readPreamble reads what precedes the first response head, and
 	// reports whether the owner runs the exchange on HTTP/2.
 	readPreamble(br *bufio.Reader) (h2 bool, err error)
@@ -369,7 +370,7 @@ func (x *exchange) finish(ok bool) {
 func (x *exchange) writeRequest(r *http.Request) error {
 	c := x.c
 	if x.o.leg != nil {
-		if err := x.o.leg.writePreamble(c.bw); err != nil {
+		if err := x.o.leg.writePreamble(c.bw, x.waits); err != nil {
 			return err
 		}
 		r = wrapRequest(r)

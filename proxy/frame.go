@@ -34,10 +34,10 @@ import (
 // the head flag headStatus, for an HTTP/2 answer without a body that may
 // end with trailers, and flagNoInterim; version 7 the error frame in place
 // of a head, and its flagResponseBegan; version 8 the accept frame's
-// flagAcceptH2; version 9 the request's flagWaitLeft. The processes of one fleet must run builds that speak
-// the same unix leg: one of another version cannot join the fleet's
-// segment (Protocol), and a frame of another version is refused with an
-// error that names both versions.
+// flagAcceptH2; version 9 the request's flagWaitLeft. The processes of one
+// fleet must run builds that speak the same unix leg: one of another
+// version cannot join the fleet's segment (Protocol), and a frame of
+// another version is refused with an error that names both versions.
 // Integers are big-endian. Every field is checked strictly: unknown types or
 // flag bits, oversized lengths and non-UTF-8 messages are errors, and a peer
 // that sends one loses its stream (and only its stream).

@@ -175,9 +175,6 @@ func (p *peers) roundTrip(req *http.Request, lane int, lease orbitpool.Lease, o 
 	}
 	rx := &remoteExchange{leg: remoteLeg{lease: lease, deadline: dl, reqLength: -1, flags: flags}}
 	lg := &rx.leg
-	if w := waitWatcher(ctx); w != nil {
-		lg.waitLeft = w.WaitLeft()
-	}
 	if len(req.Trailer) > 0 && req.ContentLength > 0 {
 		// HTTP/1.1 carries trailers only in a chunked body: send it so,
 		// and the length in the frame. The copy shares the Trailer map,
@@ -248,17 +245,20 @@ type remoteLeg struct {
 	// reqLength is the request's Content-Length when it is sent chunked
 	// for its trailers (flagLength), or -1.
 	reqLength int64
-	// waitLeft is how much longer the caller waits for a connection (see
-	// flagWaitLeft), or 0.
-	waitLeft time.Duration
-	scratch  [reqHeaderLen + maxLeaseLen + 16]byte
+	scratch   [reqHeaderLen + maxLeaseLen + 16]byte
 }
 
-func (l *remoteLeg) writePreamble(bw *bufio.Writer) error {
+// writePreamble writes the request frame, with what is left of the wait
+// of w (the caller's WaitWatcher, if any) as the frame goes out.
+func (l *remoteLeg) writePreamble(bw *bufio.Writer, w WaitWatcher) error {
+	var waitLeft time.Duration
+	if w != nil {
+		waitLeft = w.WaitLeft()
+	}
 	var lb [orbitpool.LeaseSize]byte
 	frame, err := l.lease.AppendBinary(lb[:0])
 	if err == nil {
-		frame, err = appendRequestFrameWait(l.scratch[:0], frame, l.deadline, l.flags, l.reqLength, l.waitLeft)
+		frame, err = appendRequestFrameWait(l.scratch[:0], frame, l.deadline, l.flags, l.reqLength, waitLeft)
 	}
 	if err != nil {
 		return &Error{Op: "lease", RetrySafe: true, Err: err}

@@ -739,13 +739,14 @@ func (s *server) refuseLease(nc net.Conn, lr *limitReader, br *bufio.Reader, bw 
 }
 
 // budget takes the worker a sibling's exchange runs on: it waits no longer
-// than maxLeaseWait or the caller's own wait for a connection (waitEnd, zero
-// for no bound), and ends near the frame's deadline (dl, zero for none) as
+// than maxLeaseWait or the caller's own wait for a connection (waitLeft, 0
+// for no bound, from the frame's arrival but for the owner's few steps
+// since), and ends near the frame's deadline (dl, zero for none) as
 // the caller's own wait would, so that a lease the owner cannot start in
 // time is rejected, retry-safe, rather than served late or aged out. The
 // wait also ends when the server closes: close has refused the request by
 // then, unless it was too late to.
-func (s *server) budget(dl, waitEnd time.Time) (*governor.LeaseSet, uint16, error) {
+func (s *server) budget(dl time.Time, waitLeft time.Duration) (*governor.LeaseSet, uint16, error) {
 	if s.gov == nil {
 		return nil, 0, nil
 	}
@@ -754,8 +755,8 @@ func (s *server) budget(dl, waitEnd time.Time) (*governor.LeaseSet, uint16, erro
 	}
 	start := time.Now()
 	bound, code := start.Add(s.maxLeaseWait), uint16(rejectOverload)
-	if !waitEnd.IsZero() && waitEnd.Before(bound) {
-		bound = waitEnd // busy, within the caller's wait
+	if waitLeft > 0 && waitLeft < s.maxLeaseWait {
+		bound = start.Add(waitLeft) // busy, within the caller's wait
 	}
 	if !dl.IsZero() && dl.Add(-s.near).Before(bound) {
 		bound, code = dl.Add(-s.near), rejectDeadline
@@ -788,10 +789,7 @@ const ownerStreamBytes = exchangeBuf + 2*readBufSize + 2*writeBufSize
 // serveOne runs one exchange and reports whether the stream can carry
 // another.
 func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame) (inStep bool) {
-	var deadline, dl, waitEnd time.Time
-	if f.waitLeft > 0 {
-		waitEnd = time.Now().Add(time.Duration(f.waitLeft))
-	}
+	var deadline, dl time.Time
 	if d, ok := f.deadlineTime(); ok {
 		dl = d
 		switch err := backpressure.Verdict(time.Now(), dl, s.near); {
@@ -846,7 +844,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			return s.refuseLease(nc, lr, br, bw, f, rejectDeadline, fmt.Errorf("%w once the request head was in", err))
 		}
 	}
-	ls, code, err := s.budget(dl, waitEnd)
+	ls, code, err := s.budget(dl, time.Duration(f.waitLeft))
 	if err != nil {
 		return s.refuseLease(nc, lr, br, bw, f, code, err)
 	}

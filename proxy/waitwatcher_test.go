@@ -163,6 +163,20 @@ func busyOwner(t *testing.T, maxLeaseWait time.Duration) (u *testUpstream, owner
 	return u, owner, client
 }
 
+// sendPastBusyOwner sends req, whose context carries w, from client, and
+// requires it answered after owner refused it once as busy.
+func sendPastBusyOwner(t *testing.T, owner, client *member, req *http.Request, w *recordWaits) {
+	t.Helper()
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%v (watcher told %q)", err, w.got())
+	}
+	drain(resp)
+	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
+		t.Fatalf("the owner refused %d requests as busy, want 1 (setup)", n)
+	}
+}
+
 // TestRetryAfterAnOwnersRefusalWaitsAgain: a sibling whose owner refuses it
 // as busy (its one worker taken past MaxLeaseWait) was told that its head
 // was out, on the unix stream; the transport then tells the watcher it
@@ -176,14 +190,7 @@ func TestRetryAfterAnOwnersRefusalWaitsAgain(t *testing.T) {
 	w := &recordWaits{}
 	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "POST", u.url("/cl"), bytes.NewReader([]byte("payload")))
 	req.Header.Set("Idempotency-Key", "1") // replayable: the sibling's idle connection first
-	resp, err := client.tr.RoundTrip(req)
-	if err != nil {
-		t.Fatalf("%v (watcher told %q)", err, w.got())
-	}
-	drain(resp)
-	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
-		t.Fatalf("the owner refused %d requests as busy, want 1 (setup)", n)
-	}
+	sendPastBusyOwner(t, owner, client, req, w)
 	if got := w.got(); got != "wrote retry-refused wrote" {
 		t.Errorf("watcher told %q, want \"wrote retry-refused wrote\"", got)
 	}
@@ -199,14 +206,7 @@ func TestOwnerWaitsNoLongerThanTheCaller(t *testing.T) {
 	w := &recordWaits{left: 100 * time.Millisecond}
 	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "GET", u.url("/cl"), nil)
 	start := time.Now()
-	resp, err := client.tr.RoundTrip(req)
-	if err != nil {
-		t.Fatalf("%v (watcher told %q)", err, w.got())
-	}
-	drain(resp)
-	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
-		t.Fatalf("the owner refused %d requests as busy, want 1 (setup)", n)
-	}
+	sendPastBusyOwner(t, owner, client, req, w)
 	// The owner's own bound would have it refuse 4s in.
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("the request was answered %v in: the owner kept it past the caller's wait of %v", d, w.left)
