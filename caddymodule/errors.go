@@ -30,7 +30,7 @@ const (
 	ReasonWaitTimeout = "wait_timeout" // no back-pressure permit or budget worker came free within wait_timeout
 	ReasonPolicy      = "policy"       // the pool policy declined the request
 	ReasonAdmission   = "admission"    // the admission backstop refused a new connection
-	ReasonOwnerBusy   = "owner_busy"   // the owners of the upstream's connections had no room in time, and no other plan did
+	ReasonOwnerBusy   = "owner_busy"   // the owners of the upstream's connections had no room in time, and no other plan did; or wait_timeout ran out at one
 )
 
 // Placeholders the transport sets on a refused request, for handle_errors
@@ -93,6 +93,12 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 		if errors.As(err, &we) {
 			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: waitReason(we.Reason)}
 			return t.refuse(req, up, r, proxy.ErrNoCapacity, fmt.Errorf("no connection free within %s", t.wait))
+		}
+		if errors.Is(err, proxy.ErrOwnerBusy) {
+			// The wait ran out at a sibling that had no room for the
+			// request (the proxy returns that refusal, not a retry).
+			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonOwnerBusy}
+			return t.refuse(req, up, r, proxy.ErrOwnerBusy, fmt.Errorf("no owner had room within %s: %w", t.wait, err))
 		}
 		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonWaitTimeout}
 		return t.refuse(req, up, r, errWaitTimeout, fmt.Errorf("no permit or worker free within %s: %w", t.wait, err))

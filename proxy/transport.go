@@ -429,6 +429,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				ok = false
 			}
 			if ok {
+				if w := waitWatcher(ctx); w != nil {
+					w.Retrying(refusedUnserved(err))
+					if ctx.Err() != nil {
+						// The refused attempt spent what was left of
+						// the wait: the request fails with what refused
+						// it (an owner busy, say), not with a retry
+						// that could only find the context done.
+						if next != r {
+							next.Body.Close()
+						}
+						ok = false
+					}
+				}
+			}
+			if ok {
 				switch {
 				case gone:
 					away++
@@ -443,9 +458,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				}
 				if gz && next != r {
 					next = withGzip(next)
-				}
-				if w := waitWatcher(ctx); w != nil {
-					w.Retrying(refusedUnserved(err))
 				}
 				r = next
 				continue

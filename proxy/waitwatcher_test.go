@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -27,6 +28,7 @@ type recordWaits struct {
 	events []string
 	wrote  chan struct{}
 	left   time.Duration // what WaitLeft says
+	retry  func()        // called by Retrying, if set, after it records
 }
 
 func (r *recordWaits) WaitLeft() time.Duration { return r.left }
@@ -38,6 +40,9 @@ func (r *recordWaits) Retrying(refused bool) {
 		r.add("retry-refused")
 	} else {
 		r.add("retry")
+	}
+	if r.retry != nil {
+		r.retry()
 	}
 }
 
@@ -210,6 +215,34 @@ func TestOwnerWaitsNoLongerThanTheCaller(t *testing.T) {
 	// The owner's own bound would have it refuse 4s in.
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("the request was answered %v in: the owner kept it past the caller's wait of %v", d, w.left)
+	}
+}
+
+// TestRefusalThatSpendsTheWaitIsTheError: a watcher that ends the
+// request's wait as it is told of an owner's refusal (its wait timeout
+// passed while the owner kept the request) gets no retry: the request
+// fails with the owner's refusal behind the context's error, so that the
+// caller can tell a wait spent at a busy owner from one spent waiting for
+// the pool.
+func TestRefusalThatSpendsTheWaitIsTheError(t *testing.T) {
+	u, owner, client := busyOwner(t, 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &recordWaits{retry: cancel}
+	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "GET", u.url("/cl"), nil)
+	resp, err := client.tr.RoundTrip(req)
+	if err == nil {
+		drain(resp)
+		t.Fatalf("the request was served after its wait was spent (watcher told %q)", w.got())
+	}
+	if !errors.Is(err, ErrOwnerBusy) || !errors.Is(err, context.Canceled) {
+		t.Errorf("error %v: want the owner's refusal (ErrOwnerBusy) behind context.Canceled", err)
+	}
+	if got := w.got(); got != "wrote retry-refused" {
+		t.Errorf("watcher told %q, want \"wrote retry-refused\": no attempt after the wait was spent", got)
+	}
+	if n := owner.node.Stats().RefusedBy["busy"]; n != 1 {
+		t.Errorf("the owner refused %d requests as busy, want 1", n)
 	}
 }
 
