@@ -116,7 +116,7 @@ var (
 	descAged        = newFleetDesc("reservations_aged_total", "Reservations dropped because they were never taken up.", "key")
 	descWaits       = newFleetDesc("waits_total", "Requests that waited for a connection and got one.", "key")
 	descTimeouts    = newFleetDesc("wait_timeouts_total", "Requests that waited for a connection and gave up.", "key")
-	descWaitSeconds = newFleetDesc("wait_seconds_total", "Total time requests spent waiting for a connection.", "key")
+	descWaitSeconds = newFleetDesc("wait_seconds_total", "Total time requests spent waiting for a connection, including the time a connection's owner held a sibling's request waiting for a worker, served or refused.", "key")
 
 	descOwned           = newDesc("owned_connections", "Upstream connections this process owns.")
 	descServedRemote    = newDesc("served_remote_total", "Siblings' requests this process forwarded on its connections.")

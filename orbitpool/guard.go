@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"time"
 )
 
 // Guard states: a guard is handed out held, and its first Complete, Close or
@@ -104,6 +105,17 @@ func returnLeakedUses(bg batchGuards) {
 
 // ID is the resource in use.
 func (e *Execution) ID() ResourceID { return e.g.id }
+
+// CountWait adds d to the wait time of the key in use (KeyStats.WaitTime):
+// time the use's request waited that Acquire did not see, such as an
+// owner's wait for a worker to take up a sibling's lease. It counts only
+// while the use is held.
+func (e *Execution) CountWait(d time.Duration) {
+	if d <= 0 || e.p.closed.Load() || atomic.LoadUint32(&e.g.state) != guardHeld {
+		return
+	}
+	e.p.seg.count(e.p.lane, int(e.g.key), stWaitNanos, uint64(d))
+}
 
 // Complete ends the use. Calls after the first do nothing, as does a Complete
 // on a resource that was unregistered meanwhile.

@@ -26,7 +26,7 @@ type KeyStats struct {
 	Aged         uint64        // reservations dropped unaccepted
 	Waits        uint64        // acquisitions that waited and then succeeded
 	Timeouts     uint64        // acquisitions whose context ended while waiting
-	WaitTime     time.Duration // total time spent waiting
+	WaitTime     time.Duration // total time spent waiting, in Acquire and as Execution.CountWait adds
 }
 
 // LaneInfo describes one joined process.

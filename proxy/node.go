@@ -766,12 +766,13 @@ func (n *Node) accept(b []byte) (execution, error) {
 // drop implements leaseDropper: the lease is taken up and given back at
 // once, without touching its connection, so that a lease this process will
 // not serve returns its capacity now rather than when the pool ages it out.
-func (n *Node) drop(b []byte) {
+func (n *Node) drop(b []byte, waited time.Duration) {
 	var l orbitpool.Lease
 	if l.UnmarshalBinary(b) != nil {
 		return
 	}
 	if exec, err := n.pool.Accept(l); err == nil {
+		exec.CountWait(waited)
 		exec.Complete()
 	}
 }
@@ -788,6 +789,8 @@ func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Respons
 }
 
 func (e *ownerExec) setBufs(k int) { e.bufs = k }
+
+func (e *ownerExec) countWait(d time.Duration) { e.exec.CountWait(d) }
 
 func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 

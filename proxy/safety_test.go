@@ -687,7 +687,7 @@ type countingAcceptor struct {
 	accepted, ran, abandoned, dropped atomic.Int32
 }
 
-func (a *countingAcceptor) drop([]byte) { a.dropped.Add(1) }
+func (a *countingAcceptor) drop([]byte, time.Duration) { a.dropped.Add(1) }
 
 func (a *countingAcceptor) accept([]byte) (execution, error) {
 	a.accepted.Add(1)

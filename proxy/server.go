@@ -47,12 +47,20 @@ type execution interface {
 }
 
 // leaseDropper is implemented by an acceptor that can give a lease's
-// capacity back without serving it (Node.drop).
-type leaseDropper interface{ drop(lease []byte) }
+// capacity back without serving it (Node.drop), counting the time its
+// request waited on the owner (waited) as the key's wait.
+type leaseDropper interface {
+	drop(lease []byte, waited time.Duration)
+}
 
 // bufSetter is implemented by an execution that uses as many exchange
 // buffers as its budget granted.
 type bufSetter interface{ setBufs(k int) }
+
+// waitCounter is implemented by an execution that counts the time its
+// request waited on the owner for a worker as its key's wait
+// (orbitpool.Execution.CountWait): the pool's wait time would leave it out.
+type waitCounter interface{ countWait(d time.Duration) }
 
 // rejectError is what an acceptor returns to refuse a lease with a reason.
 type rejectError struct {
@@ -732,13 +740,20 @@ const defaultMaxLeaseWait = 500 * time.Millisecond
 // capacity back at once, so that the reservation does not wait for the pool
 // to age it out.
 func (s *server) refuseLease(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error) bool {
+	return s.refuseLeaseAfter(nc, lr, br, bw, f, code, err, 0)
+}
+
+// refuseLeaseAfter is refuseLease for a lease whose request waited on this
+// owner (for a worker) before the refusal.
+func (s *server) refuseLeaseAfter(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufio.Writer, f *requestFrame, code uint16, err error, waited time.Duration) bool {
 	if d, ok := s.acc.(leaseDropper); ok {
-		d.drop(f.leaseBytes())
+		d.drop(f.leaseBytes(), waited)
 	}
 	return s.reject(nc, lr, br, bw, f, code, err)
 }
 
-// budget takes the worker a sibling's exchange runs on: it waits no longer
+// budget takes the worker a sibling's exchange runs on, and reports how long
+// it waited for one (0 when one was free at once): it waits no longer
 // than maxLeaseWait or the caller's own wait for a connection (waitLeft, 0
 // for no bound, from the frame's arrival but for the owner's few steps
 // since), and ends near the frame's deadline (dl, zero for none) as
@@ -746,12 +761,12 @@ func (s *server) refuseLease(nc net.Conn, lr *limitReader, br *bufio.Reader, bw 
 // time is rejected, retry-safe, rather than served late or aged out. The
 // wait also ends when the server closes: close has refused the request by
 // then, unless it was too late to.
-func (s *server) budget(dl time.Time, waitLeft time.Duration) (*governor.LeaseSet, uint16, error) {
+func (s *server) budget(dl time.Time, waitLeft time.Duration) (*governor.LeaseSet, time.Duration, uint16, error) {
 	if s.gov == nil {
-		return nil, 0, nil
+		return nil, 0, 0, nil
 	}
 	if ls, ok := s.gov.TryAcquireMany(1, ownerStreamBytes); ok {
-		return ls, 0, nil
+		return ls, 0, 0, nil
 	}
 	start := time.Now()
 	bound, code := start.Add(s.maxLeaseWait), uint16(rejectOverload)
@@ -764,13 +779,14 @@ func (s *server) budget(dl time.Time, waitLeft time.Duration) (*governor.LeaseSe
 	wctx, cancel := context.WithDeadline(s.life, bound)
 	defer cancel()
 	ls, err := s.gov.AcquireManyContext(wctx, 1, ownerStreamBytes)
+	waited := time.Since(start)
 	switch {
 	case err == nil:
-		return ls, 0, nil
+		return ls, waited, 0, nil
 	case s.life.Err() != nil:
-		return nil, rejectClosing, errOwnerLeaving
+		return nil, waited, rejectClosing, errOwnerLeaving
 	}
-	return nil, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, time.Since(start).Round(time.Millisecond))
+	return nil, waited, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, waited.Round(time.Millisecond))
 }
 
 // peerHeadLimit bounds a sibling's request head, given the header limit of
@@ -825,7 +841,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	if err := awaitHead(nc, lr, br, deadline, f.flags&(flagBodyOnAccept|flagLength) == 0); err != nil {
 		if d, ok := s.acc.(leaseDropper); ok {
-			d.drop(f.leaseBytes())
+			d.drop(f.leaseBytes(), 0)
 		}
 		if !isIOError(err) && !errors.Is(err, os.ErrDeadlineExceeded) {
 			s.log.Info("request head from peer not read", zap.Error(err))
@@ -844,9 +860,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 			return s.refuseLease(nc, lr, br, bw, f, rejectDeadline, fmt.Errorf("%w once the request head was in", err))
 		}
 	}
-	ls, code, err := s.budget(dl, time.Duration(f.waitLeft))
+	ls, waited, code, err := s.budget(dl, time.Duration(f.waitLeft))
 	if err != nil {
-		return s.refuseLease(nc, lr, br, bw, f, code, err)
+		return s.refuseLeaseAfter(nc, lr, br, bw, f, code, err, waited)
 	}
 	defer ls.Release()
 	hopMark(hopOwnerAdmit)
@@ -858,6 +874,11 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
 	hopMark(hopOwnerLease)
+	if waited > 0 {
+		if wc, ok := exec.(waitCounter); ok {
+			wc.countWait(waited)
+		}
+	}
 	// The head is bounded by the header limit of the Transport that made
 	// the connection (see peerHeadLimit), and by the frame's deadline.
 	limit := peerHeadLimit(exec.maxHeaderBytes())

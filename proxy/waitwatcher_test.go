@@ -246,6 +246,77 @@ func TestRefusalThatSpendsTheWaitIsTheError(t *testing.T) {
 	}
 }
 
+// TestOwnersWaitForAWorkerIsTheKeysWait: the time an owner held a
+// sibling's request waiting for a worker is a wait for the connection, in
+// the fleet's wait time for the key (wait_seconds_total), whether the owner
+// then refused the request as busy or served it.
+func TestOwnersWaitForAWorkerIsTheKeysWait(t *testing.T) {
+	const ownerWait = 200 * time.Millisecond
+	t.Run("refused", func(t *testing.T) {
+		u, owner, client := busyOwner(t, ownerWait)
+		req, _ := http.NewRequest("GET", u.url("/cl"), nil)
+		start := time.Now()
+		sendPastBusyOwner(t, owner, client, req, &recordWaits{})
+		if got, elapsed := fleetWaitTime(t, owner), time.Since(start); got < ownerWait*3/4 || got > elapsed {
+			t.Errorf("the fleet's wait time is %v after the owner kept the request %v and refused it; want that, and at most the request's %v", got, ownerWait, elapsed)
+		}
+	})
+	for _, proto := range []string{"http1", "h2c"} {
+		t.Run("served/"+proto, func(t *testing.T) { ownersWaitServed(t, proto, ownerWait) })
+	}
+}
+
+// fleetWaitTime is the fleet's wait time over every key.
+func fleetWaitTime(t *testing.T, m *member) time.Duration {
+	t.Helper()
+	snap, err := m.pool.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d time.Duration
+	for _, k := range snap.Keys {
+		d += k.WaitTime
+	}
+	return d
+}
+
+// ownersWaitServed: an owner whose one worker comes free ownerWait after a
+// sibling's request came serves it, and counts that time as the key's wait.
+func ownersWaitServed(t *testing.T, proto string, ownerWait time.Duration) {
+	url := newTestUpstream(t).url("/cl")
+	conf := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
+	if proto == "h2c" {
+		url = newH2CServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }).url
+		conf = func(tr *Transport) { h2cConf(tr); tr.MaxConnsPerKey = 1 }
+	}
+	gov := governor.New(1, 0)
+	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: 5 * time.Second}, conf)
+	warm(t, owner, url)
+	held := gov.Acquire()
+	free := time.AfterFunc(ownerWait, held.Release)
+	t.Cleanup(func() {
+		if free.Stop() {
+			held.Release()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	start := time.Now()
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	elapsed := time.Since(start)
+	if s := owner.node.Stats(); s.ServedRemote != 1 {
+		t.Fatalf("the owner served %d of the sibling's requests, want 1 (setup): %+v", s.ServedRemote, s)
+	}
+	if got := fleetWaitTime(t, owner); got < ownerWait*3/4 || got > elapsed {
+		t.Errorf("the fleet's wait time is %v after the owner kept the request about %v for a worker; want that, and at most the request's %v", got, ownerWait, elapsed)
+	}
+}
+
 // TestRetryAfterAConnectionClosedUnansweredIsNoRefusal: a GET on a reused
 // connection that its upstream closes once it has read the request is sent
 // again on a new one; the time the closed connection took was no wait for
