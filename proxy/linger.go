@@ -108,7 +108,12 @@ func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) error {
 	default:
 	}
 	err := appendRemote(n.remotesFile(key), a)
-	if err != nil {
+	switch {
+	case errors.Is(err, errRemotesUnbounded):
+		n.log.Warn("an upstream's addresses file could not be rewritten past its bound; appended to it",
+			zap.Stringer("upstream", a), zap.Int("bound", maxRemotesFileSize), zap.Error(err))
+		return nil
+	case err != nil:
 		n.log.Warn("telling the fleet an upstream's address; a dead process's share of its cap may be held for a set time only",
 			zap.Stringer("upstream", a), zap.Error(err))
 	}
@@ -119,6 +124,11 @@ func (n *Node) publishRemote(key orbitpool.Key, a netip.AddrPort) error {
 // addresses file locked, or replaced it, past remotesLockWait: the next
 // dial tries again.
 var errRemotesBusy = errors.New("addresses file busy")
+
+// errRemotesUnbounded is an append's error when the file was past its
+// bound and could not be rewritten: the address went to the file, which
+// grows.
+var errRemotesUnbounded = errors.New("addresses file not rewritten")
 
 // appendRemote appends a to the addresses file at path (see openRegular),
 // on a line of its own even if the last write to the file was cut short, or
@@ -143,10 +153,17 @@ func appendRemote(path string, a netip.AddrPort) error {
 				}
 				continue
 			}
-			if st.Size()+int64(len(line)) > maxRemotesFileSize {
+			full := st.Size()+int64(len(line)) > maxRemotesFileSize
+			if full {
 				err = rewriteRemotes(path, f, st.Size(), a)
-			} else {
-				_, err = f.Write(line)
+			}
+			if !full || err != nil {
+				// A rewrite that failed (a directory that takes no
+				// new file) leaves the file growing rather than the
+				// address untold; its error says so.
+				if _, werr := f.Write(line); werr != nil {
+					err = werr
+				}
 			}
 		}
 		if cerr := f.Close(); err == nil { // the lock goes with it
@@ -186,7 +203,7 @@ func rewriteRemotes(path string, f *os.File, size int64, a netip.AddrPort) error
 		b = append(b, '\n')
 	}
 	if err := privdir.WriteFile(path, b); err != nil {
-		return fmt.Errorf("rewriting %s: %w", path, err)
+		return fmt.Errorf("%w: rewriting %s: %w", errRemotesUnbounded, path, err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -116,4 +117,37 @@ func nearlyFullRemotes(t *testing.T, dir string, trial, room int) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestRemotesFileNotRewrittenStillTellsTheAddress: an append past the
+// file's bound whose rewrite fails (here, a directory where the rewrite's
+// temporary file goes) appends the address anyway, so readers see it, and
+// says the file was not rewritten: no address is lost to a directory that
+// takes no new file.
+func TestRemotesFileNotRewrittenStillTellsTheAddress(t *testing.T) {
+	dir := t.TempDir()
+	path := nearlyFullRemotes(t, dir, 0, 8)
+	if err := os.MkdirAll(filepath.Join(path+".tmp", "in-the-way"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddrPort("[2001:db8::1]:8443")
+	err = appendRemote(path, a)
+	if !errors.Is(err, errRemotesUnbounded) {
+		t.Fatalf("append past the bound with the rewrite blocked: %v, want errRemotesUnbounded", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := before.Size() + int64(len(a.String())+2); st.Size() != want {
+		t.Errorf("the file has %d bytes, want %d: the address on a line of its own appended", st.Size(), want)
+	}
+	got := parseRemotes(readRegular(path, maxRemotesFile))
+	if !slices.Contains(got, a) {
+		t.Errorf("a reader takes %v from the file, without %v", got, a)
+	}
 }
