@@ -115,7 +115,15 @@ func (g *waitGuard) Retrying(refused bool) {
 	if refused {
 		g.served = 0
 	}
-	if g.armed || g.timedOut || g.timer == nil {
+	if g.timedOut {
+		// The timer fired, and may not have ended the context yet (fire
+		// does so once it has let go of the lock): the proxy must find
+		// it ended as Retrying returns, and send no retry.
+		g.mu.Unlock()
+		g.cancelCause(errWaitTimeout)
+		return
+	}
+	if g.armed || g.timer == nil {
 		g.mu.Unlock()
 		return
 	}

@@ -130,6 +130,10 @@ const (
 	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent | flagNoInterim | flagWaitLeft
 )
 
+// maxWaitLeft bounds a request frame's waitLeft (about 146 years): a
+// caller's longer wait, a wait_timeout of no practical bound, goes as that.
+const maxWaitLeft = 1 << 62
+
 // Reject reasons.
 const (
 	rejectUnknown  uint16 = iota // unclassified
@@ -251,6 +255,7 @@ func appendRequestFrameWait(b []byte, lease []byte, deadline time.Time, flags ui
 	}
 	if waitLeft > 0 {
 		flags |= flagWaitLeft
+		waitLeft = min(waitLeft, maxWaitLeft)
 	}
 	if len(lease) == 0 || len(lease) > maxLeaseLen {
 		return b, fmt.Errorf("%w: lease of %d bytes", ErrBadFrame, len(lease))
@@ -320,7 +325,7 @@ func decodeRequestFrame(b []byte) (f requestFrame, n int, err error) {
 	}
 	if f.flags&flagWaitLeft != 0 {
 		w := binary.BigEndian.Uint64(b[off:])
-		if w == 0 || w > 1<<62 {
+		if w == 0 || w > maxWaitLeft {
 			return f, 0, fmt.Errorf("%w: wait left %d", ErrBadFrame, w)
 		}
 		f.waitLeft = int64(w)

@@ -423,9 +423,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if (free || gone || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) {
 			next, ok := rewind(req, r, tb, err)
 			if ok && gone && !t.awayBackoff(ctx, away, b) {
-				if next != r {
-					next.Body.Close() // rewind's, for a retry not sent
-				}
+				dropRetry(next, r)
 				ok = false
 			}
 			if ok {
@@ -436,9 +434,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 						// the wait: the request fails with what refused
 						// it (an owner busy, say), not with a retry
 						// that could only find the context done.
-						if next != r {
-							next.Body.Close()
-						}
+						dropRetry(next, r)
 						ok = false
 					}
 				}
@@ -1214,6 +1210,20 @@ func rewind(orig, cur *http.Request, tb *trackBody, err error) (*http.Request, b
 		return nil, false
 	}
 	return shallowWithBody(orig, &trackBody{rc: body, log: tb.log}), true
+}
+
+// dropRetry closes the body rewind made for a retry (next) that is not sent,
+// unless it is the one the failed attempt (r) had, which the round trip
+// closes. GetBody's body goes in a trackBody that nothing has read, whose
+// Close would only leave itself pending for an exchange that never comes.
+func dropRetry(next, r *http.Request) {
+	switch tb, ok := next.Body.(*trackBody); {
+	case next == r:
+	case ok:
+		tb.closeNow()
+	default:
+		next.Body.Close()
+	}
 }
 
 func isReplayable(r *http.Request) bool {
