@@ -101,7 +101,11 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 			return t.refuse(req, up, r, proxy.ErrOwnerBusy, fmt.Errorf("no owner had room within %s: %w", t.wait, err))
 		}
 		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonWaitTimeout}
-		return t.refuse(req, up, r, errWaitTimeout, fmt.Errorf("no permit or worker free within %s: %w", t.wait, err))
+		detail := "no permit or worker free"
+		if errors.Is(err, proxy.ErrLeaseRefused) {
+			detail = "the sibling it went to refused it" // leaving, or its connection gone
+		}
+		return t.refuse(req, up, r, errWaitTimeout, fmt.Errorf("%s within %s: %w", detail, t.wait, err))
 	}
 	for _, sentinel := range []error{
 		backpressure.ErrQuotaExceeded,

@@ -62,6 +62,7 @@ func TestClassify(t *testing.T) {
 		dial       bool
 		is         error
 		dl         time.Time // the transport's deadline for the request
+		detail     string    // in the error's message, if set
 	}{
 		{name: "client went away", ctx: canceled, guard: live(),
 			err: &proxy.Error{Op: "acquire", RetrySafe: true, Err: context.Canceled}, is: context.Canceled},
@@ -77,6 +78,9 @@ func TestClassify(t *testing.T) {
 		{name: "wait spent at a busy owner", ctx: context.Background(), guard: expired(),
 			err:    fmt.Errorf("%w: %w", context.Canceled, &proxy.Error{Op: "lease", RetrySafe: true, Err: fmt.Errorf("%w: %w: no worker", proxy.ErrLeaseRefused, proxy.ErrOwnerBusy)}),
 			status: 503, reason: "owner_busy", retryAfter: "1", is: proxy.ErrOwnerBusy},
+		{name: "wait spent at a leaving owner", ctx: context.Background(), guard: expired(),
+			err:    fmt.Errorf("%w: %w", context.Canceled, &proxy.Error{Op: "lease", RetrySafe: true, Err: fmt.Errorf("%w: owner leaving", proxy.ErrLeaseRefused)}),
+			status: 503, reason: "wait_timeout", retryAfter: "1", is: errWaitTimeout, detail: "the sibling it went to refused it"},
 		{name: "saturated", ctx: context.Background(), guard: live(),
 			err: &proxy.Error{Op: "admit", RetrySafe: true, Err: backpressure.ErrSaturated}, status: 503, reason: "saturated", retryAfter: "1", is: backpressure.ErrSaturated},
 		{name: "pool wait ended near the deadline", ctx: context.Background(), guard: live(),
@@ -111,6 +115,9 @@ func TestClassify(t *testing.T) {
 			got := tr.classify(req, up, tc.guard, tc.dl, tc.err)
 			if tc.is != nil && !errors.Is(got, tc.is) {
 				t.Errorf("%v does not match %v", got, tc.is)
+			}
+			if tc.detail != "" && !strings.Contains(got.Error(), tc.detail) {
+				t.Errorf("%q does not say %q", got.Error(), tc.detail)
 			}
 			var de reverseproxy.DialError
 			if isDial := errors.As(got, &de); isDial != tc.dial {
