@@ -109,12 +109,18 @@ func (e *Execution) ID() ResourceID { return e.g.id }
 // CountWait adds d to the wait time of the key in use (KeyStats.WaitTime):
 // time the use's request waited that Acquire did not see, such as an
 // owner's wait for a worker to take up a sibling's lease. It counts only
-// while the use is held.
+// while the use is held and its resource registered: an unregistered
+// resource's key entry may have gone to another key since.
 func (e *Execution) CountWait(d time.Duration) {
-	if d <= 0 || e.p.closed.Load() || atomic.LoadUint32(&e.g.state) != guardHeld {
+	p, g := e.p, e.g
+	if d <= 0 || p.closed.Load() || atomic.LoadUint32(&g.state) != guardHeld {
 		return
 	}
-	e.p.seg.count(e.p.lane, int(e.g.key), stWaitNanos, uint64(d))
+	w := atomic.LoadUint64(p.seg.u64(p.seg.slotOff(p.lane, g.id.Slot()) + slWord))
+	if wGen(w) != g.id.Generation() || wState(w) != StateLive {
+		return
+	}
+	p.seg.count(p.lane, int(g.key), stWaitNanos, uint64(d))
 }
 
 // Complete ends the use. Calls after the first do nothing, as does a Complete

@@ -1065,8 +1065,6 @@ type h2Exec struct {
 
 func (e *h2Exec) maxHeaderBytes() int64 { return e.hc.s.maxHeaderBytes }
 
-func (e *h2Exec) countWait(d time.Duration) { e.exec.CountWait(d) }
-
 // roundTrip runs the sibling's request as a stream. The request read from
 // the unix leg names a path only; the connection supplies the scheme, and
 // the Host header the authority.

@@ -731,7 +731,7 @@ func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs
 
 // accept implements acceptor: a sibling presents a lease on one of our
 // connections.
-func (n *Node) accept(b []byte) (execution, error) {
+func (n *Node) accept(b []byte, waited time.Duration) (execution, error) {
 	var l orbitpool.Lease
 	if err := l.UnmarshalBinary(b); err != nil {
 		return nil, &rejectError{code: rejectStale, err: err}
@@ -747,6 +747,9 @@ func (n *Node) accept(b []byte) (execution, error) {
 		}
 		return nil, &rejectError{code: code, err: err}
 	}
+	// Counted before anything here may refuse the lease (its connection
+	// gone, an HTTP/2 connection full): the wait was the key's either way.
+	exec.CountWait(waited)
 	if hc := n.lookupH2(exec.ID()); hc != nil {
 		return n.acceptH2(hc, exec)
 	}
@@ -789,8 +792,6 @@ func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Respons
 }
 
 func (e *ownerExec) setBufs(k int) { e.bufs = k }
-
-func (e *ownerExec) countWait(d time.Duration) { e.exec.CountWait(d) }
 
 func (e *ownerExec) maxHeaderBytes() int64 { return e.oc.s.maxHeaderBytes }
 

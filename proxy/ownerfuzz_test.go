@@ -19,7 +19,7 @@ import (
 // the body, with nothing sent, and any other reads the body and answers.
 type scriptAcceptor struct{}
 
-func (scriptAcceptor) accept(lease []byte) (execution, error) {
+func (scriptAcceptor) accept(lease []byte, _ time.Duration) (execution, error) {
 	if len(lease) > 0 && lease[0] == 'R' {
 		return nil, &rejectError{code: rejectStale, err: fmt.Errorf("refused %q", lease)}
 	}

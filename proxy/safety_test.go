@@ -257,7 +257,7 @@ func TestPanicInExchangeFailsOnlyThatExchange(t *testing.T) {
 // answers "ok" otherwise.
 type panicAcceptor struct{}
 
-func (panicAcceptor) accept([]byte) (execution, error) { return panicExec{}, nil }
+func (panicAcceptor) accept([]byte, time.Duration) (execution, error) { return panicExec{}, nil }
 
 type panicExec struct{}
 
@@ -689,7 +689,7 @@ type countingAcceptor struct {
 
 func (a *countingAcceptor) drop([]byte, time.Duration) { a.dropped.Add(1) }
 
-func (a *countingAcceptor) accept([]byte) (execution, error) {
+func (a *countingAcceptor) accept([]byte, time.Duration) (execution, error) {
 	a.accepted.Add(1)
 	return countingExec{a}, nil
 }
@@ -914,7 +914,7 @@ func TestRefusedLeaseRetriedWithBody(t *testing.T) {
 // "ok" to the next, reading the body.
 type nothingSentAcceptor struct{ n atomic.Int32 }
 
-func (a *nothingSentAcceptor) accept([]byte) (execution, error) { return nothingSentExec{a}, nil }
+func (a *nothingSentAcceptor) accept([]byte, time.Duration) (execution, error) { return nothingSentExec{a}, nil }
 
 type nothingSentExec struct{ a *nothingSentAcceptor }
 

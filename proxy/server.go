@@ -30,7 +30,9 @@ import (
 // upstream connections. The Transport implements it over the pool; tests use
 // fakes.
 type acceptor interface {
-	accept(lease []byte) (execution, error)
+	// accept takes up a lease whose request waited on this owner for
+	// waited (for a worker): the key's wait, served or refused.
+	accept(lease []byte, waited time.Duration) (execution, error)
 }
 
 // execution is one accepted lease: a request may be sent on the leased
@@ -56,11 +58,6 @@ type leaseDropper interface {
 // bufSetter is implemented by an execution that uses as many exchange
 // buffers as its budget granted.
 type bufSetter interface{ setBufs(k int) }
-
-// waitCounter is implemented by an execution that counts the time its
-// request waited on the owner for a worker as its key's wait
-// (orbitpool.Execution.CountWait): the pool's wait time would leave it out.
-type waitCounter interface{ countWait(d time.Duration) }
 
 // rejectError is what an acceptor returns to refuse a lease with a reason.
 type rejectError struct {
@@ -866,7 +863,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	}
 	defer ls.Release()
 	hopMark(hopOwnerAdmit)
-	exec, err := s.acc.accept(f.leaseBytes())
+	exec, err := s.acc.accept(f.leaseBytes(), waited)
 	if err != nil {
 		// A refusal serves nothing: its worker goes back before the
 		// refusal's write, which a peer that reads none of them blocks.
@@ -874,11 +871,6 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		return s.reject(nc, lr, br, bw, f, rejectCode(err), err)
 	}
 	hopMark(hopOwnerLease)
-	if waited > 0 {
-		if wc, ok := exec.(waitCounter); ok {
-			wc.countWait(waited)
-		}
-	}
 	// The head is bounded by the header limit of the Transport that made
 	// the connection (see peerHeadLimit), and by the frame's deadline.
 	limit := peerHeadLimit(exec.maxHeaderBytes())
