@@ -914,7 +914,9 @@ func TestRefusedLeaseRetriedWithBody(t *testing.T) {
 // "ok" to the next, reading the body.
 type nothingSentAcceptor struct{ n atomic.Int32 }
 
-func (a *nothingSentAcceptor) accept([]byte, time.Duration) (execution, error) { return nothingSentExec{a}, nil }
+func (a *nothingSentAcceptor) accept([]byte, time.Duration) (execution, error) {
+	return nothingSentExec{a}, nil
+}
 
 type nothingSentExec struct{ a *nothingSentAcceptor }
 
