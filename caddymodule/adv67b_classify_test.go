@@ -31,8 +31,12 @@ func TestAdv67bSpentWaitRefusalIsNoClientCancel(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := newWaitGuard(context.Background(), time.Millisecond, nil, time.Now())
-			time.Sleep(5 * time.Millisecond)
-			g.Retrying(true) // the fired guard: ends its context itself
+			select {
+			case <-g.ctx.Done(): // the timer fired
+			case <-time.After(2 * time.Second):
+				t.Fatal("setup: the wait timeout did not fire")
+			}
+			g.Retrying(true)
 			if g.ctx.Err() == nil || !g.expired() {
 				t.Fatalf("setup: guard not expired (%v, %v)", g.ctx.Err(), g.expired())
 			}
