@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestAdv67RemotesRewriteFollowsNoPlantedLink: the rewrite's temporary
@@ -38,7 +40,7 @@ func TestAdv67RemotesRewriteFollowsNoPlantedLink(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "fifo":
-				if err := mkfifo(path + ".tmp"); err != nil {
+				if err := unix.Mkfifo(path+".tmp", 0o600); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -63,5 +65,3 @@ func TestAdv67RemotesRewriteFollowsNoPlantedLink(t *testing.T) {
 		})
 	}
 }
-
-func mkfifo(path string) error { return syscallMkfifo(path, 0o600) }

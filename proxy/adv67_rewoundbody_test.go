@@ -48,6 +48,24 @@ func (s *adv67Bodies) unclosed() (open, total int) {
 	return open, len(s.all)
 }
 
+// requireClosed fails the test unless every body handed out, at least min
+// of them, is closed within a second of RoundTrip's return with err.
+func (s *adv67Bodies) requireClosed(t *testing.T, min int, err error) {
+	t.Helper()
+	var open, total int
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if open, total = s.unclosed(); open == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if total < min {
+		t.Fatalf("setup: %d bodies handed out, want at least %d (GetBody not called?), err %v", total, min, err)
+	}
+	if open != 0 {
+		t.Errorf("%d of the %d request bodies (the original and GetBody's) were never closed after RoundTrip returned %v", open, total, err)
+	}
+}
+
 // adv67ClosingUpstream answers the first request on each connection, and
 // reads the second one's body whole before it closes the connection
 // unanswered: a reused connection that closed before answering, after
@@ -99,18 +117,7 @@ func TestAdv67EndedWaitClosesTheRewoundBody(t *testing.T) {
 	if got := w.got(); got != "wrote retry" {
 		t.Fatalf("setup: watcher told %q, want \"wrote retry\" (err %v)", got, err)
 	}
-	var open, total int
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if open, total = bodies.unclosed(); open == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if total < 2 {
-		t.Fatalf("setup: GetBody was not called (%d bodies), err %v", total, err)
-	}
-	if open != 0 {
-		t.Errorf("%d of the %d request bodies (the original and GetBody's) were never closed after RoundTrip returned %v", open, total, err)
-	}
+	bodies.requireClosed(t, 2, err)
 }
 
 // adv67RefusalEndsWait is a WaitWatcher that ends the request's context
@@ -163,18 +170,7 @@ func TestAdv67RefusedH2StreamClosesTheRewoundBody(t *testing.T) {
 	if got := w.got(); got != "wrote retry-refused" {
 		t.Fatalf("setup: watcher told %q, want \"wrote retry-refused\" (err %v)", got, err)
 	}
-	var open, total int
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if open, total = bodies.unclosed(); open == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if total < 2 {
-		t.Fatalf("setup: GetBody was not called (%d bodies), err %v", total, err)
-	}
-	if open != 0 {
-		t.Errorf("%d of the %d request bodies (the original and GetBody's) were never closed after RoundTrip returned %v", open, total, err)
-	}
+	bodies.requireClosed(t, 2, err)
 }
 
 // TestAdv67AwayBackoffClosesTheRewoundBody: the other retry not sent: a
@@ -211,16 +207,5 @@ func TestAdv67AwayBackoffClosesTheRewoundBody(t *testing.T) {
 		t.Fatal("setup: served")
 	}
 	t.Logf("err %v after %d bodies", err, len(bodies.all))
-	var open, total int
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if open, total = bodies.unclosed(); open == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if total < 2 {
-		t.Fatalf("setup: GetBody was not called (%d bodies), err %v", total, err)
-	}
-	if open != 0 {
-		t.Errorf("%d of the %d request bodies (the original and GetBody's) were never closed after RoundTrip returned %v", open, total, err)
-	}
+	bodies.requireClosed(t, 2, err)
 }

@@ -41,13 +41,7 @@ func TestAdv67bOwnersWaitBeforeAGoneRefusalIsTheKeysWait(t *testing.T) {
 	testHookTake.Store(&hook)
 	defer testHookTake.Store(nil)
 
-	held := gov.Acquire()
-	free := time.AfterFunc(ownerWait, held.Release)
-	t.Cleanup(func() {
-		if free.Stop() {
-			held.Release()
-		}
-	})
+	releaseAfter(t, gov, ownerWait)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)

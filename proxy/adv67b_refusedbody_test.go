@@ -37,15 +37,6 @@ func TestAdv67bBusyOwnerRefusalEndsWaitClosesBodies(t *testing.T) {
 		if !errors.Is(err, ErrOwnerBusy) {
 			t.Errorf("size %d: err %v, want the owner's busy refusal behind the context's error", size, err)
 		}
-		var open, total int
-		for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if open, total = bodies.unclosed(); open == 0 || time.Now().After(deadline) {
-				break
-			}
-		}
-		if open != 0 {
-			t.Errorf("size %d: %d of %d bodies never closed after RoundTrip returned %v", size, open, total, err)
-		}
-		t.Logf("size %d: %d bodies, err %v", size, total, err)
+		bodies.requireClosed(t, 1, err)
 	}
 }

@@ -266,6 +266,18 @@ func TestOwnersWaitForAWorkerIsTheKeysWait(t *testing.T) {
 	}
 }
 
+// releaseAfter takes a worker of gov and gives it back d later, or when the
+// test ends.
+func releaseAfter(t *testing.T, gov *governor.Governor, d time.Duration) {
+	held := gov.Acquire()
+	free := time.AfterFunc(d, held.Release)
+	t.Cleanup(func() {
+		if free.Stop() {
+			held.Release()
+		}
+	})
+}
+
 // fleetWaitTime is the fleet's wait time over every key.
 func fleetWaitTime(t *testing.T, m *member) time.Duration {
 	t.Helper()
@@ -292,13 +304,7 @@ func ownersWaitServed(t *testing.T, proto string, ownerWait time.Duration) {
 	gov := governor.New(1, 0)
 	owner, client := budgetFleet(t, NodeOptions{Governor: gov, MaxLeaseWait: 5 * time.Second}, conf)
 	warm(t, owner, url)
-	held := gov.Acquire()
-	free := time.AfterFunc(ownerWait, held.Release)
-	t.Cleanup(func() {
-		if free.Stop() {
-			held.Release()
-		}
-	})
+	releaseAfter(t, gov, ownerWait)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
