@@ -101,11 +101,11 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 			return t.refuse(req, up, r, proxy.ErrOwnerBusy, fmt.Errorf("no owner had room within %s: %w", t.wait, err))
 		}
 		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonWaitTimeout}
-		detail := "no permit or worker free"
-		if errors.Is(err, proxy.ErrLeaseRefused) {
-			detail = "the sibling it went to refused it" // leaving, or its connection gone
+		detail := fmt.Sprintf("no permit or worker free within %s", t.wait)
+		if errors.Is(err, proxy.ErrLeaseRefused) { // a sibling leaving, or its connection gone
+			detail = fmt.Sprintf("no connection within %s: the sibling it went to refused it", t.wait)
 		}
-		return t.refuse(req, up, r, errWaitTimeout, fmt.Errorf("%s within %s: %w", detail, t.wait, err))
+		return t.refuse(req, up, r, errWaitTimeout, fmt.Errorf("%s: %w", detail, err))
 	}
 	for _, sentinel := range []error{
 		backpressure.ErrQuotaExceeded,
