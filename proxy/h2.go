@@ -798,9 +798,10 @@ func (hc *h2conn) wrappedTakes() bool {
 // its own, which its turn takes back. The order is the one net/http's
 // client keeps already: a request's headers go out after those of the
 // requests before it. Where the request's context already carries a trace
-// (reverse_proxy's), httptrace joins the two by reflection: about 1.5 µs a
-// request, measured alone. The caller's WaitWatcher goes in the same
-// trace.
+// (reverse_proxy's), httptrace joins the two by reflection: about 0.35 µs
+// a request against reverse_proxy's one-hook trace, measured alone, of
+// which a join by hand would save half. The caller's WaitWatcher goes in
+// the same trace.
 func (hc *h2conn) roundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	w := waitWatcher(ctx)
