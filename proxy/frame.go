@@ -234,18 +234,6 @@ func (f *requestFrame) deadlineTime() (time.Time, bool) {
 	return time.Unix(0, f.deadline), true
 }
 
-// appendRequestFrame encodes a request frame without flagLength and
-// flagWaitLeft.
-func appendRequestFrame(b []byte, lease []byte, deadline time.Time, flags uint16) ([]byte, error) {
-	return appendRequestFrameLength(b, lease, deadline, flags, -1)
-}
-
-// appendRequestFrameLength encodes a request frame without flagWaitLeft,
-// with flagLength and length when length >= 0.
-func appendRequestFrameLength(b []byte, lease []byte, deadline time.Time, flags uint16, length int64) ([]byte, error) {
-	return appendRequestFrameWait(b, lease, deadline, flags, length, 0)
-}
-
 // appendRequestFrameWait encodes a request frame, with flagLength and
 // length when length >= 0, and flagWaitLeft and waitLeft when waitLeft > 0.
 func appendRequestFrameWait(b []byte, lease []byte, deadline time.Time, flags uint16, length int64, waitLeft time.Duration) ([]byte, error) {

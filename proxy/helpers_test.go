@@ -288,3 +288,15 @@ func serveConns(t testing.TB, ln net.Listener, handle func(c net.Conn, id int)) 
 		}
 	}()
 }
+
+// appendRequestFrame encodes a request frame without flagLength and
+// flagWaitLeft.
+func appendRequestFrame(b []byte, lease []byte, deadline time.Time, flags uint16) ([]byte, error) {
+	return appendRequestFrameLength(b, lease, deadline, flags, -1)
+}
+
+// appendRequestFrameLength encodes a request frame without flagWaitLeft,
+// with flagLength and length when length >= 0.
+func appendRequestFrameLength(b []byte, lease []byte, deadline time.Time, flags uint16, length int64) ([]byte, error) {
+	return appendRequestFrameWait(b, lease, deadline, flags, length, 0)
+}

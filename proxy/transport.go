@@ -423,21 +423,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if (free || gone || paid < maxRetries) && ctx.Err() == nil && !isRefusal(err) {
 			next, ok := rewind(req, r, tb, err)
 			if ok && gone && !t.awayBackoff(ctx, away, b) {
-				dropRetry(next, r)
 				ok = false
+			} else if w := waitWatcher(ctx); ok && w != nil {
+				w.Retrying(refusedUnserved(err))
+				// A refused attempt that spent what was left of the
+				// wait fails the request with what refused it (an
+				// owner busy, say), not with a retry that could only
+				// find the context done.
+				ok = ctx.Err() == nil
 			}
-			if ok {
-				if w := waitWatcher(ctx); w != nil {
-					w.Retrying(refusedUnserved(err))
-					if ctx.Err() != nil {
-						// The refused attempt spent what was left of
-						// the wait: the request fails with what refused
-						// it (an owner busy, say), not with a retry
-						// that could only find the context done.
-						dropRetry(next, r)
-						ok = false
-					}
-				}
+			if !ok && next != nil {
+				dropRetry(next, r)
 			}
 			if ok {
 				switch {
