@@ -48,6 +48,15 @@ func (s *adv67Bodies) unclosed() (open, total int) {
 	return open, len(s.all)
 }
 
+// post is a POST of one of s's bodies to url, whose GetBody hands out the
+// next.
+func (s *adv67Bodies) post(ctx context.Context, url string) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, "POST", url, s.next())
+	req.ContentLength = int64(s.n)
+	req.GetBody = func() (io.ReadCloser, error) { return s.next(), nil }
+	return req
+}
+
 // requireClosed fails the test unless every body handed out, at least min
 // of them, is closed within a second of RoundTrip's return with err.
 func (s *adv67Bodies) requireClosed(t *testing.T, min int, err error) {
@@ -105,10 +114,8 @@ func TestAdv67EndedWaitClosesTheRewoundBody(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	w := &recordWaits{retry: cancel}
-	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "POST", url, bodies.next())
-	req.ContentLength = int64(bodies.n)
+	req := bodies.post(WithWaitWatcher(ctx, w), url)
 	req.Header.Set("Idempotency-Key", "adv67")
-	req.GetBody = func() (io.ReadCloser, error) { return bodies.next(), nil }
 	resp, err := m.tr.RoundTrip(req)
 	if err == nil {
 		drain(resp)
@@ -159,9 +166,7 @@ func TestAdv67RefusedH2StreamClosesTheRewoundBody(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	w := &adv67RefusalEndsWait{cancel: cancel}
-	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "POST", up.url+"/post", bodies.next())
-	req.ContentLength = int64(bodies.n)
-	req.GetBody = func() (io.ReadCloser, error) { return bodies.next(), nil }
+	req := bodies.post(WithWaitWatcher(ctx, w), up.url+"/post")
 	resp, err := m.tr.RoundTrip(req)
 	if err == nil {
 		drain(resp)
@@ -198,9 +203,7 @@ func TestAdv67AwayBackoffClosesTheRewoundBody(t *testing.T) {
 	bodies := &adv67Bodies{n: 16 << 10}
 	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", up.url+"/post", bodies.next())
-	req.ContentLength = int64(bodies.n)
-	req.GetBody = func() (io.ReadCloser, error) { return bodies.next(), nil }
+	req := bodies.post(ctx, up.url+"/post")
 	resp, err := m.tr.RoundTrip(req)
 	if err == nil {
 		drain(resp)

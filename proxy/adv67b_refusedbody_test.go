@@ -3,8 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"io"
-	"net/http"
 	"testing"
 	"time"
 )
@@ -21,10 +19,8 @@ func TestAdv67bBusyOwnerRefusalEndsWaitClosesBodies(t *testing.T) {
 		bodies := &adv67Bodies{n: size}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		w := &adv67RefusalEndsWait{cancel: cancel}
-		req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "POST", u.url("/cl"), bodies.next())
-		req.ContentLength = int64(size)
+		req := bodies.post(WithWaitWatcher(ctx, w), u.url("/cl"))
 		req.Header.Set("Idempotency-Key", "adv67b")
-		req.GetBody = func() (io.ReadCloser, error) { return bodies.next(), nil }
 		resp, err := client.tr.RoundTrip(req)
 		cancel()
 		if err == nil {
