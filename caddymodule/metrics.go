@@ -40,7 +40,7 @@ var localMetrics = struct {
 		Namespace: metricsNamespace,
 		Subsystem: metricsSubsystem,
 		Name:      "wait_duration_seconds",
-		Help:      "Time a request of this process took to get its upstream connection: back-pressure permit, pool wait and, for a new connection, the dial.",
+		Help:      "Time a request of this process took to get its upstream connection: back-pressure permit, pool wait, for a new connection the dial, and for a sibling's connection the sibling's wait for a worker.",
 		Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"upstream"}),
 }

@@ -192,6 +192,37 @@ func TestWaitGuard(t *testing.T) {
 		}
 		g.cancel()
 	})
+	t.Run("a sibling's wait for a worker", func(t *testing.T) {
+		// The proxy tells the guard how long the sibling that owns the
+		// connection waited for a worker, with its accept
+		// (TestOwnersWaitForAWorkerIsTheKeysWait in proxy): the wait ends
+		// that much later, and never later than now.
+		var waited countWaits
+		start := time.Now()
+		g := newWaitGuard(context.Background(), time.Second, &waited, start)
+		defer g.cancel()
+		g.OwnerWaited(time.Hour) // before the head: its time will have the wait in it
+		time.Sleep(30 * time.Millisecond)
+		head := time.Since(start)
+		g.WroteHeaders()
+		time.Sleep(30 * time.Millisecond)
+		g.OwnerWaited(20 * time.Millisecond)
+		g.end(true)
+		if want := head + 20*time.Millisecond; waited.n != 1 || waited.sum < want.Seconds() || waited.sum > time.Since(start).Seconds() {
+			t.Errorf("observed %d waits, %gs; want one of at least %gs, and at most the round trip's", waited.n, waited.sum, want.Seconds())
+		}
+
+		waited = countWaits{}
+		start = time.Now()
+		g = newWaitGuard(context.Background(), time.Second, &waited, start)
+		defer g.cancel()
+		g.WroteHeaders()
+		g.OwnerWaited(time.Hour)
+		g.end(true)
+		if elapsed := time.Since(start); waited.n != 1 || waited.sum > elapsed.Seconds() {
+			t.Errorf("observed %d waits, %gs, after a sibling said it waited an hour; want one of at most the round trip's %gs", waited.n, waited.sum, elapsed.Seconds())
+		}
+	})
 	t.Run("armed again for a retry", func(t *testing.T) {
 		// The proxy tells the guard before it sends a request again after
 		// an attempt that had its head out (a sibling that refused it):

@@ -144,6 +144,21 @@ func (g *waitGuard) Retrying(refused bool) {
 	g.cancelCause(errWaitTimeout)
 }
 
+// OwnerWaited moves the end of the request's wait d later: the sibling that
+// owns its connection waited that long for a worker before taking it up.
+// The wait ends no later than now, which bounds what a sibling reports; one
+// that waited before the head's write was told (the frame goes ahead of the
+// head) counted from the write would overlap it. Told before WroteHeaders,
+// it does nothing: that call comes later, and its time has the sibling's
+// wait in it.
+func (g *waitGuard) OwnerWaited(d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.served != 0 && !g.timedOut && !g.ended {
+		g.served = min(g.served+d, max(time.Since(g.start), 1))
+	}
+}
+
 // WaitLeft is what is left of the wait timeout while the guard is armed,
 // for a sibling that owns the request's connection to wait for a worker no
 // longer; 0 (no bound) otherwise.

@@ -10,11 +10,11 @@ import (
 
 // TestAdv67EncodedWaitLeftDecodes: every frame the caller's encoder writes
 // is one the owner's decoder takes. The decoder refuses a wait left past
-// maxWaitLeft (about 146 years) as ErrBadFrame, and a longer wait (a
+// maxFrameWait (about 146 years) as ErrBadFrame, and a longer wait (a
 // wait_timeout set very large to mean "as long as it takes", or a
 // WaitWatcher that says math.MaxInt64 for "no bound") goes as that bound.
 func TestAdv67EncodedWaitLeftDecodes(t *testing.T) {
-	for _, w := range []time.Duration{maxWaitLeft, maxWaitLeft + 1, 200 * 365 * 24 * time.Hour, math.MaxInt64} {
+	for _, w := range []time.Duration{maxFrameWait, maxFrameWait + 1, 200 * 365 * 24 * time.Hour, math.MaxInt64} {
 		b, err := appendRequestFrameWait(nil, []byte("lease"), time.Time{}, flagBodyOnAccept, -1, w)
 		if err != nil {
 			t.Fatalf("a wait left of %v: %v", w, err)
@@ -22,8 +22,8 @@ func TestAdv67EncodedWaitLeftDecodes(t *testing.T) {
 		f, _, err := decodeRequestFrame(b)
 		if err != nil {
 			t.Errorf("a wait left of %v encodes to a frame the owner refuses: %v", w, err)
-		} else if f.waitLeft != maxWaitLeft {
-			t.Errorf("a wait left of %v decodes as %d, want %d", w, f.waitLeft, int64(maxWaitLeft))
+		} else if f.waitLeft != maxFrameWait {
+			t.Errorf("a wait left of %v decodes as %d, want %d", w, f.waitLeft, int64(maxFrameWait))
 		}
 	}
 }

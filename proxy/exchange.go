@@ -70,9 +70,9 @@ type leg interface {
 	// writePreamble writes what precedes the request; w is the caller's
 	// WaitWatcher, if any.
 	writePreamble(bw *bufio.Writer, w WaitWatcher) error
-	// readPreamble reads what precedes the first response head, and
-	// reports whether the owner runs the exchange on HTTP/2.
-	readPreamble(br *bufio.Reader) (h2 bool, err error)
+	// readPreamble reads what precedes the first response head: the
+	// owner's accept.
+	readPreamble(br *bufio.Reader) (ownerAccept, error)
 	// readHead reads what precedes each response head.
 	readHead(br *bufio.Reader) (headFlags, error)
 	// fixResponse restores what the relay changed about the final head.
@@ -593,7 +593,7 @@ func (x *exchange) readResponse() (*http.Response, error) {
 	maxHeader := x.headLimit()
 	c.lr.n = maxHeader
 	if x.o.leg != nil {
-		h2, err := x.o.leg.readPreamble(c.br)
+		a, err := x.o.leg.readPreamble(c.br)
 		if err != nil {
 			x.firstByteOfFailure(err)
 			return nil, x.unread(x.readError(err, false), err)
@@ -602,7 +602,10 @@ func (x *exchange) readResponse() (*http.Response, error) {
 			x.acceptCh <- true
 			x.acceptCh = nil
 		}
-		x.ownerH2 = h2
+		x.ownerH2 = a.h2
+		if a.waited > 0 && x.waits != nil {
+			x.waits.OwnerWaited(a.waited)
+		}
 	}
 	first, perr := c.br.Peek(1)
 	if perr != nil {

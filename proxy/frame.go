@@ -17,6 +17,7 @@ import (
 //	           [length(8) if flags has flagLength] [waitLeft(8) if flags has flagWaitLeft]
 //	           followed by one HTTP/1.1 request
 //	response = magic(2) version(1) type(1) flags(2) code(2) msgLen(2) msg(msgLen)
+//	           [waited(8) if an accept's flags have flagAcceptWaited]
 //	           followed, for an accept, by HTTP/1.1 responses, each after a head marker
 //	head     = 'H' flags(1) [length(8) if flags has headLength] [status(2) if flags has headStatus]
 //	           | an error frame, in place of a head, when the owner's exchange failed after its
@@ -34,7 +35,8 @@ import (
 // the head flag headStatus, for an HTTP/2 answer without a body that may
 // end with trailers, and flagNoInterim; version 7 the error frame in place
 // of a head, and its flagResponseBegan; version 8 the accept frame's
-// flagAcceptH2; version 9 the request's flagWaitLeft. The processes of one
+// flagAcceptH2; version 9 the request's flagWaitLeft; version 10 the
+// accept frame's flagAcceptWaited. The processes of one
 // fleet must run builds that speak the same unix leg: one of another
 // version cannot join the fleet's segment (Protocol), and a frame of
 // another version is refused with an error that names both versions.
@@ -49,7 +51,7 @@ const (
 
 	frameMagic0   = 'O'
 	frameMagic1   = 'R'
-	frameVersion  = 9
+	frameVersion  = 10
 	maxLeaseLen   = 64
 	maxMessageLen = 1024
 
@@ -85,10 +87,17 @@ const (
 
 	respFlagsKnown = flagNothingSent | flagIdleClosed | flagConnGone | flagResponseBegan
 
-	// flagAcceptH2, the accept frame's only flag: the owner runs the
-	// exchange on an HTTP/2 connection, and a failed exchange closes its
-	// body, as x/net's client does (see exchange.ownerH2).
+	// flagAcceptH2 on an accept frame: the owner runs the exchange on an
+	// HTTP/2 connection, and a failed exchange closes its body, as x/net's
+	// client does (see exchange.ownerH2).
 	flagAcceptH2 uint16 = 1
+	// flagAcceptWaited on an accept frame: the owner waited (nanoseconds,
+	// in the field after the frame's header) for a worker before it took
+	// the request up, which the caller counts as its wait for a
+	// connection (see WaitWatcher.OwnerWaited).
+	flagAcceptWaited uint16 = 2
+
+	acceptFlagsKnown = flagAcceptH2 | flagAcceptWaited
 )
 
 // Request frame flags.
@@ -130,9 +139,10 @@ const (
 	reqFlagsKnown = flagBodyOnAccept | flagLength | flagNoUserAgent | flagNoInterim | flagWaitLeft
 )
 
-// maxWaitLeft bounds a request frame's waitLeft (about 146 years): a
-// caller's longer wait, a wait_timeout of no practical bound, goes as that.
-const maxWaitLeft = 1 << 62
+// maxFrameWait bounds the waits frames carry, a request's waitLeft and an
+// accept's waited (about 146 years): a caller's longer wait, a
+// wait_timeout of no practical bound, goes as that.
+const maxFrameWait = 1 << 62
 
 // Reject reasons.
 const (
@@ -243,7 +253,7 @@ func appendRequestFrameWait(b []byte, lease []byte, deadline time.Time, flags ui
 	}
 	if waitLeft > 0 {
 		flags |= flagWaitLeft
-		waitLeft = min(waitLeft, maxWaitLeft)
+		waitLeft = min(waitLeft, maxFrameWait)
 	}
 	if len(lease) == 0 || len(lease) > maxLeaseLen {
 		return b, fmt.Errorf("%w: lease of %d bytes", ErrBadFrame, len(lease))
@@ -313,7 +323,7 @@ func decodeRequestFrame(b []byte) (f requestFrame, n int, err error) {
 	}
 	if f.flags&flagWaitLeft != 0 {
 		w := binary.BigEndian.Uint64(b[off:])
-		if w == 0 || w > maxWaitLeft {
+		if w == 0 || w > maxFrameWait {
 			return f, 0, fmt.Errorf("%w: wait left %d", ErrBadFrame, w)
 		}
 		f.waitLeft = int64(w)
@@ -323,10 +333,17 @@ func decodeRequestFrame(b []byte) (f requestFrame, n int, err error) {
 
 // responseFrame answers a request frame.
 type responseFrame struct {
-	typ   frameType
-	flags uint16
-	code  uint16
-	msg   string
+	typ    frameType
+	flags  uint16
+	code   uint16
+	msg    string
+	waited time.Duration // an accept's, with flagAcceptWaited
+}
+
+// waits reports whether the frame is an accept that carries the owner's
+// wait: the flag's bit means another thing on an error frame.
+func (f responseFrame) waits() bool {
+	return f.typ == frameAccept && f.flags&flagAcceptWaited != 0
 }
 
 func appendResponseFrame(b []byte, f responseFrame) []byte {
@@ -339,7 +356,11 @@ func appendResponseFrame(b []byte, f responseFrame) []byte {
 	b = binary.BigEndian.AppendUint16(b, f.flags)
 	b = binary.BigEndian.AppendUint16(b, f.code)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
-	return append(b, msg...)
+	b = append(b, msg...)
+	if f.waits() {
+		b = binary.BigEndian.AppendUint64(b, uint64(min(max(f.waited, 1), maxFrameWait)))
+	}
+	return b
 }
 
 // strictUTF8 trims a truncated rune so the message still decodes.
@@ -374,7 +395,7 @@ func decodeResponseFrame(b []byte) (f responseFrame, n int, err error) {
 	ml := int(binary.BigEndian.Uint16(b[8:]))
 	known := respFlagsKnown
 	if f.typ == frameAccept {
-		known = flagAcceptH2
+		known = acceptFlagsKnown
 	}
 	if f.flags&^known != 0 {
 		return f, 0, fmt.Errorf("%w: unknown response flags %#x", ErrBadFrame, f.flags)
@@ -397,14 +418,24 @@ func decodeResponseFrame(b []byte) (f responseFrame, n int, err error) {
 		return f, 0, fmt.Errorf("%w: message length %d", ErrBadFrame, ml)
 	}
 	n = respHeaderLen + ml
+	if f.waits() {
+		n += 8
+	}
 	if len(b) < n {
 		return f, n, errShort
 	}
-	msg := b[respHeaderLen:n]
+	msg := b[respHeaderLen : respHeaderLen+ml]
 	if !utf8.Valid(msg) {
 		return f, 0, fmt.Errorf("%w: message is not UTF-8", ErrBadFrame)
 	}
 	f.msg = string(msg)
+	if f.waits() {
+		w := binary.BigEndian.Uint64(b[respHeaderLen+ml:])
+		if w == 0 || w > maxFrameWait {
+			return f, 0, fmt.Errorf("%w: accept's wait %d", ErrBadFrame, w)
+		}
+		f.waited = time.Duration(w)
+	}
 	return f, n, nil
 }
 

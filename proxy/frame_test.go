@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -78,6 +79,8 @@ func TestResponseFrameRoundTrip(t *testing.T) {
 	for _, f := range []responseFrame{
 		{typ: frameAccept},
 		{typ: frameAccept, flags: flagAcceptH2},
+		{typ: frameAccept, flags: flagAcceptWaited, waited: 3 * time.Millisecond},
+		{typ: frameAccept, flags: flagAcceptH2 | flagAcceptWaited, waited: time.Nanosecond},
 		{typ: frameReject, code: rejectStale, msg: "stale"},
 		{typ: frameError, flags: flagNothingSent | flagIdleClosed, code: errCodeBadResponse, msg: "bad ünïcode"},
 		{typ: frameError, msg: strings.Repeat("é", maxMessageLen)}, // truncated to a rune boundary
@@ -87,8 +90,36 @@ func TestResponseFrameRoundTrip(t *testing.T) {
 		if err != nil || n != len(b) {
 			t.Fatalf("%+v: n=%d err=%v", f, n, err)
 		}
-		if got.typ != f.typ || got.flags != f.flags || got.code != f.code || !strings.HasPrefix(f.msg, got.msg) {
+		if got.typ != f.typ || got.flags != f.flags || got.code != f.code || got.waited != f.waited || !strings.HasPrefix(f.msg, got.msg) {
 			t.Errorf("got %+v want %+v", got, f)
+		}
+	}
+}
+
+// TestAcceptFrameWaited: the owner's wait travels after the accept's
+// header, clamped to what a decoder takes; a frame that says it carries
+// one but carries 0, or more than the bound, is refused, and one cut
+// inside the field is short.
+func TestAcceptFrameWaited(t *testing.T) {
+	b := appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptWaited, waited: 1500 * time.Millisecond})
+	if len(b) != respHeaderLen+8 {
+		t.Fatalf("%d bytes, want the header and the field's 8", len(b))
+	}
+	for i := range len(b) {
+		if _, _, err := decodeResponseFrame(b[:i]); !errors.Is(err, errShort) {
+			t.Fatalf("prefix %d: %v", i, err)
+		}
+	}
+	for name, w := range map[string]uint64{"zero": 0, "past the bound": maxFrameWait + 1, "negative": 1 << 63} {
+		bad := binary.BigEndian.AppendUint64(append([]byte(nil), b[:respHeaderLen]...), w)
+		if _, _, err := decodeResponseFrame(bad); !errors.Is(err, ErrBadFrame) {
+			t.Errorf("%s: decoded: %v", name, err)
+		}
+	}
+	for _, w := range []time.Duration{-time.Second, 0, 1<<63 - 1} {
+		f, _, err := decodeResponseFrame(appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptWaited, waited: w}))
+		if err != nil || f.waited < 1 || f.waited > maxFrameWait {
+			t.Errorf("waited %v encoded as %v, %v: want it clamped to what decodes", w, f.waited, err)
 		}
 	}
 }
@@ -111,7 +142,7 @@ func TestFrameRejectsGarbage(t *testing.T) {
 	}
 	resp := map[string][]byte{
 		"accept payload":    {'O', 'R', frameVersion, byte(frameAccept), 0, 0, 0, 1, 0, 0},
-		"accept error flag": {'O', 'R', frameVersion, byte(frameAccept), 0, byte(flagIdleClosed), 0, 0, 0, 0},
+		"accept error flag": {'O', 'R', frameVersion, byte(frameAccept), 0, byte(flagConnGone), 0, 0, 0, 0},
 		"reject code":       {'O', 'R', frameVersion, byte(frameReject), 0, 0, 0xff, 0, 0, 0},
 		"error flags":       {'O', 'R', frameVersion, byte(frameError), 0x40, 0, 0, 0, 0, 0},
 		"bad utf8":          {'O', 'R', frameVersion, byte(frameError), 0, 0, 0, 0, 0, 1, 0xff},
@@ -154,6 +185,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(req)
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptH2}))
+	f.Add(appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptH2 | flagAcceptWaited, waited: time.Second}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectGone, msg: "gone"}))
 	f.Add(appendResponseFrame(nil, responseFrame{typ: frameError, flags: flagNothingSent, code: errCodeConnBroken, msg: "x"}))
 	f.Add([]byte("OR"))

@@ -55,6 +55,9 @@ type relay struct {
 	sentAccept bool
 	failed     bool
 	h2         bool // the exchange runs on an HTTP/2 connection: flagAcceptH2
+	// waited is how long the request waited here for a worker
+	// (flagAcceptWaited), 0 if it had one at once.
+	waited time.Duration
 
 	// continueOnly: the caller reads no interim responses (flagNoInterim),
 	// and the relay passes on only a 100 Continue, which the caller's
@@ -123,8 +126,8 @@ func (r *relay) failBeforeAccept() (accepted bool) {
 	return r.sentAccept
 }
 
-// The accept frame, which has no payload, as an owner on an HTTP/1.1 and on
-// an HTTP/2 connection sends it.
+// The accept frame of a request that had its worker at once, as an owner
+// on an HTTP/1.1 and on an HTTP/2 connection sends it.
 var (
 	acceptFrame   = appendResponseFrame(nil, responseFrame{typ: frameAccept})
 	acceptFrameH2 = appendResponseFrame(nil, responseFrame{typ: frameAccept, flags: flagAcceptH2})
@@ -132,6 +135,13 @@ var (
 
 // acceptWire is the accept frame this exchange sends.
 func (r *relay) acceptWire() []byte {
+	if r.waited > 0 {
+		f := responseFrame{typ: frameAccept, flags: flagAcceptWaited, waited: r.waited}
+		if r.h2 {
+			f.flags |= flagAcceptH2
+		}
+		return appendResponseFrame(nil, f)
+	}
 	if r.h2 {
 		return acceptFrameH2
 	}

@@ -267,14 +267,21 @@ func (l *remoteLeg) writePreamble(bw *bufio.Writer, w WaitWatcher) error {
 	return err
 }
 
-func (l *remoteLeg) readPreamble(br *bufio.Reader) (bool, error) {
+// ownerAccept is what an owner's accept frame tells: whether it runs the
+// exchange on HTTP/2, and how long the request waited there for a worker.
+type ownerAccept struct {
+	h2     bool
+	waited time.Duration
+}
+
+func (l *remoteLeg) readPreamble(br *bufio.Reader) (ownerAccept, error) {
 	f, err := readFrame(br, respHeaderLen, decodeResponseFrame)
 	if err != nil {
-		return false, err
+		return ownerAccept{}, err
 	}
 	switch f.typ {
 	case frameAccept:
-		return f.flags&flagAcceptH2 != 0, nil
+		return ownerAccept{h2: f.flags&flagAcceptH2 != 0, waited: f.waited}, nil
 	case frameReject:
 		err := fmt.Errorf("%w: %s", ErrLeaseRefused, f.msg)
 		switch f.code {
@@ -285,9 +292,9 @@ func (l *remoteLeg) readPreamble(br *bufio.Reader) (bool, error) {
 		case rejectGone:
 			err = fmt.Errorf("%w: %w: %s", ErrLeaseRefused, errLeaseGone, f.msg)
 		}
-		return false, &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
+		return ownerAccept{}, &Error{Op: "lease", RetrySafe: true, beforeAccept: true, Err: err}
 	default:
-		return false, f.ownerError(true)
+		return ownerAccept{}, f.ownerError(true)
 	}
 }
 

@@ -916,6 +916,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 	w, rl := &ox.w, &ox.rl
 	w.cr, w.nc, w.cancel, w.start, w.deadline = cr, nc, cancel, time.Now(), deadline
 	rl.bw, rl.log, rl.bufs, rl.stopWatch = bw, s.log, bufs, func() { s.watcher.remove(w) }
+	rl.waited = waited
 	// What the peer wrote is exactly what it wants sent: Request.Write adds
 	// a default User-Agent only when the header is absent, and an absent
 	// header here means the peer chose to send none, unless the frame says

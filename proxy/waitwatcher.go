@@ -32,6 +32,12 @@ type WaitWatcher interface {
 	// that owns the connection, which waits for a worker of its own no
 	// longer (see App.Workers in the Caddy module).
 	WaitLeft() time.Duration
+	// OwnerWaited is called when the sibling that owns the request's
+	// connection accepts the request after it waited d for a worker of
+	// its own: the request had its connection only then, d after the
+	// sibling read its head, which WroteHeaders told. It is called on the
+	// goroutine reading the response, perhaps before WroteHeaders returns.
+	OwnerWaited(d time.Duration)
 }
 
 // waitWatcherKey is the context key of WithWaitWatcher's watcher.

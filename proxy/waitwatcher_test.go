@@ -29,6 +29,21 @@ type recordWaits struct {
 	wrote  chan struct{}
 	left   time.Duration // what WaitLeft says
 	retry  func()        // called by Retrying, if set, after it records
+	// ownerWaited sums what OwnerWaited is told, apart from events: it
+	// comes on the reading goroutine, in no fixed order with WroteHeaders.
+	ownerWaited time.Duration
+}
+
+func (r *recordWaits) OwnerWaited(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ownerWaited += d
+}
+
+func (r *recordWaits) ownerWait() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ownerWaited
 }
 
 func (r *recordWaits) WaitLeft() time.Duration { return r.left }
@@ -293,7 +308,9 @@ func fleetWaitTime(t *testing.T, m *member) time.Duration {
 }
 
 // ownersWaitServed: an owner whose one worker comes free ownerWait after a
-// sibling's request came serves it, and counts that time as the key's wait.
+// sibling's request came serves it, counts that time as the key's wait, and
+// tells the caller's watcher of it with its accept; a request it serves
+// with a worker free at once tells of no wait.
 func ownersWaitServed(t *testing.T, proto string, ownerWait time.Duration) {
 	url := newTestUpstream(t).url("/cl")
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
@@ -307,7 +324,8 @@ func ownersWaitServed(t *testing.T, proto string, ownerWait time.Duration) {
 	releaseAfter(t, gov, ownerWait)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	w := &recordWaits{}
+	req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, w), "GET", url, nil)
 	start := time.Now()
 	resp, err := client.tr.RoundTrip(req)
 	if err != nil {
@@ -320,6 +338,24 @@ func ownersWaitServed(t *testing.T, proto string, ownerWait time.Duration) {
 	}
 	if got := fleetWaitTime(t, owner); got < ownerWait*3/4 || got > elapsed {
 		t.Errorf("the fleet's wait time is %v after the owner kept the request about %v for a worker; want that, and at most the request's %v", got, ownerWait, elapsed)
+	}
+	if got := w.ownerWait(); got < ownerWait*3/4 || got > elapsed {
+		t.Errorf("the watcher was told the owner waited %v, after it kept the request about %v for a worker; want that, and at most the request's %v", got, ownerWait, elapsed)
+	}
+
+	// The worker is free now: the next request through the sibling waits
+	// for none, and the accept tells of no wait.
+	w = &recordWaits{}
+	req, _ = http.NewRequestWithContext(WithWaitWatcher(ctx, w), "GET", url, nil)
+	if resp, err = client.tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	if s := owner.node.Stats(); s.ServedRemote != 2 {
+		t.Fatalf("the owner served %d of the sibling's requests, want 2 (setup): %+v", s.ServedRemote, s)
+	}
+	if got := w.ownerWait(); got != 0 {
+		t.Errorf("the watcher was told the owner waited %v for a worker that was free", got)
 	}
 }
 
@@ -384,6 +420,7 @@ type panicWaits struct{}
 func (panicWaits) WroteHeaders()           { panic("watcher") }
 func (panicWaits) Retrying(bool)           {}
 func (panicWaits) WaitLeft() time.Duration { return 0 }
+func (panicWaits) OwnerWaited(time.Duration) {}
 
 // TestRefusedUnserved: the attempts whose time after the head counts as
 // waiting for a connection (WaitWatcher.Retrying's refused) are those
