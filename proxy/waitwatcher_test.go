@@ -417,9 +417,9 @@ func TestPanickingWatcherLeavesNoConnectionTaken(t *testing.T) {
 
 type panicWaits struct{}
 
-func (panicWaits) WroteHeaders()           { panic("watcher") }
-func (panicWaits) Retrying(bool)           {}
-func (panicWaits) WaitLeft() time.Duration { return 0 }
+func (panicWaits) WroteHeaders()             { panic("watcher") }
+func (panicWaits) Retrying(bool)             {}
+func (panicWaits) WaitLeft() time.Duration   { return 0 }
 func (panicWaits) OwnerWaited(time.Duration) {}
 
 // TestRefusedUnserved: the attempts whose time after the head counts as
