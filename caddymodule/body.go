@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -82,10 +83,24 @@ func (b *attemptBody) ended(err error) {
 type attemptBody struct {
 	k   *keptBody
 	off int
+	// src is whether the attempt reads reverse_proxy's body itself:
+	// srcUnread until it first does (srcRead), srcClosed once Close has
+	// run. It orders the attempt's first read of that body, on the
+	// transport's writer, with Close, on another goroutine.
+	src atomic.Int32
 }
+
+const (
+	srcUnread int32 = iota
+	srcRead
+	srcClosed
+)
 
 func (b *attemptBody) Read(p []byte) (int, error) {
 	k := b.k
+	if b.src.Load() == srcClosed {
+		return 0, http.ErrBodyReadAfterClose
+	}
 	if b.off < len(k.kept) {
 		n := copy(p, k.kept[b.off:])
 		b.off += n
@@ -93,6 +108,9 @@ func (b *attemptBody) Read(p []byte) (int, error) {
 	}
 	if k.eof {
 		return 0, io.EOF
+	}
+	if !b.src.CompareAndSwap(srcUnread, srcRead) && b.src.Load() == srcClosed {
+		return 0, http.ErrBodyReadAfterClose
 	}
 	n, err := k.src.Read(p)
 	if n > 0 && !k.over {
@@ -109,10 +127,13 @@ func (b *attemptBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Close leaves a body read to its end alone, for another attempt to send
-// from what was kept.
+// Close leaves reverse_proxy's body alone for another attempt to send from
+// what was kept, if it was read to its end, or if this attempt read none of
+// it past what was kept (what was read ahead may be only the start of a
+// short body: a retry of a dial error sends it whole). Otherwise it closes
+// it, so that a read of it on the transport's writer returns.
 func (b *attemptBody) Close() error {
-	if b.k.eof {
+	if b.k.eof || b.src.Swap(srcClosed) != srcRead {
 		return nil
 	}
 	return b.k.src.Close()
