@@ -45,10 +45,15 @@ const (
 	DefaultDrainTimeout = 10 * time.Second
 	// DefaultForwardingWorkers is how many exchanges (its own requests' and
 	// those it forwards for siblings) a process runs at once unless
-	// configured: far above what connection caps produce, so that it only
-	// ever stops a runaway. The name is kept from when only forwarded
-	// exchanges counted.
-	DefaultForwardingWorkers = 1024
+	// configured: far above what connection caps produce, and above the
+	// long-lived exchanges a process holds open (server-sent events, long
+	// polls and slow downloads hold theirs until their body ends), so
+	// that it only ever stops a runaway. The name is kept from when only
+	// forwarded exchanges counted.
+	DefaultForwardingWorkers = 16384
+	// DefaultMaxInFlight is the back-pressure cap unless configured: as
+	// high as the workers, for the same reason.
+	DefaultMaxInFlight = DefaultForwardingWorkers
 	// DefaultOrderWindow is how many tickets a waiter may be passed by, so
 	// that a connection that comes free stays with its own process's
 	// waiter (see App.OrderWindow).
@@ -97,11 +102,19 @@ type App struct {
 
 	// Keys is how many distinct upstreams (scheme, address and TLS
 	// identity) the table can track at once. Part of the table's size.
-	// Default: 1024.
+	// A request to an upstream past it, while every entry holds
+	// connections, goes as when the process's connections are full (see
+	// ConnsPerProcess). Default: 1024.
 	Keys int `json:"keys,omitempty"`
 
 	// ConnsPerProcess is how many upstream connections one process can own
-	// at once. Part of the table's size. Default: 1024.
+	// at once. Part of the table's size. With all of them in use (each
+	// long-lived exchange, a server-sent event stream say, holds one), a
+	// request to an upstream under no max_conns_per_host or
+	// max_dialing_per_host goes on an HTTP/1.1 connection of its own
+	// outside the table, closed after its exchange, and
+	// unpooled_requests_total counts it; one to a capped upstream, which
+	// only the table can count, fails. Default: 1024.
 	ConnsPerProcess int `json:"conns_per_process,omitempty"`
 
 	// Policy decides where a request's connection comes from. "local_first"
@@ -145,7 +158,9 @@ type App struct {
 	// sends upstream through orbit_pool transports at once; more wait, in
 	// arrival order, within their wait timeout. 0 drains the process: every
 	// new request is refused with 503 and Retry-After at once, in-flight
-	// ones finish. Default: 1024.
+	// ones finish. A request holds its permit until its response body
+	// ends, so a long-lived one (server-sent events) holds it while it is
+	// open. Default: 16384.
 	MaxInFlight *int `json:"max_in_flight,omitempty"`
 
 	// Workers is the process budget's worker count: how many exchanges
@@ -158,7 +173,7 @@ type App struct {
 	// request waits for a worker within its wait_timeout and deadline; a
 	// sibling's lease waits at most half the reservation_timeout, and no
 	// longer than what is left of the sibling's wait_timeout, then is
-	// rejected so the sibling tries another plan. Default: 1024, like
+	// rejected so the sibling tries another plan. Default: 16384, like
 	// max_in_flight.
 	Workers int `json:"workers,omitempty"`
 
@@ -350,7 +365,7 @@ func (a *App) setDefaults() {
 		a.DeadlineNearWindow = caddy.Duration(backpressure.DefaultNearWindow)
 	}
 	if a.MaxInFlight == nil {
-		n := backpressure.DefaultCap
+		n := DefaultMaxInFlight
 		a.MaxInFlight = &n
 	}
 	if a.OrderWindow == nil {

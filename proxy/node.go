@@ -92,6 +92,8 @@ type Node struct {
 	h2inst  h2Installs
 
 	stats nodeCounters
+	// tableFullLogged is when tableFull last warned, in unix nanoseconds.
+	tableFullLogged atomic.Int64
 	// open and dialing count the upstream connections this process owns
 	// and is dialing: what a dial's admission sees as in flight.
 	open, dialing atomic.Int64
@@ -157,16 +159,19 @@ type NodeStats struct {
 	IdleBeforeReuse time.Duration
 	IdleReuses      uint64
 	Retries         uint64 // requests sent again after a retry-safe failure
-	OpenConns       int    // upstream connections owned now
-	IdlePeerConns   int    // idle unix streams to siblings now
+	// Unpooled counts requests sent on a connection of their own, outside
+	// the table, which had no room for another (see Transport.unpooled).
+	Unpooled      uint64
+	OpenConns     int // upstream connections owned now
+	IdlePeerConns int // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld atomic.Uint64
-	followed                                                                                                                 atomic.Uint64 // HTTP/2 state changes seen by the follower
-	idleBeforeReuse                                                                                                          atomic.Int64  // nanoseconds, over idleReuses
-	idleReuses                                                                                                               atomic.Uint64
-	refused                                                                                                                  atomic.Uint64 // see NodeStats.UpstreamRefused
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, unpooled atomic.Uint64
+	followed                                                                                                                           atomic.Uint64 // HTTP/2 state changes seen by the follower
+	idleBeforeReuse                                                                                                                    atomic.Int64  // nanoseconds, over idleReuses
+	idleReuses                                                                                                                         atomic.Uint64
+	refused                                                                                                                            atomic.Uint64 // see NodeStats.UpstreamRefused
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -318,6 +323,7 @@ func (n *Node) Stats() NodeStats {
 		IdleReuses:      n.stats.idleReuses.Load(),
 		Retired:         n.stats.retired.Load(),
 		Retries:         n.stats.retries.Load(),
+		Unpooled:        n.stats.unpooled.Load(),
 
 		DialsNotAdmitted: n.stats.dialsNotAdmitted.Load(),
 	}
@@ -706,7 +712,14 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 // the exchange is over; stopBody, if set, interrupts a pending read of the
 // request body.
 func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs int, onDone, stopBody func()) (*http.Response, error) {
-	s := oc.s
+	return n.exchange(oc.c, oc.s, req, bufs, onDone, stopBody, func(_ *conn, o outcome) {
+		n.finish(oc, exec, o)
+	})
+}
+
+// exchange runs req on c with s's settings and bufs exchange buffers; done
+// is told how the exchange left c, then onDone runs (see exchangeOpts).
+func (n *Node) exchange(c *conn, s *connSettings, req *http.Request, bufs int, onDone, stopBody func(), done func(*conn, outcome)) (*http.Response, error) {
 	orig := req
 	req, withHead := withBodyAhead(req)
 	opts := &exchangeOpts{
@@ -717,16 +730,33 @@ func (n *Node) use(oc *owned, exec *orbitpool.Execution, req *http.Request, bufs
 		responseHeaderTimeout: s.responseHeaderTimeout,
 		stopBody:              stopBody,
 		log:                   n.log,
-		done: func(_ *conn, o outcome) {
-			n.finish(oc, exec, o)
-		},
-		release: onDone,
+		done:                  done,
+		release:               onDone,
 	}
-	resp, err := oc.c.roundTrip(req, opts)
+	resp, err := c.roundTrip(req, opts)
 	if resp != nil {
 		resp.Request = orig
 	}
 	return resp, err
+}
+
+// tableFullLogEvery is the least time between two warnings that the table
+// had no room for a connection.
+const tableFullLogEvery = 10 * time.Second
+
+// tableFull counts an exchange on a connection outside the table, which
+// had no room for it (err says why), and warns of it at most every
+// tableFullLogEvery.
+func (n *Node) tableFull(err error) {
+	n.stats.unpooled.Add(1)
+	now := time.Now().UnixNano()
+	last := n.tableFullLogged.Load()
+	if now-last < int64(tableFullLogEvery) || !n.tableFullLogged.CompareAndSwap(last, now) {
+		return
+	}
+	if c := n.log.Check(zap.WarnLevel, "the fleet's table has no room for another connection; requests go on connections of their own outside it, neither shared nor reused: raise the orbit_pool app's conns_per_process or keys"); c != nil {
+		c.Write(zap.Error(err), zap.Uint64("unpooled_so_far", n.stats.unpooled.Load()))
+	}
 }
 
 // accept implements acceptor: a sibling presents a lease on one of our

@@ -679,6 +679,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		wctx, cancel := waitContext(ctx, near)
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
+		if err != nil && errors.Is(err, orbitpool.ErrFull) && t.mayGoUnpooled(e) {
+			return t.unpooled(req, e, b, release, err)
+		}
 		if err != nil {
 			err = waitEnd(ctx, err)
 			if isContextErr(err) {
@@ -845,6 +848,57 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
 		}
 	}
+}
+
+// mayGoUnpooled reports whether a request to e that finds the table full
+// may go on a connection outside it (see unpooled): one of HTTP/1.1, of a
+// key under no fleet-wide cap, which nothing must count.
+func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
+	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 &&
+		e.u.Proto != protoH2C && e.u.Proto != protoHTTP2 && !e.speaksH2()
+}
+
+// unpooled runs req on a connection dialed for it alone, outside the
+// table, and closes it when the exchange ends (a 101's body keeps it): the
+// table had no room for another of this process's connections
+// (conns_per_process) or for another upstream (keys), full. Such a
+// connection is neither shared nor reused, as the stock transport's past
+// its idle limit would not be, but the request is served: long-lived
+// exchanges (server-sent events, long polls) hold a connection each, and
+// a process may hold more of them than its table has room for. full is
+// the table's error, for the log and for a connection that speaks
+// HTTP/2 after all, which this path does not run.
+func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBudget, release func(), full error) (*http.Response, error) {
+	n := t.Node
+	ctx := req.Context()
+	if err := claimVerdict(ctx, t.nearWindow()); err != nil {
+		return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
+	}
+	bufs, err := b.workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !n.admitDial() {
+		return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
+	}
+	n.dialing.Add(1)
+	c, err := t.dialer.dial(ctx, &e.u, nil)
+	n.dialing.Add(-1)
+	if err != nil {
+		return nil, err
+	}
+	if h2Wanted(&e.u, c) {
+		c.close()
+		return nil, &Error{Op: "acquire", RetrySafe: true, Err: full}
+	}
+	n.open.Add(1)
+	n.tableFull(full)
+	return n.exchange(c, &t.settings, req, bufs, release, nil, func(c *conn, o outcome) {
+		if o != outcomeHijacked {
+			c.close()
+		}
+		n.open.Add(-1)
+	})
 }
 
 // freeRetries is how many retries one request may have for free (see

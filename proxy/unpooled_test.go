@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// unpooledUpstream answers /stream with a chunked body that ends only once
+// release is closed, /ws with a 101 and an echo of what follows, and
+// anything else with "ok", then reports on closed whether the proxy closed
+// that connection (its next read is EOF within 2s).
+func unpooledUpstream(t *testing.T, release chan struct{}, closed chan bool) string {
+	return rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		switch req.URL.Path {
+		case "/stream":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+			<-release
+			io.WriteString(c, "0\r\n\r\n")
+			return true
+		case "/ws":
+			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			io.Copy(c, br)
+			return false
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := br.ReadByte()
+		closed <- errors.Is(err, io.EOF)
+		return false
+	})
+}
+
+// holdStreams starts n /stream exchanges and returns their responses, whose
+// bodies hold a connection each until read to their end.
+func holdStreams(t *testing.T, m *member, url string, n int) []*http.Response {
+	t.Helper()
+	var held []*http.Response
+	for range n {
+		req, _ := http.NewRequest("GET", url+"/stream", nil)
+		resp, err := m.tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("a stream: %v", err)
+		}
+		held = append(held, resp)
+		t.Cleanup(func() { resp.Body.Close() })
+	}
+	return held
+}
+
+// TestUnpooledWhenTheTableIsFull: a process whose lane has no room for
+// another connection (every slot held by a long-lived exchange) sends a
+// request to an upstream under no cap on a connection of its own, outside
+// the table, and closes that connection after the exchange, as the stock
+// transport would serve it; a 101 on such a connection keeps it for the
+// tunnel. Once the table has room, requests take pooled connections again.
+// Under a cap the table alone counts connections: the request fails, with
+// the table's error.
+func TestUnpooledWhenTheTableIsFull(t *testing.T) {
+	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
+	t.Run("uncapped", func(t *testing.T) {
+		release, closed := make(chan struct{}), make(chan bool, 4)
+		url := unpooledUpstream(t, release, closed)
+		m := newMember(t, spec, nil)
+		held := holdStreams(t, m, url, 2)
+
+		for i := range 2 {
+			_, body, err := adv10Do(t, m.tr, "GET", url+"/once", nil)
+			if err != nil || body != "ok" {
+				t.Fatalf("request %d with the table full: %q, %v", i, body, err)
+			}
+			select {
+			case c := <-closed:
+				if !c {
+					t.Fatalf("request %d: its connection outside the table was not closed after the exchange", i)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the upstream never answered")
+			}
+		}
+		if s := m.node.Stats(); s.Unpooled != 2 || s.OpenConns != 2 {
+			t.Fatalf("stats %+v: want 2 requests unpooled and the 2 held connections open", s)
+		}
+
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/ws", nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "echo")
+		resp, err := m.tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("an upgrade with the table full: %v, %v", resp, err)
+		}
+		tunnel, ok := resp.Body.(io.ReadWriteCloser)
+		if !ok {
+			t.Fatal("the 101's body is not writable")
+		}
+		if _, err := io.WriteString(tunnel, "ping"); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 4)
+		if _, err := io.ReadFull(tunnel, got); err != nil || string(got) != "ping" {
+			t.Fatalf("the tunnel echoed %q, %v", got, err)
+		}
+		tunnel.Close()
+
+		close(release)
+		for _, r := range held {
+			if b, err := io.ReadAll(r.Body); err != nil || string(b) != "first" {
+				t.Fatalf("a held stream read %q, %v", b, err)
+			}
+			r.Body.Close()
+		}
+		if _, body, err := adv10Do(t, m.tr, "GET", url+"/stream", nil); err != nil || body != "first" {
+			t.Fatalf("a request once the table has room: %q, %v", body, err)
+		}
+		if s := m.node.Stats(); s.Unpooled != 3 || s.ReusedLocal == 0 {
+			t.Fatalf("stats %+v: want the 3 requests unpooled (2 GETs, the upgrade) and then a pooled connection reused", s)
+		}
+	})
+	t.Run("capped", func(t *testing.T) {
+		release, closed := make(chan struct{}), make(chan bool, 4)
+		defer close(release)
+		url := unpooledUpstream(t, release, closed)
+		m := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = 8 })
+		holdStreams(t, m, url, 2)
+		if _, _, err := adv10Do(t, m.tr, "GET", url+"/once", nil); !errors.Is(err, orbitpool.ErrFull) {
+			t.Fatalf("a capped key's request with the table full: %v; want the table's error", err)
+		}
+		if s := m.node.Stats(); s.Unpooled != 0 {
+			t.Fatalf("stats %+v: a capped key's request went outside the table", s)
+		}
+	})
+}
