@@ -158,7 +158,7 @@ func waitReason(r orbitpool.Reason) string {
 // refuse counts and logs a refusal, publishes its Retry-After for error
 // routes, and returns it as a caddyhttp error.
 func (t *Transport) refuse(req *http.Request, up *upstreamInfo, r backpressure.Refusal, cause, detail error) error {
-	localMetrics.refused.WithLabelValues(up.name, r.Reason).Inc()
+	localMetrics.refused.WithLabelValues(up.label, r.Reason).Inc()
 	ctx := req.Context()
 	if ra := r.RetryAfterHeader(); ra != "" {
 		caddyhttp.SetVar(ctx, VarRetryAfter, ra)

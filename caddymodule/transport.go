@@ -174,7 +174,16 @@ type transportState struct {
 	mu        sync.Mutex
 	rt        atomic.Pointer[proxy.Transport]
 	upstreams sync.Map // scheme://host:port -> *upstreamInfo
+	tracked   atomic.Int64 // entries in upstreams
 }
+
+// maxTrackedUpstreams bounds the upstreams a transport keeps an entry, a
+// metrics series and a name in the fleet's records for. A dynamic upstream
+// (an address taken from a header, SRV or A records) could otherwise grow
+// all three with every address it was ever asked for. Past it, a request's
+// upstream is described afresh each time, its wait observed under the
+// upstream label "other", and its name not recorded.
+var maxTrackedUpstreams int64 = 1024
 
 // KeepAlive configures how long upstream connections live and how often
 // they are reused.
@@ -462,7 +471,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		dcancel()
 		t.app.end()
 	}
-	wg := newWaitGuard(dctx, t.wait, up.wait, start)
+	wg := newWaitGuard(dctx, t.wait, up, start)
 	out := req.WithContext(wg.ctx)
 	out.Body = body
 	// reverse_proxy leaves the server-side RequestURI on the request it
@@ -503,8 +512,24 @@ func (t *Transport) setScheme(req *http.Request) {
 type upstreamInfo struct {
 	name  string
 	key   orbitpool.Key
-	wait  waitObserver
+	label string                   // of its metrics series: name, or "other" past maxTrackedUpstreams
+	wait  atomic.Pointer[waitSink] // its wait_duration_seconds series, once it had a connection
 	named atomic.Pointer[keyNames] // the names this upstream was recorded in
+}
+
+// waitSink holds a metrics series, for an atomic pointer.
+type waitSink struct{ waitObserver }
+
+// Observe observes a wait of the upstream's, creating its series on the
+// first: an upstream that never gave a request its connection (an
+// address that refuses every dial) leaves none.
+func (u *upstreamInfo) Observe(v float64) {
+	s := u.wait.Load()
+	if s == nil {
+		s = &waitSink{localMetrics.wait.WithLabelValues(u.label)}
+		u.wait.Store(s)
+	}
+	s.Observe(v)
 }
 
 // upstream is what the transport knows of req's upstream, named and keyed
@@ -517,8 +542,15 @@ func (t *Transport) upstream(f *fleet, rt *proxy.Transport, req *http.Request) (
 	}
 	v, ok := t.st.upstreams.Load(name)
 	if !ok {
-		u := &upstreamInfo{name: name, key: key, wait: localMetrics.wait.WithLabelValues(name)}
-		v, _ = t.st.upstreams.LoadOrStore(name, u)
+		u := &upstreamInfo{name: name, key: key, label: name}
+		if t.st.tracked.Load() >= maxTrackedUpstreams {
+			u.label = "other"
+			return u, nil
+		}
+		var loaded bool
+		if v, loaded = t.st.upstreams.LoadOrStore(name, u); !loaded {
+			t.st.tracked.Add(1)
+		}
 	}
 	u := v.(*upstreamInfo)
 	if u.named.Load() != f.names {

@@ -222,6 +222,25 @@ func TestWaitGuard(t *testing.T) {
 		if elapsed := time.Since(start); waited.n != 1 || waited.sum > elapsed.Seconds() {
 			t.Errorf("observed %d waits, %gs, after a sibling said it waited an hour; want one of at most the round trip's %gs", waited.n, waited.sum, elapsed.Seconds())
 		}
+
+		// A retry after the request had its connection (a reused one
+		// that closed unanswered) waits anew, but the request's wait
+		// ended with the first head: a sibling's wait on the retry does
+		// not move it.
+		waited = countWaits{}
+		start = time.Now()
+		g = newWaitGuard(context.Background(), time.Second, &waited, start)
+		defer g.cancel()
+		g.WroteHeaders()
+		first := time.Since(start)
+		g.Retrying(false)
+		time.Sleep(30 * time.Millisecond)
+		g.WroteHeaders()
+		g.OwnerWaited(20 * time.Millisecond)
+		g.end(true)
+		if waited.n != 1 || waited.sum > first.Seconds() {
+			t.Errorf("observed %d waits, %gs; want one of the first head's %gs, which the retry's sibling's wait does not move", waited.n, waited.sum, first.Seconds())
+		}
 	})
 	t.Run("armed again for a retry", func(t *testing.T) {
 		// The proxy tells the guard before it sends a request again after

@@ -49,8 +49,12 @@ type waitGuard struct {
 	timer *time.Timer
 	// Times since start, which keep the guard small: when the current
 	// wait began, and when the request had its connection (0: not yet).
-	armedAt  time.Duration
-	served   time.Duration
+	armedAt time.Duration
+	served  time.Duration
+	// ownHead: served is the time this attempt's head went out, which a
+	// sibling's wait for a worker may move later (see OwnerWaited); not
+	// one an earlier attempt set, which a retry keeps.
+	ownHead  bool
 	armed    bool
 	timedOut bool
 	ended    bool
@@ -100,6 +104,7 @@ func (g *waitGuard) WroteHeaders() {
 	}
 	if g.served == 0 && !g.timedOut && !g.ended {
 		g.served = max(time.Since(g.start), 1)
+		g.ownHead = true
 	}
 }
 
@@ -115,6 +120,7 @@ func (g *waitGuard) Retrying(refused bool) {
 	if refused {
 		g.served = 0
 	}
+	g.ownHead = false
 	if g.timedOut {
 		// The timer fired, and may not have ended the context yet (fire
 		// does so once it has let go of the lock): the proxy must find
@@ -150,11 +156,12 @@ func (g *waitGuard) Retrying(refused bool) {
 // that waited before the head's write was told (the frame goes ahead of the
 // head) counted from the write would overlap it. Told before WroteHeaders,
 // it does nothing: that call comes later, and its time has the sibling's
-// wait in it.
+// wait in it. Nor does it for a retry after the request had its connection
+// (a reused one that closed before answering): the wait ended then.
 func (g *waitGuard) OwnerWaited(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.served != 0 && !g.timedOut && !g.ended {
+	if g.ownHead && !g.timedOut && !g.ended {
 		g.served = min(g.served+d, max(time.Since(g.start), 1))
 	}
 }

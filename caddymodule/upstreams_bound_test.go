@@ -1,0 +1,106 @@
+package caddymodule
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// waitSeries is the upstream label of every wait_duration_seconds series,
+// with its count of observations.
+func waitSeries(t *testing.T) map[string]uint64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1<<16)
+	localMetrics.wait.Collect(ch)
+	close(ch)
+	series := make(map[string]uint64)
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "upstream" {
+				series[l.GetValue()] = d.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return series
+}
+
+// dynamicSite starts Caddy with a site whose upstream is the request's
+// X-Up header, and returns a function that sends a GET to the upstream it
+// is given.
+func dynamicSite(t *testing.T) func(up string) {
+	port := freePort(t)
+	startCaddy(t, "", fmt.Sprintf(`:%d {
+	bind 127.0.0.1
+	reverse_proxy {http.request.header.X-Up} {
+		transport orbit_pool {
+			dial_timeout 200ms
+		}
+	}
+}
+`, port))
+	return func(up string) {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+		req.Header.Set("X-Up", up)
+		if resp, err := client.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+}
+
+var dynamicRuns atomic.Int64
+
+// TestUnreachableUpstreamsLeaveNoSeries: a dynamic upstream's addresses
+// that never gave a request a connection (every dial refused) leave no
+// wait_duration_seconds series behind: a series starts with its upstream's
+// first wait.
+func TestUnreachableUpstreamsLeaveNoSeries(t *testing.T) {
+	send := dynamicSite(t)
+	const n = 50
+	base := int(dynamicRuns.Add(1)-1) * n // addresses new to this process (-count)
+	for i := range n {
+		// Nothing listens on these ports of 127.0.0.2: the dial is refused.
+		send(fmt.Sprintf("127.0.0.2:%d", base+i+1))
+	}
+	for name := range waitSeries(t) {
+		if strings.HasPrefix(name, "http://127.0.0.2:") {
+			t.Errorf("an upstream that refused every dial left the series %q", name)
+		}
+	}
+}
+
+// TestTrackedUpstreamsAreBounded: past maxTrackedUpstreams, a transport's
+// further upstreams are served and observed under the label "other", with
+// no series of their own.
+func TestTrackedUpstreamsAreBounded(t *testing.T) {
+	old := maxTrackedUpstreams
+	maxTrackedUpstreams = 3
+	t.Cleanup(func() { maxTrackedUpstreams = old })
+	before := waitSeries(t)["other"]
+	send := dynamicSite(t)
+	var names []string
+	for range 6 {
+		up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), false)
+		send(up.hostport())
+		names = append(names, "http://"+up.hostport())
+	}
+	series := waitSeries(t)
+	for i, name := range names {
+		if _, ok := series[name]; ok != (i < 3) {
+			t.Errorf("upstream %d (%s) has a series of its own: %v; want one for the first 3 alone", i, name, ok)
+		}
+	}
+	if got := series["other"] - before; got != 3 {
+		t.Errorf("%d waits observed under \"other\", want the 3 of the upstreams past the bound", got)
+	}
+}
