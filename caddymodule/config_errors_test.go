@@ -169,6 +169,9 @@ func TestValidateErrors(t *testing.T) {
 		{"transport cap under local_only", `{"apps": {"orbit_pool": {"policy": "local_only"}, "http": {"servers": {"s": {"listen": [":0"], "routes": [{"handle": [
 			{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:9000"}], "transport": {"protocol": "orbit_pool", "max_conns_per_host": 8}}]}]}}}}}`,
 			"max_conns_per_host 8 cannot be shared under policy local_only"},
+		{"unix upstream", `{"apps": {"http": {"servers": {"s": {"listen": [":0"], "routes": [{"handle": [
+			{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:9000"}, {"dial": "unix//run/app.sock"}], "transport": {"protocol": "orbit_pool"}}]}]}}}}}`,
+			`upstream "unix//run/app.sock": the orbit_pool transport dials TCP upstreams only; use the http transport for a unix upstream`},
 		{"transport max_dialing_per_host", transportConfig(`{"protocol": "orbit_pool", "max_dialing_per_host": -1}`), "max_dialing_per_host must not be negative, got -1"},
 		{"transport wait_timeout", transportConfig(`{"protocol": "orbit_pool", "wait_timeout": "-1s"}`), "wait_timeout must be positive, got -1s"},
 		{"transport timeout", transportConfig(`{"protocol": "orbit_pool", "timeout": "-1s"}`), "timeout must not be negative, got -1s"},

@@ -249,6 +249,9 @@ func (t *Transport) Provision(ctx caddy.Context) error {
 		t.WaitTimeout = t.app.WaitTimeout
 	}
 	t.wait = time.Duration(t.WaitTimeout)
+	if err := t.checkHandler(ctx); err != nil {
+		return err
+	}
 	t.limits = t.app.limits()
 	if t.MaxConnsPerHost != 0 {
 		t.limits.MaxResources = t.MaxConnsPerHost
@@ -492,6 +495,36 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Request = req
 	resp.Body = trackBody(resp.Body, end)
 	return resp, nil
+}
+
+// checkHandler looks at the reverse_proxy handler the transport serves, if
+// it is one: a static upstream the transport cannot dial (a unix socket)
+// is an error now rather than a 502 on every request, and passive health
+// checks that count failures are told of what they will count.
+func (t *Transport) checkHandler(ctx caddy.Context) error {
+	var h *reverseproxy.Handler
+	mods := ctx.Modules()
+	for i := len(mods) - 1; i >= 0 && h == nil; i-- {
+		h, _ = mods[i].(*reverseproxy.Handler)
+	}
+	if h == nil {
+		return nil
+	}
+	for _, u := range h.Upstreams {
+		if strings.Contains(u.Dial, "{") {
+			continue // a placeholder: known per request
+		}
+		if na, err := caddy.ParseNetworkAddress(u.Dial); err == nil && !strings.HasPrefix(na.Network, "tcp") {
+			return fmt.Errorf("upstream %q: the orbit_pool transport dials TCP upstreams only; use the http transport for a %s upstream", u.Dial, na.Network)
+		}
+	}
+	if p := h.HealthChecks; p != nil && p.Passive != nil && p.Passive.FailDuration > 0 && t.wait > 0 {
+		t.logger.Warn("passive health checks count every error of a transport as a failure of its upstream, orbit_pool's refusals too (no connection within wait_timeout, an owner busy): under a cap, a burst of them can mark a healthy upstream down for fail_duration; set max_fails above the refusals a burst may bring, or wait_timeout long enough",
+			zap.Duration("fail_duration", time.Duration(p.Passive.FailDuration)),
+			zap.Int("max_fails", p.Passive.MaxFails),
+			zap.Duration("wait_timeout", t.wait))
+	}
+	return nil
 }
 
 // setScheme sets the scheme of req, which reverse_proxy leaves empty, as the
