@@ -173,7 +173,7 @@ type Transport struct {
 type transportState struct {
 	mu        sync.Mutex
 	rt        atomic.Pointer[proxy.Transport]
-	upstreams sync.Map // scheme://host:port -> *upstreamInfo
+	upstreams sync.Map     // scheme://host:port -> *upstreamInfo
 	tracked   atomic.Int64 // entries in upstreams
 }
 
