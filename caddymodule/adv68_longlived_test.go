@@ -12,9 +12,9 @@ import (
 
 // TestAdv68ManyLongLivedStreams: a site with more concurrent long-lived
 // exchanges (WebSockets, server-sent events) than the app's default
-// max_in_flight and workers (1024) must still answer an ordinary request,
-// as the stock transport does: a tunnel or an event stream that sits idle
-// costs the upstream nothing.
+// connections per process (conns_per_process, 1024) must still open them
+// all and answer an ordinary request, as the stock transport does: a
+// tunnel or an event stream that sits idle costs the upstream nothing.
 func TestAdv68ManyLongLivedStreams(t *testing.T) {
 	for _, kind := range []string{"websocket", "sse"} {
 		t.Run(kind, func(t *testing.T) {

@@ -54,6 +54,9 @@ const (
 	// DefaultMaxInFlight is the back-pressure cap unless configured: as
 	// high as the workers, for the same reason.
 	DefaultMaxInFlight = DefaultForwardingWorkers
+	// DefaultAdmissionCeiling is the admission backstop unless configured:
+	// room for a connection per running exchange and as many idle ones.
+	DefaultAdmissionCeiling = 2 * DefaultForwardingWorkers
 	// DefaultOrderWindow is how many tickets a waiter may be passed by, so
 	// that a connection that comes free stays with its own process's
 	// waiter (see App.OrderWindow).
@@ -193,7 +196,7 @@ type App struct {
 	// takes up no sibling's lease while it runs this many siblings'
 	// exchanges; such a request is refused with 503 (reason admission) or
 	// sent elsewhere. It never blocks and is meant to decide nothing in
-	// ordinary operation. Default: 4096.
+	// ordinary operation. Default: 32768.
 	AdmissionCeiling int `json:"admission_ceiling,omitempty"`
 
 	// ReconcileInterval is how often this process checks for dead siblings,
@@ -383,7 +386,7 @@ func (a *App) setDefaults() {
 		a.MemoryLimit = governor.FromInputs(detectInputs(), 0).MemoryLimit()
 	}
 	if a.AdmissionCeiling == 0 {
-		a.AdmissionCeiling = governor.DefaultInFlightCeiling
+		a.AdmissionCeiling = DefaultAdmissionCeiling
 	}
 	if a.ReconcileInterval == 0 {
 		a.ReconcileInterval = caddy.Duration(DefaultReconcileInterval)

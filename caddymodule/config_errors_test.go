@@ -228,7 +228,7 @@ func TestValidateDefaults(t *testing.T) {
 	if a.Processes != 64 || a.Keys != 1024 || a.ConnsPerProcess != 1024 || a.Policy != PolicyLocalFirst {
 		t.Errorf("table %d/%d/%d, policy %q", a.Processes, a.Keys, a.ConnsPerProcess, a.Policy)
 	}
-	if *a.MaxInFlight != 1024 || a.Workers < 1 || a.MemoryLimit == 0 || a.AdmissionCeiling != 4096 {
+	if *a.MaxInFlight != 16384 || a.Workers != 16384 || a.MemoryLimit == 0 || a.AdmissionCeiling != 32768 {
 		t.Errorf("max_in_flight %d, workers %d, memory %d, admission_ceiling %d", *a.MaxInFlight, a.Workers, a.MemoryLimit, a.AdmissionCeiling)
 	}
 	if cfg := a.fleetConfig(); *a.OrderWindow != 64 || cfg.OrderWindow != 64 {
