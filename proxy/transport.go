@@ -866,8 +866,7 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // its idle limit would not be, but the request is served: long-lived
 // exchanges (server-sent events, long polls) hold a connection each, and
 // a process may hold more of them than its table has room for. full is
-// the table's error, for the log and for a connection that speaks
-// HTTP/2 after all, which this path does not run.
+// the table's error, for the log.
 func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBudget, release func(), full error) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
@@ -886,10 +885,6 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 	n.dialing.Add(-1)
 	if err != nil {
 		return nil, err
-	}
-	if h2Wanted(&e.u, c) {
-		c.close()
-		return nil, &Error{Op: "acquire", RetrySafe: true, Err: full}
 	}
 	n.open.Add(1)
 	n.tableFull(full)
