@@ -82,7 +82,7 @@
 // request's deadline passed. Each has its own reason, in the error, in
 // {http.vars.orbit_pool_refusal} and in caddy_orbit_pool_refused_total:
 // saturated, draining, wait_timeout, busy, budget, creating, policy,
-// admission, owner_busy, deadline_near, deadline_elapsed. A transport cannot
+// admission, owner_busy, table_full, deadline_near, deadline_elapsed. A transport cannot
 // write response headers, so the suggested Retry-After is published in the
 // placeholder {http.vars.orbit_pool_retry_after} (whole seconds) for a
 // handle_errors route to send; Caddyfile.example shows one. As with any

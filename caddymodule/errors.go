@@ -31,6 +31,7 @@ const (
 	ReasonPolicy      = "policy"       // the pool policy declined the request
 	ReasonAdmission   = "admission"    // the admission backstop refused a new connection
 	ReasonOwnerBusy   = "owner_busy"   // the owners of the upstream's connections had no room in time, and no other plan did; or wait_timeout ran out at one
+	ReasonTableFull   = "table_full"   // the fleet's table had no room for another connection of a capped upstream
 )
 
 // Placeholders the transport sets on a refused request, for handle_errors
@@ -65,7 +66,8 @@ func (e *RefusalError) Error() string {
 
 // Unwrap returns the sentinel the refusal matches (backpressure's errors,
 // proxy.ErrNoCapacity for a wait for a connection that timed out,
-// proxy.ErrNotAdmitted, proxy.ErrOwnerBusy, or orbitpool.ErrRefused),
+// proxy.ErrNotAdmitted, proxy.ErrOwnerBusy, orbitpool.ErrRefused or
+// orbitpool.ErrFull),
 // never the context error a timed-out wait ends with: reverse_proxy takes a
 // context.Canceled for a client that went away.
 func (e *RefusalError) Unwrap() error { return e.cause }
@@ -127,6 +129,10 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 	if errors.Is(err, proxy.ErrOwnerBusy) {
 		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonOwnerBusy}
 		return t.refuse(req, up, r, proxy.ErrOwnerBusy, err)
+	}
+	if errors.Is(err, orbitpool.ErrFull) {
+		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonTableFull}
+		return t.refuse(req, up, r, orbitpool.ErrFull, fmt.Errorf("the fleet's table has no room for another connection (raise the orbit_pool app's conns_per_process or keys): %w", err))
 	}
 	if proxy.IsRetrySafe(err) {
 		return reverseproxy.NewDialError(err)

@@ -34,7 +34,7 @@ var localMetrics = struct {
 		Namespace: metricsNamespace,
 		Subsystem: metricsSubsystem,
 		Name:      "refused_total",
-		Help:      "Requests this process refused instead of sending them upstream, by upstream and reason (saturated, draining, deadline_near, deadline_elapsed, client_canceled, busy, budget, creating, wait_timeout, policy, admission, owner_busy).",
+		Help:      "Requests this process refused instead of sending them upstream, by upstream and reason (saturated, draining, deadline_near, deadline_elapsed, client_canceled, busy, budget, creating, wait_timeout, policy, admission, owner_busy, table_full).",
 	}, []string{"upstream", "reason"}),
 	wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace,
