@@ -25,21 +25,7 @@ func TestAdv68MoreUpstreamsThanKeys(t *testing.T) {
 			fmt.Fprintf(w, "up%d", i)
 		}), false))
 	}
-	stockPort, orbitPort := freePort(t), freePort(t)
-	sites := fmt.Sprintf(`:%d {
-	bind 127.0.0.1
-	reverse_proxy {http.request.header.X-Up} {
-		transport http
-	}
-}
-:%d {
-	bind 127.0.0.1
-	reverse_proxy {http.request.header.X-Up} {
-		transport orbit_pool
-	}
-}
-`, stockPort, orbitPort)
-	startCaddy(t, "keys 4", sites)
+	stockPort, orbitPort := headerRoutedSites(t, "keys 4")
 	for _, v := range []struct {
 		name string
 		port int
@@ -87,21 +73,7 @@ func TestAdv68MoreUpstreamsThanDefaultKeys(t *testing.T) {
 		t.Cleanup(func() { srv.Close() })
 		addrs = append(addrs, ln.Addr().String())
 	}
-	stockPort, orbitPort := freePort(t), freePort(t)
-	sites := fmt.Sprintf(`:%d {
-	bind 127.0.0.1
-	reverse_proxy {http.request.header.X-Up} {
-		transport http
-	}
-}
-:%d {
-	bind 127.0.0.1
-	reverse_proxy {http.request.header.X-Up} {
-		transport orbit_pool
-	}
-}
-`, stockPort, orbitPort)
-	startCaddy(t, "", sites)
+	stockPort, orbitPort := headerRoutedSites(t, "")
 	for _, v := range []struct {
 		name string
 		port int
@@ -115,6 +87,9 @@ func TestAdv68MoreUpstreamsThanDefaultKeys(t *testing.T) {
 				req.Header.Set("X-Up", a)
 				resp, err := c.Do(req)
 				if err != nil {
+					if failed == 0 {
+						first = fmt.Sprintf("%s: %v", a, err)
+					}
 					failed++
 					continue
 				}
@@ -132,4 +107,25 @@ func TestAdv68MoreUpstreamsThanDefaultKeys(t *testing.T) {
 			}
 		})
 	}
+}
+
+// headerRoutedSites starts Caddy, with the orbit_pool app's options opts,
+// serving two sites that proxy to the upstream the request's X-Up header
+// names: one through the stock transport, one through orbit_pool.
+func headerRoutedSites(t *testing.T, opts string) (stockPort, orbitPort int) {
+	stockPort, orbitPort = freePort(t), freePort(t)
+	startCaddy(t, opts, fmt.Sprintf(`:%d {
+	bind 127.0.0.1
+	reverse_proxy {http.request.header.X-Up} {
+		transport http
+	}
+}
+:%d {
+	bind 127.0.0.1
+	reverse_proxy {http.request.header.X-Up} {
+		transport orbit_pool
+	}
+}
+`, stockPort, orbitPort))
+	return stockPort, orbitPort
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,6 +156,71 @@ func TestAdv68bBadWaitedFieldDropsTheStream(t *testing.T) {
 	}
 }
 
+// adv68bCutOwner is an owner on a stream of its own that reads a request's
+// frame and head, answers with answer (an accept cut short), then reads
+// what more comes for stay and closes the stream. done waits for it and
+// returns how many bytes it read past the head.
+func adv68bCutOwner(t *testing.T, answer []byte, lane int, stay time.Duration) (sib *net.UnixConn, p *peers, done func() int64) {
+	sib, own := streamPair(t)
+	p = oneStream(t, sib, lane)
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer own.Close()
+		br := bufio.NewReader(own)
+		if _, err := readFrame(br, reqHeaderLen, decodeRequestFrame); err != nil {
+			return
+		}
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		own.Write(answer)
+		if stay > 0 {
+			own.SetReadDeadline(time.Now().Add(stay))
+			n, _ := io.Copy(io.Discard, br)
+			got.Store(n)
+		}
+	})
+	return sib, p, func() int64 { wg.Wait(); return got.Load() }
+}
+
+// TestAdv68bPostAcceptCutInTheField: a long POST (flagBodyOnAccept) whose
+// owner's accept is cut inside its waited field, then the stream closes:
+// the body is held back (the accept never came whole), so none of it goes
+// out, and the failure is as retry-safe as an accept cut in its header.
+func TestAdv68bPostAcceptCutInTheField(t *testing.T) {
+	full := adv68bAccept(flagAcceptWaited, 5*time.Millisecond)
+	body := bytes.Repeat([]byte("b"), 64<<10)
+	outcome := func(cut int) (safe bool, bodyBytes int64, err error) {
+		const lane = 3
+		_, p, done := adv68bCutOwner(t, full[:cut], lane, 100*time.Millisecond)
+		defer p.close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		rw := &recordWaits{}
+		req, _ := http.NewRequestWithContext(WithWaitWatcher(ctx, rw), "POST", "http://upstream.test/x", bytes.NewReader(body))
+		resp, err := p.roundTrip(req, lane, orbitpool.Lease{}, &remoteOpts{}, 1, nil)
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("cut at %d: succeeded", cut)
+		}
+		if rw.ownerWait() != 0 {
+			t.Errorf("cut at %d: watcher told %v", cut, rw.ownerWait())
+		}
+		return IsRetrySafe(err), done(), err
+	}
+	refSafe, refN, refErr := outcome(5)
+	for cut := respHeaderLen; cut < len(full); cut++ {
+		safe, n, err := outcome(cut)
+		if safe != refSafe || n != refN {
+			t.Errorf("cut at %d: retry-safe %v, %d body bytes sent (%v); cut in the header: %v, %d (%v)", cut, safe, n, err, refSafe, refN, refErr)
+		}
+		if n != 0 {
+			t.Errorf("cut at %d: %d body bytes went to an owner whose accept never came whole", cut, n)
+		}
+	}
+}
+
 // TestAdv68bAcceptCutInTheField: an accept cut inside its waited field,
 // then the owner gone, fails like an accept cut inside its header (the
 // owner died after taking the request up, before its answer was out): the
@@ -162,28 +229,13 @@ func TestAdv68bBadWaitedFieldDropsTheStream(t *testing.T) {
 func TestAdv68bAcceptCutInTheField(t *testing.T) {
 	full := adv68bAccept(flagAcceptWaited, 5*time.Millisecond)
 	outcome := func(t *testing.T, cut int, stall bool) (retrySafe bool, err error) {
-		sib, own := streamPair(t)
 		const lane = 3
-		p := oneStream(t, sib, lane)
+		stay := time.Duration(0)
+		if stall {
+			stay = 3 * time.Second
+		}
+		sib, p, done := adv68bCutOwner(t, full[:cut], lane, stay)
 		defer p.close()
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer own.Close()
-			br := bufio.NewReader(own)
-			if _, err := readFrame(br, reqHeaderLen, decodeRequestFrame); err != nil {
-				return
-			}
-			if _, err := http.ReadRequest(br); err != nil {
-				return
-			}
-			own.Write(full[:cut])
-			if stall {
-				own.SetReadDeadline(time.Now().Add(3 * time.Second))
-				io.Copy(io.Discard, br)
-			}
-		}()
 		rw := &recordWaits{}
 		start := time.Now()
 		timeout := 3 * time.Second
@@ -204,7 +256,7 @@ func TestAdv68bAcceptCutInTheField(t *testing.T) {
 			t.Errorf("cut at %d: %d streams kept", cut, n)
 		}
 		sib.Close()
-		wg.Wait()
+		done()
 		return IsRetrySafe(err), err
 	}
 	refSafe, refErr := outcome(t, 5, false)
