@@ -54,9 +54,6 @@ const (
 	// DefaultMaxInFlight is the back-pressure cap unless configured: as
 	// high as the workers, for the same reason.
 	DefaultMaxInFlight = DefaultForwardingWorkers
-	// DefaultAdmissionCeiling is the admission backstop unless configured:
-	// room for a connection per running exchange and as many idle ones.
-	DefaultAdmissionCeiling = 2 * DefaultForwardingWorkers
 	// DefaultOrderWindow is how many tickets a waiter may be passed by, so
 	// that a connection that comes free stays with its own process's
 	// waiter (see App.OrderWindow).
@@ -386,7 +383,7 @@ func (a *App) setDefaults() {
 		a.MemoryLimit = governor.FromInputs(detectInputs(), 0).MemoryLimit()
 	}
 	if a.AdmissionCeiling == 0 {
-		a.AdmissionCeiling = DefaultAdmissionCeiling
+		a.AdmissionCeiling = governor.DefaultInFlightCeiling
 	}
 	if a.ReconcileInterval == 0 {
 		a.ReconcileInterval = caddy.Duration(DefaultReconcileInterval)

@@ -36,8 +36,8 @@ func waitSeries(t *testing.T) map[string]uint64 {
 
 // dynamicSite starts Caddy with a site whose upstream is the request's
 // X-Up header, and returns a function that sends a GET to the upstream it
-// is given.
-func dynamicSite(t *testing.T) func(up string) {
+// is given and returns its status (0 if none came).
+func dynamicSite(t *testing.T) func(up string) int {
 	port := freePort(t)
 	startCaddy(t, "", fmt.Sprintf(`:%d {
 	bind 127.0.0.1
@@ -48,13 +48,16 @@ func dynamicSite(t *testing.T) func(up string) {
 	}
 }
 `, port))
-	return func(up string) {
+	return func(up string) int {
 		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
 		req.Header.Set("X-Up", up)
-		if resp, err := client.Do(req); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0
 		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
 	}
 }
 
@@ -91,7 +94,9 @@ func TestTrackedUpstreamsAreBounded(t *testing.T) {
 	var names []string
 	for range 6 {
 		up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), false)
-		send(up.hostport())
+		if status := send(up.hostport()); status != http.StatusOK {
+			t.Fatalf("upstream %d answered %d", len(names), status)
+		}
 		names = append(names, "http://"+up.hostport())
 	}
 	series := waitSeries(t)

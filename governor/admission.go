@@ -7,14 +7,16 @@ import "sync/atomic"
 // It is a backstop, not a scheduler. It exists so that a pathological fan-out
 // (a misbehaving client opening thousands of streams, a retry storm, a loop
 // between proxies) cannot exhaust file handles or goroutines. An in-flight
-// exchange costs a goroutine or two and a handle or two, so 4096 stays far
+// exchange costs a goroutine or two and a handle or two, so 32768 stays far
 // below the open-file limit a Go process runs with (the runtime raises the
-// soft limit to the hard one, commonly half a million or more) and far above
-// what the upstream caps let a process run at once. In ordinary operation it
+// soft limit to the hard one, commonly half a million or more), and far
+// above what the upstream caps let a process run at once and the long-lived
+// exchanges (event streams, long polls) it holds open, a connection each,
+// for as long as they last. In ordinary operation it
 // decides nothing: the upstream budgets and the deadline-aware permits are
 // what decide how much runs. If this number is ever what traffic waits on,
 // the interesting bug is upstream of here.
-const DefaultInFlightCeiling = 4096
+const DefaultInFlightCeiling = 32768
 
 // Admission is the gate on starting one more unit of work.
 //

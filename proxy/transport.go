@@ -851,11 +851,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 }
 
 // mayGoUnpooled reports whether a request to e that finds the table full
-// may go on a connection outside it (see unpooled): one of HTTP/1.1, of a
-// key under no fleet-wide cap, which nothing must count.
+// may go on a connection outside it (see unpooled): one of a key under no
+// fleet-wide cap, which nothing must count, whose upstream has not been
+// seen to speak HTTP/2 (an https one offered it may choose HTTP/1.1).
 func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
-	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 &&
-		e.u.Proto != protoH2C && e.u.Proto != protoHTTP2 && !e.speaksH2()
+	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 && e.u.Proto != protoH2C && !e.speaksH2()
 }
 
 // unpooled runs req on a connection dialed for it alone, outside the
@@ -866,7 +866,7 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // its idle limit would not be, but the request is served: long-lived
 // exchanges (server-sent events, long polls) hold a connection each, and
 // a process may hold more of them than its table has room for. full is
-// the table's error, for the log.
+// the table's error, for the log and for an upstream that chose HTTP/2.
 func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBudget, release func(), full error) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
@@ -880,11 +880,21 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 	if !n.admitDial() {
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
 	}
-	n.dialing.Add(1)
-	c, err := t.dialer.dial(ctx, &e.u, nil)
-	n.dialing.Add(-1)
+	c, err := func() (*conn, error) {
+		n.dialing.Add(1)
+		defer n.dialing.Add(-1) // a panic out of the dial too
+		return t.dialer.dial(ctx, &e.u, nil)
+	}()
 	if err != nil {
 		return nil, err
+	}
+	if h2Wanted(&e.u, c) {
+		// ALPN chose HTTP/2, which this path does not run: its
+		// connection carries many streams, and belongs in the table.
+		// Known now, the upstream's next requests dial nothing here.
+		e.sawProto(true)
+		c.close()
+		return nil, &Error{Op: "acquire", RetrySafe: true, Err: full}
 	}
 	n.open.Add(1)
 	n.tableFull(full)

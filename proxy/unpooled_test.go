@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,4 +140,42 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 			t.Fatalf("stats %+v: a capped key's request went outside the table", s)
 		}
 	})
+}
+
+// TestUnpooledNotForAnHTTP2Upstream: with the table full, a request to an
+// https upstream offered HTTP/2, which has not chosen HTTP/1.1 on a
+// connection of this process, fails with the table's error at once, and
+// dials nothing: an HTTP/2 connection carries many streams, and belongs in
+// the table.
+func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	h1, tc := adv68cTLSH1(t, release)
+	var dialed atomic.Int32
+	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	h2.EnableHTTP2 = true
+	h2.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dialed.Add(1)
+		}
+	}
+	h2.StartTLS()
+	t.Cleanup(h2.Close)
+	tc.RootCAs.AddCert(h2.Certificate())
+	m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}, func(tr *Transport) {
+		tr.HTTP2 = true
+		tr.TLSClientConfig = tc
+	})
+	holdStreams(t, m, h1.URL, 2)
+	for i := range 2 {
+		if _, _, err := adv10Do(t, m.tr, "GET", h2.URL+"/", nil); !errors.Is(err, orbitpool.ErrFull) {
+			t.Fatalf("request %d to an HTTP/2 upstream with the table full: %v; want the table's error", i, err)
+		}
+	}
+	if n := dialed.Load(); n != 0 {
+		t.Errorf("the HTTP/2 upstream saw %d connections; want none", n)
+	}
+	if s := m.node.Stats(); s.Unpooled != 0 {
+		t.Errorf("stats %+v: a request went unpooled to an HTTP/2 upstream", s)
+	}
 }
