@@ -108,13 +108,15 @@ type App struct {
 	Keys int `json:"keys,omitempty"`
 
 	// ConnsPerProcess is how many upstream connections one process can own
-	// at once. Part of the table's size. With all of them in use (each
-	// long-lived exchange, a server-sent event stream say, holds one), a
-	// request to an upstream under no max_conns_per_host or
+	// at once. Part of the table's size. With all of them taken, a request
+	// makes room by closing the process's connection idle longest
+	// (connections_evicted_total counts them). With all of them in use
+	// (each long-lived exchange, a server-sent event stream say, holds
+	// one), a request to an upstream under no max_conns_per_host or
 	// max_dialing_per_host goes on an HTTP/1.1 connection of its own
 	// outside the table, closed after its exchange, and
 	// unpooled_requests_total counts it; one to a capped upstream, which
-	// only the table can count, fails. Default: 1024.
+	// only the table can count, is refused (table_full). Default: 1024.
 	ConnsPerProcess int `json:"conns_per_process,omitempty"`
 
 	// Policy decides where a request's connection comes from. "local_first"

@@ -123,6 +123,7 @@ var (
 	descSpliced         = newDesc("bodies_spliced_total", "Siblings' response bodies this process moved from an upstream connection to the sibling's stream with splice(2), without copying them through its memory.")
 	descLeaseRefused    = newDesc("leases_refused_total", "Siblings' reservations this process refused, by reason: stale, gone (the connection closed), closing (this process is leaving), deadline (passed or too near), busy (no worker of the budget in time, or an HTTP/2 connection full), admission (the admission backstop), other.", "reason")
 	descRetired         = newDesc("connections_retired_total", "Upstream connections this process closed.")
+	descEvicted         = newDesc("connections_evicted_total", "Idle upstream connections this process closed to make room in the fleet's full table for another upstream's, the one idle longest first.")
 	descUnpooled        = newDesc("unpooled_requests_total", "Requests this process sent on a connection of their own outside the fleet's table, which had no room for another (raise conns_per_process or keys): such a connection is neither shared nor reused.")
 	descRebalanced      = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
 	descDialsHeld       = newDesc("dials_held_total", "Dials of a capped upstream's connections this process held back for a moment, holding its share of them already, so that a sibling about to wait for one could dial it instead.")
@@ -149,7 +150,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descHeld, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
-		descRetired, descUnpooled, descRebalanced, descDialsPassed, descDialsHeld, descUpstreamRefused, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
+		descRetired, descEvicted, descUnpooled, descRebalanced, descDialsPassed, descDialsHeld, descUpstreamRefused, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
 		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
 		descDialsRefused,
 	} {
@@ -212,6 +213,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPermitsInUse, float64(f.limiter.Active()))
 	gauge(descAdmission, float64(f.adm.Ceiling()))
 	counter(descRetired, float64(st.Retired))
+	counter(descEvicted, float64(st.Evicted))
 	counter(descUnpooled, float64(st.Unpooled))
 	counter(descRebalanced, float64(st.Rebalanced))
 	counter(descDialsPassed, float64(st.DialsPassed))

@@ -161,17 +161,20 @@ type NodeStats struct {
 	Retries         uint64 // requests sent again after a retry-safe failure
 	// Unpooled counts requests sent on a connection of their own, outside
 	// the table, which had no room for another (see Transport.unpooled).
-	Unpooled      uint64
+	Unpooled uint64
+	// Evicted counts idle connections retired to make room in a full
+	// table (see Node.evictIdle).
+	Evicted       uint64
 	OpenConns     int // upstream connections owned now
 	IdlePeerConns int // idle unix streams to siblings now
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, unpooled atomic.Uint64
-	followed                                                                                                                           atomic.Uint64 // HTTP/2 state changes seen by the follower
-	idleBeforeReuse                                                                                                                    atomic.Int64  // nanoseconds, over idleReuses
-	idleReuses                                                                                                                         atomic.Uint64
-	refused                                                                                                                            atomic.Uint64 // see NodeStats.UpstreamRefused
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, unpooled, evicted atomic.Uint64
+	followed                                                                                                                                    atomic.Uint64 // HTTP/2 state changes seen by the follower
+	idleBeforeReuse                                                                                                                             atomic.Int64  // nanoseconds, over idleReuses
+	idleReuses                                                                                                                                  atomic.Uint64
+	refused                                                                                                                                     atomic.Uint64 // see NodeStats.UpstreamRefused
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
@@ -324,6 +327,7 @@ func (n *Node) Stats() NodeStats {
 		Retired:         n.stats.retired.Load(),
 		Retries:         n.stats.retries.Load(),
 		Unpooled:        n.stats.unpooled.Load(),
+		Evicted:         n.stats.evicted.Load(),
 
 		DialsNotAdmitted: n.stats.dialsNotAdmitted.Load(),
 	}
@@ -738,6 +742,33 @@ func (n *Node) exchange(c *conn, s *connSettings, req *http.Request, bufs int, o
 		resp.Request = orig
 	}
 	return resp, err
+}
+
+// evictIdle retires, to make room in a full table, this process's HTTP/1.1
+// connection that has sat idle longest, as net/http's pool lets its least
+// recently used idle connection go past MaxIdleConns, and reports whether
+// it found one. One of a capped key leaves in good order (its unit comes
+// back once the upstream has closed its side: see retireInOrder); another
+// leaves the table at once.
+func (n *Node) evictIdle() bool {
+	var oldest *owned
+	for i := range n.slots {
+		oc := n.slots[i].Load()
+		if oc != nil && oc.state.Load() == stIdle && (oldest == nil || oc.idle.Load() < oldest.idle.Load()) {
+			oldest = oc
+		}
+	}
+	if oldest == nil || !oldest.claimIdle(stDead) {
+		return false
+	}
+	if kc := n.capOf(oldest.key); kc != nil && kc.max.Load() > 0 {
+		n.retireInOrder(oldest, nil)
+	} else {
+		n.retire(oldest)
+		oldest.c.close()
+	}
+	n.stats.evicted.Add(1)
+	return true
 }
 
 // tableFullLogEvery is the least time between two warnings that the table

@@ -649,7 +649,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	// again only while its process is past its share (see maxPasses).
 	_, mayPass := policy.(orbitpool.LocalFirst)
 	passes := 0
-	avoiding := false
+	avoiding, evicted := false, false
 	near := t.nearWindow()
 	for {
 		if !avoiding && avoid.any() {
@@ -679,8 +679,17 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		wctx, cancel := waitContext(ctx, near)
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
-		if err != nil && errors.Is(err, orbitpool.ErrFull) && t.mayGoUnpooled(e) {
-			return t.unpooled(req, e, b, release, err)
+		if err != nil && errors.Is(err, orbitpool.ErrFull) {
+			// Room first, from this process's idle connection that has
+			// waited longest, once; else, if nothing must count it, a
+			// connection outside the table.
+			if !evicted && n.evictIdle() {
+				evicted = true
+				continue
+			}
+			if t.mayGoUnpooled(e) {
+				return t.unpooled(req, e, b, release, err)
+			}
 		}
 		if err != nil {
 			err = waitEnd(ctx, err)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,5 +178,44 @@ func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
 	}
 	if s := m.node.Stats(); s.Unpooled != 0 {
 		t.Errorf("stats %+v: a request went unpooled to an HTTP/2 upstream", s)
+	}
+}
+
+// TestFullTableEvictsTheLongestIdle: a process whose table is full of idle
+// connections of one upstream retires the one idle longest to make room
+// for another upstream's, as net/http's pool lets its least recently used
+// idle connection go, rather than dial a connection outside the table for
+// every request: the other upstream's requests then share one connection.
+func TestFullTableEvictsTheLongestIdle(t *testing.T) {
+	release, closed := make(chan struct{}), make(chan bool, 8)
+	a := unpooledUpstream(t, release, closed)
+	var mu sync.Mutex
+	bConns := map[net.Conn]bool{}
+	b := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		mu.Lock()
+		bConns[c] = true
+		mu.Unlock()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}, nil)
+	held := holdStreams(t, m, a, 2)
+	close(release)
+	for _, r := range held {
+		drain(r) // both of a's connections idle now
+	}
+	for i := range 3 {
+		if _, body, err := adv10Do(t, m.tr, "GET", b+"/", nil); err != nil || body != "ok" {
+			t.Fatalf("request %d to the other upstream: %q, %v", i, body, err)
+		}
+	}
+	s := m.node.Stats()
+	if s.Evicted != 1 || s.Unpooled != 0 || s.ReusedLocal < 2 {
+		t.Errorf("stats %+v: want one idle connection evicted, none unpooled, and the other upstream's connection reused", s)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bConns) != 1 || s.Created != 3 {
+		t.Errorf("the other upstream saw requests on %d connections, %d created in all; want one of its own", len(bConns), s.Created)
 	}
 }
