@@ -13,13 +13,12 @@ import (
 // refuses the dial is sent to the next upstream by reverse_proxy's
 // lb_retries with its whole body, as through the stock transport (whose
 // reverse_proxy keeps a body the transport did not read). orbit_pool
-// reads a body of at most 4 KiB ahead and promises to keep it: "keeps
-// what it read, so reverse_proxy's retry of a dial error on the next
-// upstream sends the whole body". When that one Read returns only part of
-// the body (the head and body did not fit the server's 4 KiB read buffer
-// together: a 4095-byte body, or a 3000-byte one under a 1200-byte
-// cookie), the retry fails with 502 "proxy: write: http: invalid Read on
-// closed Body": the failed attempt closed reverse_proxy's body.
+// reads a body of at most 4 KiB ahead, in one Read, and keeps it, which
+// may return only part of the body (the head and body did not fit the
+// server's 4 KiB read buffer together: a 4095-byte body, or a 3000-byte
+// one under a 1200-byte cookie): the failed attempt must not close
+// reverse_proxy's body then, or the retry fails with 502 "proxy: write:
+// http: invalid Read on closed Body".
 func TestAdv68SmallBodyRetriedAfterDialError(t *testing.T) {
 	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)

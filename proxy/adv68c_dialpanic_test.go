@@ -21,9 +21,7 @@ import (
 // and serve on; the dial is over and must not stay counted in the Node's
 // dialing count, which admission adds to the open connections: under a
 // ceiling one above the held connections, the next unpooled request must
-// still be admitted. The pooled path's dial has a deferred decrement for
-// this (adv39); Transport.unpooled does n.dialing.Add(1) / dial /
-// n.dialing.Add(-1) with no defer.
+// still be admitted, as on the pooled path (adv39).
 func TestAdv68cPanicInUnpooledDial(t *testing.T) {
 	release := make(chan struct{})
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

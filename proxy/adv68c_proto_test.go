@@ -36,10 +36,8 @@ func adv68cTLSH1(t *testing.T, release chan struct{}) (*httptest.Server, *tls.Co
 // TestAdv68cHTTPSUpstreamSpeakingH1: a transport that offers h2 to an https
 // upstream (versions 1.1 2) that chose http/1.1 by ALPN on every connection
 // speaks HTTP/1.1 to it, and that upstream is under no cap. With the table
-// full, its request must go on a connection of its own, as the doc of
-// ConnsPerProcess says ("a request to an upstream under no
-// max_conns_per_host ... goes on an HTTP/1.1 connection of its own") and as
-// the stock transport would serve it.
+// full, its request goes on a connection of its own, as the stock
+// transport would serve it.
 func TestAdv68cHTTPSUpstreamSpeakingH1(t *testing.T) {
 	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
 	for _, offerH2 := range []bool{false, true} {
