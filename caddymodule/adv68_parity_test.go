@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Adversarial review 68: reverse_proxy with orbit_pool against the same
+// reverse_proxy with orbit_pool against the same
 // handler with the stock `http` transport, on scenarios around the
 // transport: upgrades, leftover bytes, client aborts, retries of requests
 // the upstream may have seen.
