@@ -49,10 +49,7 @@ func TestAdv68SmallBodyRetriedAfterDialError(t *testing.T) {
 	// headers, bodies from about 3 KiB up are read ahead only in part.
 	for _, c := range [][2]int{{1000, 0}, {3900, 0}, {4095, 0}, {4096, 0}, {4097, 0}, {8192, 0}, {3000, 1200}, {2000, 1200}} {
 		size, cookie := c[0], c[1]
-		for _, v := range []struct {
-			name string
-			port int
-		}{{"stock", stock}, {"orbit", orbit}} {
+		for _, v := range bothSites(stock, orbit) {
 			for i := 0; i < 2; i++ {
 				got := adv68PostCookie(fmt.Sprintf("http://127.0.0.1:%d/", v.port), strings.Repeat("q", size), cookie)
 				if want := fmt.Sprintf("200 %d <nil>", size); got != want {

@@ -26,10 +26,7 @@ func TestAdv68ClientCancelReachesUpstream(t *testing.T) {
 		}
 	}), false)
 	stock, orbit := adv8Sites(t, up.hostport(), "", "")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		t.Run(v.name, func(t *testing.T) {
 			for round := 0; round < 2; round++ {
 				c := &http.Client{Timeout: 200 * time.Millisecond}

@@ -26,10 +26,7 @@ func TestAdv68MoreUpstreamsThanKeys(t *testing.T) {
 		}), false))
 	}
 	stockPort, orbitPort := headerRoutedSites(t, "keys 4")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stockPort}, {"orbit", orbitPort}} {
+	for _, v := range bothSites(stockPort, orbitPort) {
 		t.Run(v.name, func(t *testing.T) {
 			var bad []string
 			for round := 0; round < 2; round++ {
@@ -74,10 +71,7 @@ func TestAdv68MoreUpstreamsThanDefaultKeys(t *testing.T) {
 		addrs = append(addrs, ln.Addr().String())
 	}
 	stockPort, orbitPort := headerRoutedSites(t, "")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stockPort}, {"orbit", orbitPort}} {
+	for _, v := range bothSites(stockPort, orbitPort) {
 		t.Run(v.name, func(t *testing.T) {
 			c := &http.Client{Timeout: 5 * time.Second}
 			defer c.CloseIdleConnections()

@@ -38,10 +38,7 @@ func TestAdv68ManyLongLivedStreams(t *testing.T) {
 				}
 			})
 			stock, orbit := adv8Sites(t, addr, "", "flush_interval -1")
-			for _, v := range []struct {
-				name string
-				port int
-			}{{"stock", stock}, {"orbit", orbit}} {
+			for _, v := range bothSites(stock, orbit) {
 				t.Run(v.name, func(t *testing.T) {
 					var conns []net.Conn
 					defer func() {

@@ -41,6 +41,18 @@ func adv68Do(method, url, body string) string {
 	return fmt.Sprintf("%d %s", resp.StatusCode, b)
 }
 
+// comparedSite is a Caddy site a test compares: the stock transport's or
+// orbit_pool's, and its port.
+type comparedSite struct {
+	name string
+	port int
+}
+
+// bothSites is the stock site and the orbit_pool site, in that order.
+func bothSites(stock, orbit int) []comparedSite {
+	return []comparedSite{{"stock", stock}, {"orbit", orbit}}
+}
+
 // adv68TLSUpstream is adv8RawUpstream over TLS (a self-signed certificate).
 func adv68TLSUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
 	t.Helper()
@@ -52,39 +64,7 @@ func adv68TLSUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) st
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				serve(c, bufio.NewReader(c))
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return serveRaw(t, ln, serve)
 }
 
 // TestAdv68UnsolicitedBytes: an upstream answers a GET with a response
@@ -147,10 +127,7 @@ func TestAdv68UnsolicitedBytes(t *testing.T) {
 }
 `, stockPort, addr, opts, extra, orbitPort, addr, opts, extra)
 				startCaddy(t, "", sites)
-				for _, v := range []struct {
-					name string
-					port int
-				}{{"stock", stockPort}, {"orbit", orbitPort}} {
+				for _, v := range bothSites(stockPort, orbitPort) {
 					base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
 					var got []string
 					for i := 0; i < 3; i++ {
@@ -194,10 +171,7 @@ func TestAdv68UpgradeFirstBytes(t *testing.T) {
 		}
 	})
 	stock, orbit := adv8Sites(t, addr, "", "")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		t.Run(v.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", v.port))
 			if err != nil {
@@ -268,10 +242,7 @@ func TestAdv68ClientAbortMidBody(t *testing.T) {
 		}
 	})
 	stock, orbit := adv8Sites(t, addr, "", "")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		t.Run(v.name, func(t *testing.T) {
 			desync.Store(0)
 			base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
@@ -332,10 +303,7 @@ func TestAdv68PostNotReplayed(t *testing.T) {
 	stock, orbit := adv8Sites(t, a+" "+b, "", "lb_policy first\n\t\tlb_retries 2")
 	for _, body := range []string{"small", strings.Repeat("z", 64<<10)} {
 		for _, warm := range []bool{false, true} {
-			for _, v := range []struct {
-				name string
-				port int
-			}{{"stock", stock}, {"orbit", orbit}} {
+			for _, v := range bothSites(stock, orbit) {
 				t.Run(fmt.Sprintf("%s/body=%d/warm=%v", v.name, len(body), warm), func(t *testing.T) {
 					bPosts.Store(0)
 					base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
@@ -387,10 +355,7 @@ func TestAdv68HandleResponseReplaces(t *testing.T) {
 		}
 	})
 	stock, orbit := adv8Sites(t, addr, "", "@err status 500\n\t\thandle_response @err {\n\t\t\trespond \"replaced {rp.status_code}\" 503\n\t\t}")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		t.Run(v.name, func(t *testing.T) {
 			base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
 			c := &http.Client{Timeout: 5 * time.Second}
@@ -461,10 +426,7 @@ func TestAdv68NoReuseAfter(t *testing.T) {
 			})
 			stock, orbit := adv8Sites(t, addr, "", "")
 			res := map[string]string{}
-			for _, v := range []struct {
-				name string
-				port int
-			}{{"stock", stock}, {"orbit", orbit}} {
+			for _, v := range bothSites(stock, orbit) {
 				base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
 				var got []string
 				for i := 0; i < 3; i++ {
@@ -503,10 +465,7 @@ func TestAdv68CanceledWhileWaiting(t *testing.T) {
 		}
 	})
 	stock, orbit := adv8Sites(t, addr, "", "")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		t.Run(v.name, func(t *testing.T) {
 			base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
 			for round := 0; round < 3; round++ {
@@ -551,10 +510,7 @@ func TestAdv68ClientAbortMidUpload(t *testing.T) {
 	stock, orbit := adv8Sites(t, addr, "", "")
 	for _, chunked := range []bool{false, true} {
 		for _, size := range []int{1000, 200 << 10} {
-			for _, v := range []struct {
-				name string
-				port int
-			}{{"stock", stock}, {"orbit", orbit}} {
+			for _, v := range bothSites(stock, orbit) {
 				t.Run(fmt.Sprintf("%s/chunked=%v/size=%d", v.name, chunked, size), func(t *testing.T) {
 					smuggled.Store(0)
 					base := fmt.Sprintf("http://127.0.0.1:%d", v.port)
@@ -607,10 +563,7 @@ func TestAdv68LargeBodyRetriedWhole(t *testing.T) {
 	// twice, so that one of the two tries the dead one first.
 	for _, size := range []int{3000, 3000, 4097, 4097, 64 << 10, 64 << 10, 3 << 20, 3 << 20} {
 		for _, chunked := range []bool{false, false, true, true} {
-			for _, v := range []struct {
-				name string
-				port int
-			}{{"stock", stock}, {"orbit", orbit}} {
+			for _, v := range bothSites(stock, orbit) {
 				body := strings.Repeat("q", size)
 				var rd io.Reader = strings.NewReader(body)
 				if chunked {
@@ -686,10 +639,7 @@ func TestAdv68HeaderOps(t *testing.T) {
 	stock, orbit := adv8Sites(t, up.hostport(), "",
 		"header_up Host backend.example\n\t\theader_up X-Up \"{http.request.method}-1\"\n\t\theader_up -X-Gone\n\t\theader_down -X-Secret\n\t\theader_down X-Added yes")
 	res := map[string]string{}
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		got := adv8Exchange(t, v.port, "GET /h HTTP/1.1\r\nHost: front.example\r\nX-Case: h\r\nX-Gone: 1\r\nConnection: close\r\n\r\n", false)
 		res[v.name] = got + fmt.Sprint(seen.take("h"))
 	}
@@ -726,10 +676,7 @@ func TestAdv68UpgradeRefusedOrUnasked(t *testing.T) {
 	})
 	stock, orbit := adv8Sites(t, addr, "", "")
 	res := map[string]string{}
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		var got []string
 		for i := 0; i < 2; i++ {
 			got = append(got, adv8Exchange(t, v.port, "GET /refuse HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", false))
@@ -778,10 +725,7 @@ func TestAdv68HeaderTimeoutRetried(t *testing.T) {
 }
 `, stock, hang, good.hostport(), lb, orbit, hang, good.hostport(), lb))
 	res := map[string]string{}
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		var got []string
 		for i := 0; i < 2; i++ {
 			got = append(got, adv68Do("GET", fmt.Sprintf("http://127.0.0.1:%d/", v.port), ""))
@@ -815,10 +759,7 @@ func TestAdv68UpgradeUpstreamCloses(t *testing.T) {
 		io.WriteString(c, "bye "+line)
 	})
 	stock, orbit := adv8Sites(t, addr, "", "")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		t.Run(v.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", v.port))
 			if err != nil {
@@ -855,10 +796,7 @@ func TestAdv68RetryOnStatus(t *testing.T) {
 	}), false)
 	stock, orbit := adv8Sites(t, bad.hostport()+" "+good.hostport(), "",
 		"lb_policy round_robin\n\t\tlb_retries 1\n\t\tlb_retry_match {\n\t\t\texpression `{rp.status_code} == 503`\n\t\t}")
-	for _, v := range []struct {
-		name string
-		port int
-	}{{"stock", stock}, {"orbit", orbit}} {
+	for _, v := range bothSites(stock, orbit) {
 		for i := 0; i < 4; i++ {
 			if got := adv68Do("GET", fmt.Sprintf("http://127.0.0.1:%d/", v.port), ""); got != "200 good" {
 				t.Errorf("%s request %d: %s", v.name, i, got)
@@ -886,10 +824,7 @@ func TestAdv68RetryOnStatusBufferedPost(t *testing.T) {
 	stock, orbit := adv8Sites(t, bad.hostport()+" "+good.hostport(), "",
 		"request_buffers 64k\n\t\tlb_policy round_robin\n\t\tlb_retries 1\n\t\tlb_retry_match {\n\t\t\texpression `{rp.status_code} == 503`\n\t\t}")
 	for _, size := range []int{100, 3000, 4095, 20000} {
-		for _, v := range []struct {
-			name string
-			port int
-		}{{"stock", stock}, {"orbit", orbit}} {
+		for _, v := range bothSites(stock, orbit) {
 			for i := 0; i < 2; i++ {
 				got := adv68PostCookie(fmt.Sprintf("http://127.0.0.1:%d/", v.port), strings.Repeat("b", size), 1200)
 				if want := fmt.Sprintf("200 %d <nil>", size); got != want {

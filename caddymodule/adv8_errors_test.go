@@ -19,6 +19,12 @@ func adv8RawUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) str
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveRaw(t, ln, serve)
+}
+
+// serveRaw serves every connection ln accepts with serve, until the test
+// ends, and returns ln's address.
+func serveRaw(t *testing.T, ln net.Listener, serve func(c net.Conn, br *bufio.Reader)) string {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn

@@ -10,7 +10,6 @@ import (
 	"net/http/httptrace"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,20 +22,6 @@ import (
 // 3s), except /stream (held) and the 101 shapes.
 func adv68cUpstream(t *testing.T, release chan struct{}, closed chan string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
 	waitEOF := func(c net.Conn, br *bufio.Reader, path string) {
 		c.SetReadDeadline(time.Now().Add(3 * time.Second))
 		_, err := io.Copy(io.Discard, br)
@@ -46,74 +31,58 @@ func adv68cUpstream(t *testing.T, release chan struct{}, closed chan string) str
 			closed <- path + ": NOT CLOSED: " + err.Error()
 		}
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	return rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
+		p := req.URL.Path
+		switch p {
+		case "/stream":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+			<-release
+			io.WriteString(c, "0\r\n\r\n")
+			return false
+		case "/partial":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+		case "/head":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+		case "/204":
+			io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+		case "/304":
+			io.WriteString(c, "HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n")
+		case "/closehdr":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+		case "/extra":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbad")
+		case "/cut":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok")
+			c.(*net.TCPConn).CloseWrite()
+		case "/slowhead":
+			// answers nothing: the header timeout or the caller ends it
+		case "/early":
+			// answers before reading a body that never ends
+			io.WriteString(c, "HTTP/1.1 413 Too Large\r\nContent-Length: 2\r\n\r\nno")
+		case "/sink":
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		case "/ws":
+			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			_, err := io.Copy(c, br)
+			if err == nil {
+				closed <- p
+			} else {
+				closed <- p + ": NOT CLOSED: " + err.Error()
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go func() {
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				p := req.URL.Path
-				switch p {
-				case "/stream":
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-					<-release
-					io.WriteString(c, "0\r\n\r\n")
-					return
-				case "/partial":
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-				case "/head":
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
-				case "/204":
-					io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
-				case "/304":
-					io.WriteString(c, "HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n")
-				case "/closehdr":
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
-				case "/extra":
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbad")
-				case "/cut":
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok")
-					c.(*net.TCPConn).CloseWrite()
-				case "/slowhead":
-					// answers nothing: the header timeout or the caller ends it
-				case "/early":
-					// answers before reading a body that never ends
-					io.WriteString(c, "HTTP/1.1 413 Too Large\r\nContent-Length: 2\r\n\r\nno")
-				case "/sink":
-					io.Copy(io.Discard, req.Body)
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				case "/ws":
-					io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-					c.SetReadDeadline(time.Now().Add(3 * time.Second))
-					_, err := io.Copy(c, br)
-					if err == nil {
-						closed <- p
-					} else {
-						closed <- p + ": NOT CLOSED: " + err.Error()
-					}
-					return
-				case "/wsup":
-					io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-					c.Close()
-					closed <- p
-					return
-				default:
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-				waitEOF(c, br, p)
-			}()
+			return false
+		case "/wsup":
+			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			c.Close()
+			closed <- p
+			return false
+		default:
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
-	}()
-	return "http://" + ln.Addr().String()
+		waitEOF(c, br, p)
+		return false
+	})
 }
 
 type adv68cErrBody struct{ n int }
