@@ -679,19 +679,19 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		wctx, cancel := waitContext(ctx, near)
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
-		if err != nil && errors.Is(err, orbitpool.ErrFull) {
-			// Room first, from this process's idle connection that has
-			// waited longest, once; else, if nothing must count it, a
-			// connection outside the table.
-			if !evicted && n.evictIdle() {
-				evicted = true
-				continue
-			}
-			if t.mayGoUnpooled(e) {
-				return t.unpooled(req, e, b, release, err)
-			}
-		}
 		if err != nil {
+			if errors.Is(err, orbitpool.ErrFull) {
+				// Room first, from this process's idle connection
+				// that has waited longest, once; else, if nothing
+				// must count it, a connection outside the table.
+				if !evicted && n.evictIdle() {
+					evicted = true
+					continue
+				}
+				if t.mayGoUnpooled(e) {
+					return t.unpooled(req, e, b, release, err)
+				}
+			}
 			err = waitEnd(ctx, err)
 			if isContextErr(err) {
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
