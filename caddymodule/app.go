@@ -115,8 +115,10 @@ type App struct {
 	// one), a request to an upstream under no max_conns_per_host or
 	// max_dialing_per_host goes on an HTTP/1.1 connection of its own
 	// outside the table, closed after its exchange, and
-	// unpooled_requests_total counts it; one to a capped upstream, which
-	// only the table can count, is refused (table_full). Default: 1024.
+	// unpooled_requests_total counts it; one to a capped upstream, whose
+	// connections only the table can count, waits for one of them up to
+	// wait_timeout, and is refused (table_full) if none frees or there is
+	// none. Default: 1024.
 	ConnsPerProcess int `json:"conns_per_process,omitempty"`
 
 	// Policy decides where a request's connection comes from. "local_first"

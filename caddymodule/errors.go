@@ -31,7 +31,7 @@ const (
 	ReasonPolicy      = "policy"       // the pool policy declined the request
 	ReasonAdmission   = "admission"    // the admission backstop refused a new connection
 	ReasonOwnerBusy   = "owner_busy"   // the owners of the upstream's connections had no room in time, and no other plan did; or wait_timeout ran out at one
-	ReasonTableFull   = "table_full"   // the fleet's table had no room for another connection of a capped upstream
+	ReasonTableFull   = "table_full"   // the fleet's table had no room for another connection of a capped upstream, and none of its connections freed in time
 )
 
 // Placeholders the transport sets on a refused request, for handle_errors
@@ -92,6 +92,12 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 	}
 	if wg.expired() {
 		var we *orbitpool.WaitError
+		if errors.Is(err, orbitpool.ErrFull) {
+			// The wait was for a capped key's connections, with no room
+			// in the table for another (see proxy.Transport).
+			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonTableFull}
+			return t.refuse(req, up, r, orbitpool.ErrFull, fmt.Errorf("no connection free within %s, and %w", t.wait, tableFullError(err)))
+		}
 		if errors.As(err, &we) {
 			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: waitReason(we.Reason)}
 			return t.refuse(req, up, r, proxy.ErrNoCapacity, fmt.Errorf("no connection free within %s", t.wait))
@@ -132,7 +138,7 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 	}
 	if errors.Is(err, orbitpool.ErrFull) {
 		r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonTableFull}
-		return t.refuse(req, up, r, orbitpool.ErrFull, fmt.Errorf("the fleet's table has no room for another connection (raise the orbit_pool app's conns_per_process or keys): %w", err))
+		return t.refuse(req, up, r, orbitpool.ErrFull, tableFullError(err))
 	}
 	if proxy.IsRetrySafe(err) {
 		return reverseproxy.NewDialError(err)
@@ -141,6 +147,12 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 		return caddyhttp.Error(http.StatusGatewayTimeout, err)
 	}
 	return err
+}
+
+// tableFullError says what to change for a request refused for want of
+// room in the table.
+func tableFullError(err error) error {
+	return fmt.Errorf("the fleet's table has no room for another connection (raise the orbit_pool app's conns_per_process or keys): %w", err)
 }
 
 // refuseWith refuses as backpressure.RefusalFor says for sentinel.

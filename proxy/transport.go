@@ -650,6 +650,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	_, mayPass := policy.(orbitpool.LocalFirst)
 	passes := 0
 	avoiding, evicted := false, false
+	var full error // the table's, while the request waits for a capped key's connections
+	fullWaits := 0
 	near := t.nearWindow()
 	for {
 		if !avoiding && avoid.any() {
@@ -691,8 +693,28 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if t.mayGoUnpooled(e) {
 					return t.unpooled(req, e, b, release, err)
 				}
+				// Else the request waits for one of the connections of
+				// the key the fleet holds, as at a cap of that many: a
+				// capped key's connections are counted only in the
+				// table, and an h2c one carries many streams. Their
+				// count may fall while it waits (a connection closed),
+				// and the wait may then try a dial again: a few times,
+				// then the request is refused.
+				if live := n.pool.Live(e.key); live > 0 && fullWaits < maxFullWaits {
+					fullWaits++
+					full = err
+					if lim.MaxResources <= 0 || live < lim.MaxResources {
+						lim.MaxResources = live
+					}
+					continue
+				}
 			}
 			err = waitEnd(ctx, err)
+			if full != nil && !errors.Is(err, orbitpool.ErrFull) {
+				// The wait for the key's connections ran out: the table
+				// had no room for another.
+				err = fmt.Errorf("%w (the table had no room for another connection: %w)", err, full)
+			}
 			if isContextErr(err) {
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
 			}
@@ -859,12 +881,16 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	}
 }
 
+// maxFullWaits is how many times a capped key's request that finds the
+// table full starts waiting for the key's connections (see once).
+const maxFullWaits = 3
+
 // mayGoUnpooled reports whether a request to e that finds the table full
 // may go on a connection outside it (see unpooled): one of a key under no
-// fleet-wide cap, which nothing must count, whose upstream has not been
-// seen to speak HTTP/2 (an https one offered it may choose HTTP/1.1).
+// fleet-wide cap, which nothing must count, that may speak HTTP/1.1 (not
+// h2c, which is spoken with prior knowledge).
 func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
-	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 && e.u.Proto != protoH2C && !e.speaksH2()
+	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 && e.u.Proto != protoH2C
 }
 
 // unpooled runs req on a connection dialed for it alone, outside the
@@ -874,8 +900,9 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // connection is neither shared nor reused, as the stock transport's past
 // its idle limit would not be, but the request is served: long-lived
 // exchanges (server-sent events, long polls) hold a connection each, and
-// a process may hold more of them than its table has room for. full is
-// the table's error, for the log and for an upstream that chose HTTP/2.
+// a process may hold more of them than its table has room for. An https
+// upstream is spoken to in HTTP/1.1 there. full is the table's error, for
+// the log.
 func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBudget, release func(), full error) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
@@ -889,21 +916,19 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 	if !n.admitDial() {
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
 	}
+	// An HTTP/2 connection carries many streams, and belongs in the table:
+	// this one offers an https upstream http/1.1 alone, as a WebSocket's
+	// does (see upstream). Every upstream offered h2 by ALPN takes
+	// http/1.1 too.
+	u := e.u
+	u.Proto = protoHTTP1
 	c, err := func() (*conn, error) {
 		n.dialing.Add(1)
 		defer n.dialing.Add(-1) // a panic out of the dial too
-		return t.dialer.dial(ctx, &e.u, nil)
+		return t.dialer.dial(ctx, &u, nil)
 	}()
 	if err != nil {
 		return nil, err
-	}
-	if h2Wanted(&e.u, c) {
-		// ALPN chose HTTP/2, which this path does not run: its
-		// connection carries many streams, and belongs in the table.
-		// Known now, the upstream's next requests dial nothing here.
-		e.sawProto(true)
-		c.close()
-		return nil, &Error{Op: "acquire", RetrySafe: true, Err: full}
 	}
 	n.open.Add(1)
 	n.tableFull(full)

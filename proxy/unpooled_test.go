@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -64,8 +65,9 @@ func holdStreams(t *testing.T, m *member, url string, n int) []*http.Response {
 // the table, and closes that connection after the exchange, as the stock
 // transport would serve it; a 101 on such a connection keeps it for the
 // tunnel. Once the table has room, requests take pooled connections again.
-// Under a cap the table alone counts connections: the request fails, with
-// the table's error.
+// Under a cap the table alone counts connections: the request waits for one
+// of its upstream's, and fails with the table's error if none frees in time
+// or there is none.
 func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
 	t.Run("uncapped", func(t *testing.T) {
@@ -129,31 +131,100 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 		}
 	})
 	t.Run("capped", func(t *testing.T) {
-		release, closed := make(chan struct{}), make(chan bool, 4)
-		defer close(release)
-		url := unpooledUpstream(t, release, closed)
-		m := newMember(t, spec, func(tr *Transport) { tr.MaxConnsPerKey = 8 })
-		holdStreams(t, m, url, 2)
-		if _, _, err := adv10Do(t, m.tr, "GET", url+"/once", nil); !errors.Is(err, orbitpool.ErrFull) {
-			t.Fatalf("a capped key's request with the table full: %v; want the table's error", err)
+		capped := func(tr *Transport) { tr.MaxConnsPerKey = 8 }
+		get := func(m *member, url string, wait time.Duration) (string, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", url+"/once", nil)
+			resp, err := m.tr.RoundTrip(req)
+			if err != nil {
+				return "", err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			return string(b), err
 		}
-		if s := m.node.Stats(); s.Unpooled != 0 {
-			t.Fatalf("stats %+v: a capped key's request went outside the table", s)
-		}
+		t.Run("waits for the key's connection", func(t *testing.T) {
+			release, closed := make(chan struct{}), make(chan bool, 4)
+			url := unpooledUpstream(t, release, closed)
+			m := newMember(t, spec, capped)
+			held := holdStreams(t, m, url, 2)
+			type result struct {
+				body string
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				body, err := get(m, url, 5*time.Second)
+				done <- result{body, err}
+			}()
+			select {
+			case r := <-done:
+				t.Fatalf("the request returned (%q, %v) while both of its upstream's connections were held; want it to wait", r.body, r.err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			close(release)
+			for _, r := range held {
+				drain(r)
+			}
+			if r := <-done; r.err != nil || r.body != "ok" {
+				t.Fatalf("the request that waited: %q, %v", r.body, r.err)
+			}
+			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 2 || s.ReusedLocal == 0 {
+				t.Fatalf("stats %+v: want the request on one of the 2 connections it waited for, none outside the table", s)
+			}
+		})
+		t.Run("none frees in time", func(t *testing.T) {
+			release, closed := make(chan struct{}), make(chan bool, 4)
+			defer close(release)
+			url := unpooledUpstream(t, release, closed)
+			m := newMember(t, spec, capped)
+			holdStreams(t, m, url, 2)
+			start := time.Now()
+			_, err := get(m, url, 300*time.Millisecond)
+			if !errors.Is(err, orbitpool.ErrFull) || !errors.Is(err, ErrNoCapacity) {
+				t.Fatalf("a capped key's request whose connections stayed busy: %v; want the table's error and ErrNoCapacity", err)
+			}
+			if d := time.Since(start); d < 100*time.Millisecond {
+				t.Fatalf("refused after %v; want it to have waited", d)
+			}
+			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 2 {
+				t.Fatalf("stats %+v: a capped key's request dialed", s)
+			}
+		})
+		t.Run("its upstream has none", func(t *testing.T) {
+			release, closed := make(chan struct{}), make(chan bool, 4)
+			defer close(release)
+			other := unpooledUpstream(t, release, closed)
+			url := unpooledUpstream(t, release, closed)
+			m := newMember(t, spec, capped)
+			holdStreams(t, m, other, 2)
+			start := time.Now()
+			if _, err := get(m, url, 5*time.Second); !errors.Is(err, orbitpool.ErrFull) {
+				t.Fatalf("a capped key's request with the table full of another's: %v; want the table's error", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("refused after %v; want at once: nothing it could wait for", d)
+			}
+			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 2 {
+				t.Fatalf("stats %+v: a capped key's request went outside the table", s)
+			}
+		})
 	})
 }
 
-// TestUnpooledNotForAnHTTP2Upstream: with the table full, a request to an
-// https upstream offered HTTP/2, which has not chosen HTTP/1.1 on a
-// connection of this process, fails with the table's error at once, and
-// dials nothing: an HTTP/2 connection carries many streams, and belongs in
-// the table.
-func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
+// TestUnpooledHTTP2UpstreamSpeaksHTTP1: with the table full, a request to an
+// https upstream offered HTTP/2 goes on a connection of its own that offers
+// http/1.1 alone (an HTTP/2 connection carries many streams and belongs in
+// the table), whether or not the upstream chose h2 before; once the table
+// has room, its requests go over HTTP/2 again.
+func TestUnpooledHTTP2UpstreamSpeaksHTTP1(t *testing.T) {
 	release := make(chan struct{})
-	defer close(release)
 	h1, tc := adv68cTLSH1(t, release)
 	var dialed atomic.Int32
-	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "HTTP/%d", r.ProtoMajor)
+	}))
 	h2.EnableHTTP2 = true
 	h2.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -167,17 +238,24 @@ func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
 		tr.HTTP2 = true
 		tr.TLSClientConfig = tc
 	})
-	holdStreams(t, m, h1.URL, 2)
+	held := holdStreams(t, m, h1.URL, 2)
 	for i := range 2 {
-		if _, _, err := adv10Do(t, m.tr, "GET", h2.URL+"/", nil); !errors.Is(err, orbitpool.ErrFull) {
-			t.Fatalf("request %d to an HTTP/2 upstream with the table full: %v; want the table's error", i, err)
+		if _, body, err := adv10Do(t, m.tr, "GET", h2.URL+"/", nil); err != nil || body != "HTTP/1" {
+			t.Fatalf("request %d to an HTTP/2 upstream with the table full: %q, %v; want it served over HTTP/1.1", i, body, err)
 		}
 	}
-	if n := dialed.Load(); n != 0 {
-		t.Errorf("the HTTP/2 upstream saw %d connections; want none", n)
+	if n := dialed.Load(); n != 2 {
+		t.Errorf("the HTTP/2 upstream saw %d connections; want one per request", n)
 	}
-	if s := m.node.Stats(); s.Unpooled != 0 {
-		t.Errorf("stats %+v: a request went unpooled to an HTTP/2 upstream", s)
+	if s := m.node.Stats(); s.Unpooled != 2 {
+		t.Errorf("stats %+v: want both requests unpooled", s)
+	}
+	close(release)
+	for _, r := range held {
+		drain(r)
+	}
+	if _, body, err := adv10Do(t, m.tr, "GET", h2.URL+"/", nil); err != nil || body != "HTTP/2" {
+		t.Fatalf("a request once the table has room: %q, %v; want it over HTTP/2", body, err)
 	}
 }
 
