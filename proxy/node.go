@@ -775,17 +775,15 @@ func (n *Node) evictIdle() bool {
 // had no room for a connection.
 const tableFullLogEvery = 10 * time.Second
 
-// tableFull counts an exchange on a connection outside the table, which
-// had no room for it (err says why), and warns of it at most every
-// tableFullLogEvery.
-func (n *Node) tableFull(err error) {
-	n.stats.unpooled.Add(1)
+// tableFull warns, at most every tableFullLogEvery, that the table had no
+// room for a connection (err says why), and what the request does instead.
+func (n *Node) tableFull(err error, instead string) {
 	now := time.Now().UnixNano()
 	last := n.tableFullLogged.Load()
 	if now-last < int64(tableFullLogEvery) || !n.tableFullLogged.CompareAndSwap(last, now) {
 		return
 	}
-	if c := n.log.Check(zap.WarnLevel, "the fleet's table has no room for another connection; requests go on connections of their own outside it, neither shared nor reused: raise the orbit_pool app's conns_per_process or keys"); c != nil {
+	if c := n.log.Check(zap.WarnLevel, "the fleet's table has no room for another connection; "+instead+": raise the orbit_pool app's conns_per_process or keys"); c != nil {
 		c.Write(zap.Error(err), zap.Uint64("unpooled_so_far", n.stats.unpooled.Load()))
 	}
 }

@@ -703,6 +703,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if live := n.pool.Live(e.key); live > 0 && fullWaits < maxFullWaits {
 					fullWaits++
 					full = err
+					n.tableFull(err, "requests to a capped or h2c upstream wait for its connections in use")
 					if lim.MaxResources <= 0 || live < lim.MaxResources {
 						lim.MaxResources = live
 					}
@@ -931,7 +932,8 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 		return nil, err
 	}
 	n.open.Add(1)
-	n.tableFull(full)
+	n.stats.unpooled.Add(1)
+	n.tableFull(full, "requests go on connections of their own outside it, neither shared nor reused")
 	return n.exchange(c, &t.settings, req, bufs, release, nil, func(c *conn, o outcome) {
 		if o != outcomeHijacked {
 			c.close()

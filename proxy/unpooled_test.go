@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/orbitproxy/orbit/orbitpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // unpooledUpstream answers /stream with a chunked body that ends only once
@@ -73,7 +76,8 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 	t.Run("uncapped", func(t *testing.T) {
 		release, closed := make(chan struct{}), make(chan bool, 4)
 		url := unpooledUpstream(t, release, closed)
-		m := newMember(t, spec, nil)
+		core, logs := observer.New(zapcore.WarnLevel)
+		m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond, Logger: zap.New(core)}, nil)
 		held := holdStreams(t, m, url, 2)
 
 		for i := range 2 {
@@ -92,6 +96,9 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 		}
 		if s := m.node.Stats(); s.Unpooled != 2 || s.OpenConns != 2 {
 			t.Fatalf("stats %+v: want 2 requests unpooled and the 2 held connections open", s)
+		}
+		if n := logs.FilterMessageSnippet("outside it, neither shared nor reused").Len(); n != 1 {
+			t.Fatalf("%d warnings of requests outside the table; want one (at most one every %v)", n, tableFullLogEvery)
 		}
 
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -147,7 +154,8 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 		t.Run("waits for the key's connection", func(t *testing.T) {
 			release, closed := make(chan struct{}), make(chan bool, 4)
 			url := unpooledUpstream(t, release, closed)
-			m := newMember(t, spec, capped)
+			core, logs := observer.New(zapcore.WarnLevel)
+			m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond, Logger: zap.New(core)}, capped)
 			held := holdStreams(t, m, url, 2)
 			type result struct {
 				body string
@@ -172,6 +180,9 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 			}
 			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 2 || s.ReusedLocal == 0 {
 				t.Fatalf("stats %+v: want the request on one of the 2 connections it waited for, none outside the table", s)
+			}
+			if n := logs.FilterMessageSnippet("wait for its connections in use").Len(); n != 1 {
+				t.Fatalf("%d warnings of the wait; want one", n)
 			}
 		})
 		t.Run("none frees in time", func(t *testing.T) {
