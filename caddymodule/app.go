@@ -113,12 +113,11 @@ type App struct {
 	// (connections_evicted_total counts them). With all of them in use
 	// (each long-lived exchange, a server-sent event stream say, holds
 	// one), a request to an upstream under no max_conns_per_host or
-	// max_dialing_per_host goes on an HTTP/1.1 connection of its own
-	// outside the table, closed after its exchange, and
-	// unpooled_requests_total counts it; one to a capped upstream, whose
-	// connections only the table can count, waits for one of them up to
-	// wait_timeout, and is refused (table_full) if none frees or there is
-	// none. Default: 1024.
+	// max_dialing_per_host goes on an HTTP/1.1 connection of the process
+	// outside the table, kept idle for the next such request, and
+	// unpooled_requests_total counts it; one to a capped or HTTP/2
+	// upstream waits up to wait_timeout for one of its connections or for
+	// room, and is refused (table_full) if neither comes. Default: 1024.
 	ConnsPerProcess int `json:"conns_per_process,omitempty"`
 
 	// Policy decides where a request's connection comes from. "local_first"

@@ -31,7 +31,7 @@ const (
 	ReasonPolicy      = "policy"       // the pool policy declined the request
 	ReasonAdmission   = "admission"    // the admission backstop refused a new connection
 	ReasonOwnerBusy   = "owner_busy"   // the owners of the upstream's connections had no room in time, and no other plan did; or wait_timeout ran out at one
-	ReasonTableFull   = "table_full"   // the fleet's table had no room for another connection of a capped upstream, and none of its connections freed in time
+	ReasonTableFull   = "table_full"   // the fleet's table had no room in time for another connection of a capped or HTTP/2 upstream, nor was one of its connections free
 )
 
 // Placeholders the transport sets on a refused request, for handle_errors
@@ -93,8 +93,8 @@ func (t *Transport) classify(req *http.Request, up *upstreamInfo, wg *waitGuard,
 	if wg.expired() {
 		var we *orbitpool.WaitError
 		if errors.Is(err, orbitpool.ErrFull) {
-			// The wait was for a capped key's connections, with no room
-			// in the table for another (see proxy.Transport).
+			// The wait was for room in the table, or for a connection of
+			// a capped or HTTP/2 upstream (see proxy.Transport).
 			r := backpressure.Refusal{Status: http.StatusServiceUnavailable, RetryAfter: time.Second, Reason: ReasonTableFull}
 			return t.refuse(req, up, r, orbitpool.ErrFull, fmt.Errorf("no connection free within %s, and %w", t.wait, tableFullError(err)))
 		}

@@ -97,6 +97,10 @@ func TestAdv68cExpectContinueUnpooled(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		cancel()
+		// The exchange ends with the body sent: then its connection is
+		// kept outside the table (see spares), or closed.
+		waitFor(t, 2*time.Second, c.path+" over", func() bool { return m.node.spares.len() == 1 || m.node.open.Load() == 2 })
+		m.tr.CloseIdleConnections()
 		if got := adv68cItoa(resp.StatusCode) + " " + string(b); got != c.want {
 			t.Fatalf("%s: %q, want %q", c.path, got, c.want)
 		}

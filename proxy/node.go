@@ -91,7 +91,8 @@ type Node struct {
 	h2wake  chan *h2conn             // to the follower (h2follow.go)
 	h2inst  h2Installs
 
-	stats nodeCounters
+	stats  nodeCounters
+	spares spares
 	// tableFullLogged is when tableFull last warned, in unix nanoseconds.
 	tableFullLogged atomic.Int64
 	// open and dialing count the upstream connections this process owns
@@ -165,7 +166,7 @@ type NodeStats struct {
 	// Evicted counts idle connections retired to make room in a full
 	// table (see Node.evictIdle).
 	Evicted       uint64
-	OpenConns     int // upstream connections owned now
+	OpenConns     int // upstream connections owned now: in the table, and idle outside it (see Transport.unpooled)
 	IdlePeerConns int // idle unix streams to siblings now
 }
 
@@ -261,6 +262,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 	}
 	n.closeIdleH2(true)
+	n.spares.closeAll(false, n.spareClosed)
 	if n.srv != nil {
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
@@ -308,7 +310,21 @@ func (n *Node) Close() error {
 		}
 	}
 	n.closeAllH2()
+	n.spares.closeAll(true, n.spareClosed)
 	return nil
+}
+
+// spareClosed counts out a spare connection that was closed.
+func (n *Node) spareClosed() { n.open.Add(-1) }
+
+// isStopped reports whether Close has begun.
+func (n *Node) isStopped() bool {
+	select {
+	case <-n.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // Stats returns the node's counters.
@@ -341,6 +357,7 @@ func (n *Node) Stats() NodeStats {
 			}
 		}
 	}
+	s.OpenConns = n.spares.len()
 	for i := range n.slots {
 		if n.slots[i].Load() != nil {
 			s.OpenConns++
@@ -402,14 +419,19 @@ type connSettings struct {
 
 // expired reports whether the conn must not be used again.
 func (oc *owned) expired(now time.Time) bool {
-	s := oc.s
-	if s.maxRequests > 0 && oc.c.requests >= s.maxRequests {
+	return oc.s.expired(oc.c, now, oc.idle.Load())
+}
+
+// expired reports whether c, idle since idle (nanoseconds since the Unix
+// epoch), is past s's limits at now.
+func (s *connSettings) expired(c *conn, now time.Time, idle int64) bool {
+	if s.maxRequests > 0 && c.requests >= s.maxRequests {
 		return true
 	}
-	if s.maxLifetime > 0 && now.Sub(oc.c.created) >= s.maxLifetime {
+	if s.maxLifetime > 0 && now.Sub(c.created) >= s.maxLifetime {
 		return true
 	}
-	if s.idleTimeout > 0 && now.UnixNano()-oc.idle.Load() >= int64(s.idleTimeout) {
+	if s.idleTimeout > 0 && now.UnixNano()-idle >= int64(s.idleTimeout) {
 		return true
 	}
 	return false
@@ -488,6 +510,13 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 	}
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())
+	// Close closes the connections in the slots once no install can
+	// add one.
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.isClosed {
+		return nil, ErrClosed
+	}
 	n.slots[slot].Store(oc)
 	n.open.Add(1)
 	return oc, nil
@@ -875,6 +904,7 @@ func (n *Node) sweeper() {
 		case <-t.C:
 			n.sweepOnce()
 			n.sweepH2()
+			n.spares.sweep(time.Now(), n.log, len(n.slots), n.spareClosed)
 		}
 	}
 }

@@ -650,8 +650,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	_, mayPass := policy.(orbitpool.LocalFirst)
 	passes := 0
 	avoiding, evicted := false, false
-	var full error // the table's, while the request waits for a capped key's connections
-	fullWaits := 0
+	var full error // the table's, once the request paused for room
+	fullPauses := 0
 	near := t.nearWindow()
 	for {
 		if !avoiding && avoid.any() {
@@ -664,7 +664,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 		}
 		if err := claimVerdict(ctx, near); err != nil {
+			if full != nil {
+				err = fmt.Errorf("%w: %w", err, full) // what it waited for
+			}
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
+		}
+		if n.isStopped() {
+			return nil, &Error{Op: "acquire", Err: ErrClosed}
 		}
 		lim.MaxCreating = t.MaxDialingPerKey
 		// Unless MaxDialingPerKey says otherwise, requests to an HTTP/2
@@ -691,31 +697,28 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					continue
 				}
 				if t.mayGoUnpooled(e) {
-					return t.unpooled(req, e, b, release, err)
-				}
-				// Else the request waits for one of the connections of
-				// the key the fleet holds, as at a cap of that many: a
-				// capped key's connections are counted only in the
-				// table, and an h2c one carries many streams. Their
-				// count may fall while it waits (a connection closed),
-				// and the wait may then try a dial again: a few times,
-				// then the request is refused.
-				if live := n.pool.Live(e.key); live > 0 && fullWaits < maxFullWaits {
-					fullWaits++
-					full = err
-					n.tableFull(err, "requests to a capped or h2c upstream wait for its connections in use")
-					if lim.MaxResources <= 0 || live < lim.MaxResources {
-						lim.MaxResources = live
+					resp, uerr := t.unpooled(req, e, b, release, err)
+					if uerr == nil || !errors.Is(uerr, orbitpool.ErrFull) {
+						return resp, uerr
 					}
+					// The upstream chose HTTP/2.
+				}
+				// Else (a capped key's connections are counted only in
+				// the table, and an HTTP/2 one carries many streams)
+				// it asks the pool again after a pause, until its
+				// deadline: for one of the key's connections, or room
+				// in the table. It pauses out of the key's queue of
+				// waiters, in which it would hold up requests that
+				// could dial.
+				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
+				if t.fullPause(ctx, fullPauses, b) {
+					full = err
+					fullPauses++
 					continue
 				}
+				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
 			}
 			err = waitEnd(ctx, err)
-			if full != nil && !errors.Is(err, orbitpool.ErrFull) {
-				// The wait for the key's connections ran out: the table
-				// had no room for another.
-				err = fmt.Errorf("%w (the table had no room for another connection: %w)", err, full)
-			}
 			if isContextErr(err) {
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
 			}
@@ -882,28 +885,33 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	}
 }
 
-// maxFullWaits is how many times a capped key's request that finds the
-// table full starts waiting for the key's connections (see once).
-const maxFullWaits = 3
-
 // mayGoUnpooled reports whether a request to e that finds the table full
 // may go on a connection outside it (see unpooled): one of a key under no
-// fleet-wide cap, which nothing must count, that may speak HTTP/1.1 (not
-// h2c, which is spoken with prior knowledge).
+// fleet-wide cap, which nothing must count, whose upstream has not been
+// seen to speak HTTP/2 (an https one offered it may choose HTTP/1.1).
 func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
-	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 && e.u.Proto != protoH2C
+	return t.MaxConnsPerKey <= 0 && t.MaxDialingPerKey <= 0 && e.u.Proto != protoH2C && !e.speaksH2()
 }
 
-// unpooled runs req on a connection dialed for it alone, outside the
-// table, and closes it when the exchange ends (a 101's body keeps it): the
-// table had no room for another of this process's connections
-// (conns_per_process) or for another upstream (keys), full. Such a
-// connection is neither shared nor reused, as the stock transport's past
-// its idle limit would not be, but the request is served: long-lived
-// exchanges (server-sent events, long polls) hold a connection each, and
-// a process may hold more of them than its table has room for. An https
-// upstream is spoken to in HTTP/1.1 there. full is the table's error, for
-// the log.
+// fullPause waits before a request that found the table full asks the pool
+// again, for the nth time: 5ms, doubling up to 80ms, a tenth more at most
+// at random. It waits as pause does.
+func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget) bool {
+	d := fullPauseBase << min(n, 4)
+	return t.pause(ctx, d+rand.N(d/10), b)
+}
+
+// fullPauseBase is fullPause's first wait.
+const fullPauseBase = 5 * time.Millisecond
+
+// unpooled runs req on a connection of this process outside the table (see
+// spares), one kept idle there or one it dials: the table had no room for
+// another of this process's connections (conns_per_process) or for another
+// upstream (keys), full. Such a connection is not shared with siblings,
+// but the request is served: long-lived exchanges (server-sent events,
+// long polls) hold a connection each, and a process may hold more of them
+// than its table has room for. full is the table's error, for the log, and
+// what it returns if the upstream chose HTTP/2.
 func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBudget, release func(), full error) (*http.Response, error) {
 	n := t.Node
 	ctx := req.Context()
@@ -914,32 +922,43 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 	if err != nil {
 		return nil, err
 	}
+	done := func(c *conn, o outcome) {
+		switch {
+		case o == outcomeHijacked:
+		case o == outcomeReusable && !n.draining.Load() && n.spares.put(e.key, c, &t.settings, len(n.slots)):
+			return
+		default:
+			c.close()
+		}
+		n.open.Add(-1)
+	}
+	if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
+		n.stats.unpooled.Add(1)
+		return n.exchange(c, s, req, bufs, release, nil, done)
+	}
 	if !n.admitDial() {
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
 	}
-	// An HTTP/2 connection carries many streams, and belongs in the table:
-	// this one offers an https upstream http/1.1 alone, as a WebSocket's
-	// does (see upstream). Every upstream offered h2 by ALPN takes
-	// http/1.1 too.
-	u := e.u
-	u.Proto = protoHTTP1
 	c, err := func() (*conn, error) {
 		n.dialing.Add(1)
 		defer n.dialing.Add(-1) // a panic out of the dial too
-		return t.dialer.dial(ctx, &u, nil)
+		return t.dialer.dial(ctx, &e.u, nil)
 	}()
 	if err != nil {
 		return nil, err
 	}
+	if h2Wanted(&e.u, c) {
+		// ALPN chose HTTP/2, which this path does not run: its
+		// connection carries many streams, and belongs in the table.
+		// Known now, its requests wait for room there.
+		e.sawProto(true)
+		c.close()
+		return nil, &Error{Op: "acquire", RetrySafe: true, Err: full}
+	}
 	n.open.Add(1)
 	n.stats.unpooled.Add(1)
-	n.tableFull(full, "requests go on connections of their own outside it, neither shared nor reused")
-	return n.exchange(c, &t.settings, req, bufs, release, nil, func(c *conn, o outcome) {
-		if o != outcomeHijacked {
-			c.close()
-		}
-		n.open.Add(-1)
-	})
+	n.tableFull(full, "requests go on connections of this process outside it, not shared with its siblings")
+	return n.exchange(c, &t.settings, req, bufs, release, nil, done)
 }
 
 // freeRetries is how many retries one request may have for free (see
@@ -975,16 +994,20 @@ const maxAwayRetries = 6
 // doubling (a tenth more at most, at random); 0.78s in all. An upstream
 // restarting faster than a busy machine sends a stream refuses retries sent
 // at once until the request has none left; spread out, they outlast a
-// restart. The request waits holding none of b's workers, as it waits for
-// the pool. It reports false, at once, if the wait would come within the
-// near-window of the request's deadline (the retry could not start), or
-// when ctx ends.
+// restart. It waits as pause does.
 func (t *Transport) awayBackoff(ctx context.Context, n int, b *exchangeBudget) bool {
 	if n == 0 {
 		return true
 	}
 	d := awayBackoffBase << min(n-1, 5)
-	d += rand.N(d / 10)
+	return t.pause(ctx, d+rand.N(d/10), b)
+}
+
+// pause waits d, holding none of b's workers, as a request waits for the
+// pool. It reports false, at once, if the wait would come within the
+// near-window of the request's deadline (what follows could not start), or
+// when ctx ends.
+func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget) bool {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+t.nearWindow() {
 		return false
 	}
@@ -1027,6 +1050,7 @@ func (t *Transport) CloseIdleConnections() {
 		}
 	}
 	n.closeIdleH2(false)
+	n.spares.closeAll(false, n.spareClosed)
 }
 
 // trackBody records whether a request body has been touched, so a failed

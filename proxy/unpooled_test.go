@@ -21,9 +21,11 @@ import (
 )
 
 // unpooledUpstream answers /stream with a chunked body that ends only once
-// release is closed, /ws with a 101 and an echo of what follows, and
-// anything else with "ok", then reports on closed whether the proxy closed
-// that connection (its next read is EOF within 2s).
+// release is closed, /ws with a 101 and an echo of what follows, /conn with
+// the address of the connection's client (which it keeps open), /drop with
+// "ok" on a connection it then closes, and anything else with "ok", then
+// reports on closed whether the proxy closed that connection (its next read
+// is EOF within 2s).
 func unpooledUpstream(t *testing.T, release chan struct{}, closed chan bool) string {
 	return rawUpstream(t, func(c net.Conn, br *bufio.Reader, req *http.Request) bool {
 		switch req.URL.Path {
@@ -35,6 +37,14 @@ func unpooledUpstream(t *testing.T, release chan struct{}, closed chan bool) str
 		case "/ws":
 			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
 			io.Copy(c, br)
+			return false
+		case "/conn":
+			a := c.RemoteAddr().String()
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(a), a)
+			return true
+		case "/drop":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			c.Close()
 			return false
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
@@ -65,12 +75,12 @@ func holdStreams(t *testing.T, m *member, url string, n int) []*http.Response {
 // TestUnpooledWhenTheTableIsFull: a process whose lane has no room for
 // another connection (every slot held by a long-lived exchange) sends a
 // request to an upstream under no cap on a connection of its own, outside
-// the table, and closes that connection after the exchange, as the stock
-// transport would serve it; a 101 on such a connection keeps it for the
+// the table, and keeps that connection idle for the next such request, as
+// the stock transport would; a 101 on such a connection keeps it for the
 // tunnel. Once the table has room, requests take pooled connections again.
 // Under a cap the table alone counts connections: the request waits for one
-// of its upstream's, and fails with the table's error if none frees in time
-// or there is none.
+// of its upstream's, or for room, and fails with the table's error if
+// neither comes in time.
 func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
 	t.Run("uncapped", func(t *testing.T) {
@@ -80,27 +90,20 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 		m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond, Logger: zap.New(core)}, nil)
 		held := holdStreams(t, m, url, 2)
 
+		var first string
 		for i := range 2 {
-			_, body, err := adv10Do(t, m.tr, "GET", url+"/once", nil)
-			if err != nil || body != "ok" {
-				t.Fatalf("request %d with the table full: %q, %v", i, body, err)
+			_, body, err := adv10Do(t, m.tr, "GET", url+"/conn", nil)
+			if err != nil || body == "" || i == 1 && body != first {
+				t.Fatalf("request %d with the table full: %q, %v; want it on the connection of request 0, %q", i, body, err, first)
 			}
-			select {
-			case c := <-closed:
-				if !c {
-					t.Fatalf("request %d: its connection outside the table was not closed after the exchange", i)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("the upstream never answered")
-			}
+			first = body
 		}
-		if s := m.node.Stats(); s.Unpooled != 2 || s.OpenConns != 2 {
-			t.Fatalf("stats %+v: want 2 requests unpooled and the 2 held connections open", s)
+		if s := m.node.Stats(); s.Unpooled != 2 || s.OpenConns != 3 {
+			t.Fatalf("stats %+v: want 2 requests unpooled, the 2 held connections open and one outside the table", s)
 		}
-		if n := logs.FilterMessageSnippet("outside it, neither shared nor reused").Len(); n != 1 {
+		if n := logs.FilterMessageSnippet("outside it, not shared with its siblings").Len(); n != 1 {
 			t.Fatalf("%d warnings of requests outside the table; want one (at most one every %v)", n, tableFullLogEvery)
 		}
-
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/ws", nil)
@@ -181,7 +184,7 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 2 || s.ReusedLocal == 0 {
 				t.Fatalf("stats %+v: want the request on one of the 2 connections it waited for, none outside the table", s)
 			}
-			if n := logs.FilterMessageSnippet("wait for its connections in use").Len(); n != 1 {
+			if n := logs.FilterMessageSnippet("wait for room or a connection of theirs").Len(); n != 1 {
 				t.Fatalf("%d warnings of the wait; want one", n)
 			}
 		})
@@ -193,8 +196,8 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 			holdStreams(t, m, url, 2)
 			start := time.Now()
 			_, err := get(m, url, 300*time.Millisecond)
-			if !errors.Is(err, orbitpool.ErrFull) || !errors.Is(err, ErrNoCapacity) {
-				t.Fatalf("a capped key's request whose connections stayed busy: %v; want the table's error and ErrNoCapacity", err)
+			if !errors.Is(err, orbitpool.ErrFull) {
+				t.Fatalf("a capped key's request whose connections stayed busy: %v; want the table's error", err)
 			}
 			if d := time.Since(start); d < 100*time.Millisecond {
 				t.Fatalf("refused after %v; want it to have waited", d)
@@ -203,39 +206,99 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 				t.Fatalf("stats %+v: a capped key's request dialed", s)
 			}
 		})
-		t.Run("its upstream has none", func(t *testing.T) {
+		t.Run("room comes back", func(t *testing.T) {
 			release, closed := make(chan struct{}), make(chan bool, 4)
-			defer close(release)
 			other := unpooledUpstream(t, release, closed)
 			url := unpooledUpstream(t, release, closed)
 			m := newMember(t, spec, capped)
-			holdStreams(t, m, other, 2)
-			start := time.Now()
-			if _, err := get(m, url, 5*time.Second); !errors.Is(err, orbitpool.ErrFull) {
-				t.Fatalf("a capped key's request with the table full of another's: %v; want the table's error", err)
+			held := holdStreams(t, m, other, 2)
+			done := make(chan error, 1)
+			go func() {
+				body, err := get(m, url, 5*time.Second)
+				if err == nil && body != "ok" {
+					err = fmt.Errorf("body %q", body)
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				t.Fatalf("the request returned (%v) while the table was full of another upstream's connections; want it to wait", err)
+			case <-time.After(200 * time.Millisecond):
 			}
-			if d := time.Since(start); d > 2*time.Second {
-				t.Fatalf("refused after %v; want at once: nothing it could wait for", d)
+			close(release)
+			for _, r := range held {
+				drain(r)
 			}
-			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 2 {
-				t.Fatalf("stats %+v: a capped key's request went outside the table", s)
+			if err := <-done; err != nil {
+				t.Fatalf("the request that waited for room: %v", err)
+			}
+			if s := m.node.Stats(); s.Unpooled != 0 || s.Created != 3 || s.Evicted != 1 {
+				t.Fatalf("stats %+v: want the request on a connection of its own in the table, made room for by an eviction", s)
 			}
 		})
 	})
 }
 
-// TestUnpooledHTTP2UpstreamSpeaksHTTP1: with the table full, a request to an
-// https upstream offered HTTP/2 goes on a connection of its own that offers
-// http/1.1 alone (an HTTP/2 connection carries many streams and belongs in
-// the table), whether or not the upstream chose h2 before; once the table
-// has room, its requests go over HTTP/2 again.
-func TestUnpooledHTTP2UpstreamSpeaksHTTP1(t *testing.T) {
+// TestSparesOutsideTheTable: a connection outside the table kept idle (see
+// spares) is not used once its upstream closed it, and is closed by the
+// sweep past the idle timeout, by CloseIdleConnections, and by Close.
+func TestSparesOutsideTheTable(t *testing.T) {
+	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
+	release, closed := make(chan struct{}), make(chan bool, 8)
+	defer close(release)
+	url := unpooledUpstream(t, release, closed)
+	// The first sweep comes after the upstream closed the first spare:
+	// the request after it finds the spare closed itself.
+	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 250 * time.Millisecond}, func(tr *Transport) { tr.IdleConnTimeout = 300 * time.Millisecond })
+	holdStreams(t, m, url, 2)
+	open := func() int { return m.node.Stats().OpenConns }
+	spare := func() {
+		t.Helper()
+		if _, body, err := adv10Do(t, m.tr, "GET", url+"/conn", nil); err != nil || body == "" {
+			t.Fatalf("a request with the table full: %q, %v", body, err)
+		}
+		if n := open(); n != 3 {
+			t.Fatalf("%d connections open; want the 2 held and one idle outside the table", n)
+		}
+	}
+
+	if _, body, err := adv10Do(t, m.tr, "GET", url+"/drop", nil); err != nil || body != "ok" {
+		t.Fatalf("a request with the table full: %q, %v", body, err)
+	}
+	// The upstream closed that connection while it was idle: the next
+	// request dials.
+	time.Sleep(50 * time.Millisecond)
+	spare()
+	if s := m.node.Stats(); s.Unpooled != 2 || s.Retries != 0 {
+		t.Fatalf("stats %+v: want both requests served outside the table, neither sent again", s)
+	}
+
+	waitFor(t, 3*time.Second, "the sweep to close the idle connection outside the table", func() bool { return open() == 2 })
+
+	spare()
+	m.tr.CloseIdleConnections()
+	if n := open(); n != 2 {
+		t.Fatalf("%d connections open after CloseIdleConnections; want the 2 held", n)
+	}
+
+	spare()
+	m.node.Close()
+	if n := open(); n != 0 {
+		t.Fatalf("%d connections open after Close", n)
+	}
+}
+
+// TestUnpooledNotForAnHTTP2Upstream: with the table full, a request to an
+// https upstream offered HTTP/2, which has not chosen HTTP/1.1 on a
+// connection of this process, dials nothing outside the table (an HTTP/2
+// connection carries many streams, and belongs in the table): it waits for
+// room, and fails with the table's error if none comes in time.
+func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
 	release := make(chan struct{})
+	defer close(release)
 	h1, tc := adv68cTLSH1(t, release)
 	var dialed atomic.Int32
-	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "HTTP/%d", r.ProtoMajor)
-	}))
+	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	h2.EnableHTTP2 = true
 	h2.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -249,24 +312,18 @@ func TestUnpooledHTTP2UpstreamSpeaksHTTP1(t *testing.T) {
 		tr.HTTP2 = true
 		tr.TLSClientConfig = tc
 	})
-	held := holdStreams(t, m, h1.URL, 2)
-	for i := range 2 {
-		if _, body, err := adv10Do(t, m.tr, "GET", h2.URL+"/", nil); err != nil || body != "HTTP/1" {
-			t.Fatalf("request %d to an HTTP/2 upstream with the table full: %q, %v; want it served over HTTP/1.1", i, body, err)
-		}
+	holdStreams(t, m, h1.URL, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", h2.URL+"/", nil)
+	if _, err := m.tr.RoundTrip(req); !errors.Is(err, orbitpool.ErrFull) {
+		t.Fatalf("a request to an HTTP/2 upstream with the table full: %v; want the table's error", err)
 	}
-	if n := dialed.Load(); n != 2 {
-		t.Errorf("the HTTP/2 upstream saw %d connections; want one per request", n)
+	if n := dialed.Load(); n != 0 {
+		t.Errorf("the HTTP/2 upstream saw %d connections; want none", n)
 	}
-	if s := m.node.Stats(); s.Unpooled != 2 {
-		t.Errorf("stats %+v: want both requests unpooled", s)
-	}
-	close(release)
-	for _, r := range held {
-		drain(r)
-	}
-	if _, body, err := adv10Do(t, m.tr, "GET", h2.URL+"/", nil); err != nil || body != "HTTP/2" {
-		t.Fatalf("a request once the table has room: %q, %v; want it over HTTP/2", body, err)
+	if s := m.node.Stats(); s.Unpooled != 0 {
+		t.Errorf("stats %+v: a request went unpooled to an HTTP/2 upstream", s)
 	}
 }
 
