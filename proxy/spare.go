@@ -22,15 +22,25 @@ type spares struct {
 	n      int
 }
 
+// spare is a kept connection, with the settings of the transport that
+// dialed it.
 type spare struct {
 	c *conn
 	s *connSettings
 }
 
+// len is how many connections are kept.
 func (sp *spares) len() int {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	return sp.n
+}
+
+// has reports whether a connection is kept for key.
+func (sp *spares) has(key orbitpool.Key) bool {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.byKey[key]) > 0
 }
 
 // maxSparesPerKey is how many idle connections outside the table a process

@@ -691,12 +691,17 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			if errors.Is(err, orbitpool.ErrFull) {
 				// Room first, from this process's idle connection
 				// that has waited longest, once; else, if nothing
-				// must count it, a connection outside the table.
-				if !evicted && n.evictIdle() {
+				// must count it, a connection outside the table. One
+				// kept there for the key comes before room: with
+				// more upstreams than keys, room made for one
+				// upstream would be taken from another's next
+				// request.
+				unpooled := t.mayGoUnpooled(e)
+				if !evicted && !(unpooled && n.spares.has(e.key)) && n.evictIdle() {
 					evicted = true
 					continue
 				}
-				if t.mayGoUnpooled(e) {
+				if unpooled {
 					resp, uerr := t.unpooled(req, e, b, release, err)
 					if uerr == nil || !errors.Is(uerr, orbitpool.ErrFull) {
 						return resp, uerr
