@@ -92,11 +92,12 @@ func waitEnd(ctx context.Context, err error) error {
 }
 
 // isRefusal reports whether err is a decision not to start the request
-// (its deadline, or the admission backstop), which sending it again at once
-// would only repeat.
+// (its deadline, the admission backstop, or a full table it waited on for
+// as long as its deadline let it), which sending it again at once would
+// only repeat.
 func isRefusal(err error) bool {
 	return errors.Is(err, backpressure.ErrDeadlineNear) || errors.Is(err, backpressure.ErrDeadlineElapsed) ||
-		errors.Is(err, ErrNotAdmitted)
+		errors.Is(err, ErrNotAdmitted) || errors.Is(err, orbitpool.ErrFull)
 }
 
 // refusedUnserved reports whether err refused its attempt before any work

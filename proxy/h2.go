@@ -235,6 +235,13 @@ func (n *Node) installH2(id orbitpool.ResourceID, key orbitpool.Key, cc *http2.C
 	hc := &h2conn{id: id, key: key, cc: cc, c: c, scheme: scheme, created: time.Now(), s: s, capacity: capacity, sending: make(chan struct{}, 1)}
 	hc.limit.Store(int64(capacity))
 	hc.idleAt.Store(sinceStart(hc.created))
+	// As in install: Close closes what is in the slots once nothing can
+	// be added.
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.isClosed {
+		return nil, ErrClosed
+	}
 	n.h2slots[slot].Store(hc)
 	n.open.Add(1) // an owned connection for the dial admission, as install counts one
 	return hc, nil

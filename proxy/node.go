@@ -510,8 +510,7 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 	}
 	oc.state.Store(stBusy)
 	oc.idle.Store(time.Now().UnixNano())
-	// Close closes the connections in the slots once no install can
-	// add one.
+	// Close closes what is in the slots once nothing can be added.
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
 	if n.isClosed {
@@ -775,11 +774,11 @@ func (n *Node) exchange(c *conn, s *connSettings, req *http.Request, bufs int, o
 
 // evictIdle retires, to make room in a full table, this process's HTTP/1.1
 // connection that has sat idle longest, as net/http's pool lets its least
-// recently used idle connection go past MaxIdleConns, and reports whether
-// it found one. One of a capped key leaves in good order (its unit comes
-// back once the upstream has closed its side: see retireInOrder); another
-// leaves the table at once.
-func (n *Node) evictIdle() bool {
+// recently used idle connection go past MaxIdleConns, and returns it, or
+// nil if it found none. One of a capped key leaves in good order (its unit
+// comes back once the upstream has closed its side: see retireInOrder);
+// another leaves the table at once.
+func (n *Node) evictIdle() *owned {
 	var oldest *owned
 	for i := range n.slots {
 		oc := n.slots[i].Load()
@@ -788,7 +787,7 @@ func (n *Node) evictIdle() bool {
 		}
 	}
 	if oldest == nil || !oldest.claimIdle(stDead) {
-		return false
+		return nil
 	}
 	if kc := n.capOf(oldest.key); kc != nil && kc.max.Load() > 0 {
 		n.retireInOrder(oldest, nil)
@@ -797,7 +796,17 @@ func (n *Node) evictIdle() bool {
 		oldest.c.close()
 	}
 	n.stats.evicted.Add(1)
-	return true
+	return oldest
+}
+
+// leaving reports whether oc (nil for none) still holds its slot of the
+// table.
+func (n *Node) leaving(oc *owned) bool {
+	if oc == nil {
+		return false
+	}
+	_, err := n.pool.Capacity(oc.id)
+	return err == nil
 }
 
 // tableFullLogEvery is the least time between two warnings that the table
@@ -904,7 +913,7 @@ func (n *Node) sweeper() {
 		case <-t.C:
 			n.sweepOnce()
 			n.sweepH2()
-			n.spares.sweep(time.Now(), n.log, len(n.slots), n.spareClosed)
+			n.spares.sweep(time.Now(), n.log, n.spareClosed)
 		}
 	}
 }

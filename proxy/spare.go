@@ -19,7 +19,10 @@ type spares struct {
 	mu     sync.Mutex
 	closed bool
 	byKey  map[orbitpool.Key][]spare // most recently idle last
-	n      int
+	n      int                       // kept, those a sweep is looking at included
+	// sweeping is held for a sweep's length: closeAll waits for the
+	// connections it looks at.
+	sweeping sync.Mutex
 }
 
 // spare is a kept connection, with the settings of the transport that
@@ -52,21 +55,24 @@ const maxSparesPerKey = 32
 // is closing, nor beyond maxSparesPerKey, nor beyond max in all.
 func (sp *spares) put(key orbitpool.Key, c *conn, s *connSettings, max int) bool {
 	c.idleAt = time.Now()
-	return !s.expired(c, c.idleAt, c.idleAt.UnixNano()) && sp.add(key, spare{c, s}, max)
-}
-
-func (sp *spares) add(key orbitpool.Key, s spare, max int) bool {
+	if s.expired(c, c.idleAt, c.idleAt.UnixNano()) {
+		return false
+	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	if sp.closed || sp.n >= max || len(sp.byKey[key]) >= maxSparesPerKey {
 		return false
 	}
+	sp.push(key, spare{c, s})
+	sp.n++
+	return true
+}
+
+func (sp *spares) push(key orbitpool.Key, s spare) {
 	if sp.byKey == nil {
 		sp.byKey = make(map[orbitpool.Key][]spare)
 	}
 	sp.byKey[key] = append(sp.byKey[key], s)
-	sp.n++
-	return true
 }
 
 // take returns key's most recently idle connection that is still fit, with
@@ -105,14 +111,25 @@ func (s spare) fit(now time.Time, log *zap.Logger) bool {
 // sweep closes the connections that are no longer fit; closed reports each.
 // The others are kept, though none of them may be taken while the sweep
 // looks at them.
-func (sp *spares) sweep(now time.Time, log *zap.Logger, max int, closed func()) {
+func (sp *spares) sweep(now time.Time, log *zap.Logger, closed func()) {
+	sp.sweeping.Lock()
+	defer sp.sweeping.Unlock()
 	sp.mu.Lock()
 	all := sp.byKey
-	sp.byKey, sp.n = nil, 0
+	sp.byKey = nil
 	sp.mu.Unlock()
 	for key, l := range all {
 		for _, s := range l {
-			if !s.fit(now, log) || !sp.add(key, s, max) {
+			fit := s.fit(now, log)
+			sp.mu.Lock()
+			kept := fit && !sp.closed && len(sp.byKey[key]) < maxSparesPerKey
+			if kept {
+				sp.push(key, s)
+			} else {
+				sp.n--
+			}
+			sp.mu.Unlock()
+			if !kept {
 				s.c.close()
 				closed()
 			}
@@ -120,12 +137,17 @@ func (sp *spares) sweep(now time.Time, log *zap.Logger, max int, closed func()) 
 	}
 }
 
-// closeAll closes every spare connection, closed reporting each; with
-// forGood, none is kept after.
+// closeAll closes every spare connection, after a sweep under way, closed
+// reporting each; with forGood, none is kept after.
 func (sp *spares) closeAll(forGood bool, closed func()) {
+	sp.sweeping.Lock()
+	defer sp.sweeping.Unlock()
 	sp.mu.Lock()
 	all := sp.byKey
-	sp.byKey, sp.n = nil, 0
+	sp.byKey = nil
+	for _, l := range all {
+		sp.n -= len(l)
+	}
 	if forGood {
 		sp.closed = true
 	}

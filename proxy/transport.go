@@ -649,7 +649,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	// again only while its process is past its share (see maxPasses).
 	_, mayPass := policy.(orbitpool.LocalFirst)
 	passes := 0
-	avoiding, evicted := false, false
+	avoiding := false
+	// evicted is the connection this request last retired to make room
+	// (see evictIdle), and mayEvict whether it may retire another: once
+	// per ask of the pool, and not while that one still holds its slot
+	// (a capped key's leaves in good order).
+	var evicted *owned
+	mayEvict := true
 	var full error // the table's, once the request paused for room
 	fullPauses := 0
 	near := t.nearWindow()
@@ -690,16 +696,17 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		if err != nil {
 			if errors.Is(err, orbitpool.ErrFull) {
 				// Room first, from this process's idle connection
-				// that has waited longest, once; else, if nothing
-				// must count it, a connection outside the table. One
-				// kept there for the key comes before room: with
-				// more upstreams than keys, room made for one
-				// upstream would be taken from another's next
-				// request.
+				// that has waited longest; else, if nothing must
+				// count it, a connection outside the table. One kept
+				// there for the key comes before room: with more
+				// upstreams than keys, room made for one upstream
+				// would be taken from another's next request.
 				unpooled := t.mayGoUnpooled(e)
-				if !evicted && !(unpooled && n.spares.has(e.key)) && n.evictIdle() {
-					evicted = true
-					continue
+				if mayEvict && !n.leaving(evicted) && !(unpooled && n.spares.has(e.key)) {
+					if evicted = n.evictIdle(); evicted != nil {
+						mayEvict = false
+						continue
+					}
 				}
 				if unpooled {
 					resp, uerr := t.unpooled(req, e, b, release, err)
@@ -719,6 +726,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if t.fullPause(ctx, fullPauses, b) {
 					full = err
 					fullPauses++
+					mayEvict = true
 					continue
 				}
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
@@ -927,19 +935,23 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 	if err != nil {
 		return nil, err
 	}
-	done := func(c *conn, o outcome) {
-		switch {
-		case o == outcomeHijacked:
-		case o == outcomeReusable && !n.draining.Load() && n.spares.put(e.key, c, &t.settings, len(n.slots)):
-			return
-		default:
-			c.close()
+	// A kept connection keeps the limits of the transport that dialed it,
+	// as one in the table does.
+	done := func(s *connSettings) func(*conn, outcome) {
+		return func(c *conn, o outcome) {
+			switch {
+			case o == outcomeHijacked:
+			case o == outcomeReusable && !n.draining.Load() && n.spares.put(e.key, c, s, len(n.slots)):
+				return
+			default:
+				c.close()
+			}
+			n.open.Add(-1)
 		}
-		n.open.Add(-1)
 	}
 	if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
 		n.stats.unpooled.Add(1)
-		return n.exchange(c, s, req, bufs, release, nil, done)
+		return n.exchange(c, s, req, bufs, release, nil, done(s))
 	}
 	if !n.admitDial() {
 		return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
@@ -963,7 +975,7 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 	n.open.Add(1)
 	n.stats.unpooled.Add(1)
 	n.tableFull(full, "requests go on connections of this process outside it, not shared with its siblings")
-	return n.exchange(c, &t.settings, req, bufs, release, nil, done)
+	return n.exchange(c, &t.settings, req, bufs, release, nil, done(&t.settings))
 }
 
 // freeRetries is how many retries one request may have for free (see
