@@ -3,11 +3,8 @@ package proxy
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -22,17 +19,7 @@ func TestAdv69bH2ChosenThenRoom(t *testing.T) {
 	relOnce := sync.OnceFunc(func() { close(release) })
 	defer relOnce()
 	h1, tc := adv68cTLSH1(t, release)
-	var dialed atomic.Int32
-	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	h2.EnableHTTP2 = true
-	h2.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			dialed.Add(1)
-		}
-	}
-	h2.StartTLS()
-	t.Cleanup(h2.Close)
-	tc.RootCAs.AddCert(h2.Certificate())
+	h2, dialed := h2TLSUpstream(t, tc)
 	m := newMember(t, adv69bSpec, func(tr *Transport) {
 		tr.HTTP2 = true
 		tr.TLSClientConfig = tc

@@ -145,7 +145,7 @@ func adv69bAnswer(release chan struct{}) func(c net.Conn, br *bufio.Reader, req 
 			return true
 		case "/conn":
 			a := c.RemoteAddr().String()
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+adv69bItoa(len(a))+"\r\n\r\n"+a)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(a))+"\r\n\r\n"+a)
 			return true
 		case "/stray":
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!")
@@ -158,7 +158,7 @@ func adv69bAnswer(release chan struct{}) func(c net.Conn, br *bufio.Reader, req 
 			return true
 		case "/big":
 			body := strings.Repeat("b", 40<<10)
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+adv69bItoa(len(body))+"\r\n\r\n"+body+"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!")
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body+"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!")
 			return true
 		case "/close":
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
@@ -235,5 +235,3 @@ type (
 	netConn     = net.Conn
 	bufioReader = *bufio.Reader
 )
-
-func adv69bItoa(n int) string { return strconv.Itoa(n) }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,7 +139,7 @@ func TestAdv69bSpareClosedAtNextRequest(t *testing.T) {
 					}
 					b, _ := io.ReadAll(req.Body)
 					bodies.Store(got.Add(1), string(b))
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+adv69bItoa(len(b))+"\r\n\r\n"+string(b))
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(b))+"\r\n\r\n"+string(b))
 					return true
 				}
 				return ans(c, br, req)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -323,17 +324,7 @@ func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	h1, tc := adv68cTLSH1(t, release)
-	var dialed atomic.Int32
-	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	h2.EnableHTTP2 = true
-	h2.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			dialed.Add(1)
-		}
-	}
-	h2.StartTLS()
-	t.Cleanup(h2.Close)
-	tc.RootCAs.AddCert(h2.Certificate())
+	h2, dialed := h2TLSUpstream(t, tc)
 	m := newMember(t, orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}, func(tr *Transport) {
 		tr.HTTP2 = true
 		tr.TLSClientConfig = tc
@@ -351,6 +342,23 @@ func TestUnpooledNotForAnHTTP2Upstream(t *testing.T) {
 	if s := m.node.Stats(); s.Unpooled != 0 {
 		t.Errorf("stats %+v: a request went unpooled to an HTTP/2 upstream", s)
 	}
+}
+
+// h2TLSUpstream is an https upstream that speaks HTTP/2, answers "ok", and
+// counts the connections it accepts; tc trusts it.
+func h2TLSUpstream(t *testing.T, tc *tls.Config) (*httptest.Server, *atomic.Int32) {
+	var dialed atomic.Int32
+	h2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	h2.EnableHTTP2 = true
+	h2.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dialed.Add(1)
+		}
+	}
+	h2.StartTLS()
+	t.Cleanup(h2.Close)
+	tc.RootCAs.AddCert(h2.Certificate())
+	return h2, &dialed
 }
 
 // TestFullTableEvictsTheLongestIdle: a process whose table is full of idle
