@@ -949,8 +949,12 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 			n.open.Add(-1)
 		}
 	}
-	if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
+	warn := func() {
 		n.stats.unpooled.Add(1)
+		n.tableFull(full, "requests go on connections of this process outside it, not shared with its siblings")
+	}
+	if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
+		warn()
 		return n.exchange(c, s, req, bufs, release, nil, done(s))
 	}
 	if !n.admitDial() {
@@ -973,8 +977,7 @@ func (t *Transport) unpooled(req *http.Request, e *upstreamEntry, b *exchangeBud
 		return nil, &Error{Op: "acquire", RetrySafe: true, Err: full}
 	}
 	n.open.Add(1)
-	n.stats.unpooled.Add(1)
-	n.tableFull(full, "requests go on connections of this process outside it, not shared with its siblings")
+	warn()
 	return n.exchange(c, &t.settings, req, bufs, release, nil, done(&t.settings))
 }
 
