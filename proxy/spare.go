@@ -19,10 +19,7 @@ type spares struct {
 	mu     sync.Mutex
 	closed bool
 	byKey  map[orbitpool.Key][]spare // most recently idle last
-	n      int                       // kept, those a sweep is looking at included
-	// sweeping is held for a sweep's length: closeAll waits for the
-	// connections it looks at.
-	sweeping sync.Mutex
+	n      int
 }
 
 // spare is a kept connection, with the settings of the transport that
@@ -63,16 +60,12 @@ func (sp *spares) put(key orbitpool.Key, c *conn, s *connSettings, max int) bool
 	if sp.closed || sp.n >= max || len(sp.byKey[key]) >= maxSparesPerKey {
 		return false
 	}
-	sp.push(key, spare{c, s})
-	sp.n++
-	return true
-}
-
-func (sp *spares) push(key orbitpool.Key, s spare) {
 	if sp.byKey == nil {
 		sp.byKey = make(map[orbitpool.Key][]spare)
 	}
-	sp.byKey[key] = append(sp.byKey[key], s)
+	sp.byKey[key] = append(sp.byKey[key], spare{c, s})
+	sp.n++
+	return true
 }
 
 // take returns key's most recently idle connection that is still fit, with
@@ -109,39 +102,38 @@ func (s spare) fit(now time.Time, log *zap.Logger) bool {
 }
 
 // sweep closes the connections that are no longer fit; closed reports each.
-// The others are kept, though none of them may be taken while the sweep
-// looks at them.
+// It holds the lock throughout: a check costs a system call, or tlsPeekWait
+// at most for a TLS connection with bytes pending.
 func (sp *spares) sweep(now time.Time, log *zap.Logger, closed func()) {
-	sp.sweeping.Lock()
-	defer sp.sweeping.Unlock()
+	var gone []spare
 	sp.mu.Lock()
-	all := sp.byKey
-	sp.byKey = nil
-	sp.mu.Unlock()
-	for key, l := range all {
+	for key, l := range sp.byKey {
+		kept := l[:0]
 		for _, s := range l {
-			fit := s.fit(now, log)
-			sp.mu.Lock()
-			kept := fit && !sp.closed && len(sp.byKey[key]) < maxSparesPerKey
-			if kept {
-				sp.push(key, s)
+			if s.fit(now, log) {
+				kept = append(kept, s)
 			} else {
-				sp.n--
-			}
-			sp.mu.Unlock()
-			if !kept {
-				s.c.close()
-				closed()
+				gone = append(gone, s)
 			}
 		}
+		clear(l[len(kept):])
+		if len(kept) == 0 {
+			delete(sp.byKey, key)
+		} else {
+			sp.byKey[key] = kept
+		}
+	}
+	sp.n -= len(gone)
+	sp.mu.Unlock()
+	for _, s := range gone {
+		s.c.close()
+		closed()
 	}
 }
 
-// closeAll closes every spare connection, after a sweep under way, closed
-// reporting each; with forGood, none is kept after.
+// closeAll closes every spare connection, closed reporting each; with
+// forGood, none is kept after.
 func (sp *spares) closeAll(forGood bool, closed func()) {
-	sp.sweeping.Lock()
-	defer sp.sweeping.Unlock()
 	sp.mu.Lock()
 	all := sp.byKey
 	sp.byKey = nil
