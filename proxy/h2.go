@@ -337,6 +337,7 @@ func (n *Node) unregisterH2(hc *h2conn) {
 		n.log.Debug("unregister", zap.Stringer("id", hc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
+	n.room.signal()
 }
 
 // retireH2InOrder is retireH2 for a connection with no stream that leaves
@@ -888,6 +889,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			hc.active.Add(-1)
 			n.syncH2(hc)
 			exec.Complete()
+			n.room.signal() // a stream's room
 			switch {
 			case rb != nil:
 				rb.after(onDone)

@@ -93,6 +93,7 @@ type Node struct {
 
 	stats  nodeCounters
 	spares spares
+	room   roomWaiters
 	// tableFullLogged is when tableFull last warned, in unix nanoseconds.
 	tableFullLogged atomic.Int64
 	// open and dialing count the upstream connections this process owns
@@ -557,6 +558,7 @@ func (n *Node) unregisterToward(oc *owned, lane int) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
+	n.room.signal()
 }
 
 // closeWait bounds how long a connection retired in good order keeps its
@@ -719,6 +721,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 			}
 			oc.idle.Store(now.UnixNano())
 			oc.state.Store(stIdle)
+			defer n.room.signal() // once waiters have had it
 		}
 	case outcomeHijacked:
 		n.retire(oc)

@@ -152,6 +152,8 @@ type Transport struct {
 	// to one upstream, and this spares each request a key string and a map
 	// lookup.
 	last atomic.Pointer[upstreamEntry]
+	// fullPauseBase, set only by tests, replaces every pause of fullPause.
+	fullPauseBase time.Duration
 }
 
 type upstreamEntry struct {
@@ -832,6 +834,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				plan.Permit.Close()
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
 			}
+			// A connection kept outside the table for the key (see
+			// spares) takes the room instead of a new one: no dial, and
+			// siblings may use it from now on. It keeps the limits of the
+			// transport that dialed it.
+			if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
+				oc, exec, err := t.pool(e.key, kc, plan.Permit, c, s)
+				n.spareClosed() // counted in the table instead, or closed
+				if err != nil {
+					return nil, err
+				}
+				return n.use(oc, exec, req, bufs, release, nil)
+			}
 			if !n.admitDial() {
 				kc.dialEnds()
 				plan.Permit.Close()
@@ -876,18 +890,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			if h2 {
 				return t.createH2(req, e, c, plan.Permit, kc, release)
 			}
-			exec, err := kc.register(plan.Permit, 1, kc.dialEnds)
+			oc, exec, err := t.pool(e.key, kc, plan.Permit, c, &t.settings)
 			if err != nil {
-				plan.Permit.Close()
-				c.close()
-				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
-			}
-			oc, err := n.install(exec.ID(), e.key, c, &t.settings)
-			if err != nil {
-				c.close()
-				n.pool.Unregister(exec.ID())
-				exec.Complete()
-				return nil, &Error{Op: "register", RetrySafe: true, Err: err}
+				return nil, err
 			}
 			n.stats.created.Add(1)
 			return n.use(oc, exec, req, bufs, release, nil)
@@ -896,6 +901,26 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
 		}
 	}
+}
+
+// pool registers c, an HTTP/1.1 connection to key with settings s, under
+// permit, and installs it, busy for the caller; on an error c is closed.
+func (t *Transport) pool(key orbitpool.Key, kc *keyCap, permit *orbitpool.CreationPermit, c *conn, s *connSettings) (*owned, *orbitpool.Execution, error) {
+	n := t.Node
+	exec, err := kc.register(permit, 1, kc.dialEnds)
+	if err != nil {
+		permit.Close()
+		c.close()
+		return nil, nil, &Error{Op: "register", RetrySafe: true, Err: err}
+	}
+	oc, err := n.install(exec.ID(), key, c, s)
+	if err != nil {
+		c.close()
+		n.pool.Unregister(exec.ID())
+		exec.Complete()
+		return nil, nil, &Error{Op: "register", RetrySafe: true, Err: err}
+	}
+	return oc, exec, nil
 }
 
 // mayGoUnpooled reports whether a request to e that finds the table full
@@ -908,10 +933,26 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 
 // fullPause waits before a request that found the table full asks the pool
 // again, for the nth time: 5ms, doubling up to 80ms, a tenth more at most
-// at random. It waits as pause does.
+// at random (t.fullPauseBase, if set, every time). It waits as pause does,
+// woken early, oldest first, when one of this process's connections may
+// have made room (see roomWaiters).
 func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget) bool {
 	d := fullPauseBase << min(n, 4)
-	return t.pause(ctx, d+rand.N(d/10), b)
+	if t.fullPauseBase > 0 {
+		d = t.fullPauseBase
+	}
+	room := &t.Node.room
+	wake := room.add()
+	ok := t.pause(ctx, d+rand.N(d/10), b, wake)
+	if ok {
+		select {
+		case <-wake:
+			return true // the room it was woken for is its to try
+		default:
+		}
+	}
+	room.remove(wake)
+	return ok
 }
 
 // fullPauseBase is fullPause's first wait.
@@ -1020,22 +1061,31 @@ func (t *Transport) awayBackoff(ctx context.Context, n int, b *exchangeBudget) b
 		return true
 	}
 	d := awayBackoffBase << min(n-1, 5)
-	return t.pause(ctx, d+rand.N(d/10), b)
+	return t.pause(ctx, d+rand.N(d/10), b, nil)
 }
 
 // pause waits d, holding none of b's workers, as a request waits for the
-// pool. It reports false, at once, if the wait would come within the
-// near-window of the request's deadline (what follows could not start), or
-// when ctx ends.
-func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget) bool {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+t.nearWindow() {
-		return false
+// pool, or until wake (if not nil) is closed. It reports false, at once, if
+// the wait would come within the near-window of the request's deadline
+// (what follows could not start), or when ctx ends. A wait that may be
+// woken is cut short to end before that window instead.
+func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake <-chan struct{}) bool {
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl) - t.nearWindow()
+		if wake != nil {
+			d = min(d, left)
+		}
+		if d <= 0 || left < d {
+			return false
+		}
 	}
 	b.idle()
 	tm := time.NewTimer(d)
 	defer tm.Stop()
 	select {
 	case <-tm.C:
+		return true
+	case <-wake:
 		return true
 	case <-ctx.Done():
 		return false

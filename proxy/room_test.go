@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// TestRoomWaitersOrder: the oldest waiter is woken first, one per signal,
+// and a waiter that leaves after it was woken passes that on to the next.
+func TestRoomWaitersOrder(t *testing.T) {
+	var r roomWaiters
+	woken := func(ch chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	a, b, c := r.add(), r.add(), r.add()
+	r.signal()
+	if !woken(a) || woken(b) || woken(c) {
+		t.Fatalf("after one signal: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
+	}
+	r.remove(a) // woken, then left: b has it
+	if !woken(b) || woken(c) {
+		t.Fatalf("after the woken waiter left: b=%v c=%v; want b alone woken", woken(b), woken(c))
+	}
+	r.remove(c) // not woken: nobody is
+	r.signal()  // b left the queue when woken, c by itself: nobody to wake
+	if n := r.n.Load(); n != 0 || len(r.q) != 0 {
+		t.Fatalf("%d waiters counted, %d queued; want none", n, len(r.q))
+	}
+	d := r.add()
+	r.signal()
+	if !woken(d) {
+		t.Fatal("a waiter added after the queue emptied was not woken")
+	}
+}
+
+// TestFullPauseWokenByRoom: a request paused because the table was full of
+// its process's connections asks the pool again as soon as one of them
+// goes idle (and may be evicted) or leaves the table, not at the end of its
+// pause: here every pause is longer than the request's deadline, so only
+// that wake serves it.
+func TestFullPauseWokenByRoom(t *testing.T) {
+	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
+	for _, tc := range []struct {
+		name  string
+		close bool // the held exchanges' connections leave the table
+	}{{"goes idle", false}, {"leaves the table", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			other := closingStreamUpstream(t, release, tc.close)
+			url := closingStreamUpstream(t, nil, false)
+			m := newMember(t, spec, func(tr *Transport) {
+				tr.MaxConnsPerKey = 8 // waits in the table, never outside it
+				tr.fullPauseBase = time.Minute
+			})
+			held := holdStreams(t, m, other, 2)
+			done := make(chan error, 1)
+			go func() {
+				_, body, err := roundTripWithin(m.tr, url+"/", 10*time.Second)
+				if err == nil && body != "ok" {
+					err = io.ErrUnexpectedEOF
+				}
+				done <- err
+			}()
+			waitFor(t, 5*time.Second, "the request to pause for room", func() bool { return m.node.room.n.Load() == 1 })
+			start := time.Now()
+			close(release)
+			for _, r := range held {
+				drain(r)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("the paused request: %v; want it served once room came", err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("served %v after room came; want at once", d)
+			}
+			want := 1 // the held connections went idle: one evicted
+			if tc.close {
+				want = 0
+			}
+			if s := m.node.Stats(); int(s.Evicted) != want || s.Unpooled != 0 || s.Created != 3 {
+				t.Fatalf("stats %+v: want the request on a connection of its own in the table, %d evicted", s, want)
+			}
+		})
+	}
+}
+
+// closingStreamUpstream answers /stream with a chunked body that ends once
+// release is closed, on a connection it then closes if closeAfter (saying
+// so in the head), and anything else with "ok".
+func closingStreamUpstream(t *testing.T, release chan struct{}, closeAfter bool) string {
+	return rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		if req.URL.Path != "/stream" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return true
+		}
+		head := "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+		if closeAfter {
+			head += "Connection: close\r\n"
+		}
+		io.WriteString(c, head+"\r\n5\r\nfirst\r\n")
+		<-release
+		io.WriteString(c, "0\r\n\r\n")
+		return !closeAfter
+	})
+}
+
+// roundTripWithin sends a GET to url through tr with a deadline of d, and
+// returns the response's status, body and error.
+func roundTripWithin(tr *Transport, url string, d time.Duration) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestSpareTakesRoomInTheTable: once the table has room again, a request
+// that would dial takes the connection kept outside the table for its
+// upstream into the table instead (see spares): no dial, and siblings
+// share it from then on.
+func TestSpareTakesRoomInTheTable(t *testing.T) {
+	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
+	release := make(chan struct{})
+	a := closingStreamUpstream(t, release, true)
+	unused := make(chan bool, 8)
+	b := unpooledUpstream(t, nil, unused)
+	m := newMember(t, spec, nil)
+	sib := newMember(t, spec, nil)
+	held := holdStreams(t, m, a, 2)
+	_, kept, err := adv10Do(t, m.tr, "GET", b+"/conn", nil)
+	if err != nil || kept == "" {
+		t.Fatalf("a request with the table full: %q, %v", kept, err)
+	}
+	close(release)
+	for _, r := range held {
+		drain(r) // both connections leave the table: it has room again
+	}
+	waitFor(t, 5*time.Second, "the held connections to leave", func() bool { return m.node.Stats().OpenConns == 1 })
+	if _, body, err := adv10Do(t, m.tr, "GET", b+"/conn", nil); err != nil || body != kept {
+		t.Fatalf("a request with room in the table: %q, %v; want it on the kept connection, %q", body, err, kept)
+	}
+	if s := m.node.Stats(); s.Unpooled != 1 || s.Created != 2 || s.OpenConns != 1 || m.node.spares.len() != 0 {
+		t.Fatalf("stats %+v, %d kept outside the table: want the kept connection in the table, not a new one", s, m.node.spares.len())
+	}
+	if _, body, err := adv10Do(t, sib.tr, "GET", b+"/conn", nil); err != nil || body != kept {
+		t.Fatalf("the sibling's request: %q, %v; want it on the same connection, %q", body, err, kept)
+	}
+	if s := sib.node.Stats(); s.ReusedRemote != 1 || s.Created != 0 {
+		t.Fatalf("sibling's stats %+v: want its request on the other process's connection", s)
+	}
+}
