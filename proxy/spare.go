@@ -13,8 +13,9 @@ import (
 // the table full, as net/http keeps its idle connections: a process whose
 // every slot holds a long-lived exchange would otherwise dial once for every
 // other request. They are neither shared nor counted in the table; the
-// sweep closes them as it does the table's idle connections, and a request
-// that finds room in the table takes a pooled connection instead.
+// sweep closes them as it does the table's idle connections. Once the table
+// has room again, a request that would dial takes one into it instead (see
+// Transport.pool), where siblings share it.
 type spares struct {
 	mu     sync.Mutex
 	closed bool
