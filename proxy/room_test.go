@@ -132,38 +132,55 @@ func roundTripWithin(tr *Transport, url string, d time.Duration) (int, string, e
 	return resp.StatusCode, string(b), err
 }
 
-// TestSpareTakesRoomInTheTable: once the table has room again, a request
-// that would dial takes the connection kept outside the table for its
-// upstream into the table instead (see spares): no dial, and siblings
-// share it from then on.
-func TestSpareTakesRoomInTheTable(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
-	release := make(chan struct{})
-	a := closingStreamUpstream(t, release, true)
-	unused := make(chan bool, 8)
-	b := unpooledUpstream(t, nil, unused)
-	m := newMember(t, spec, nil)
-	sib := newMember(t, spec, nil)
-	held := holdStreams(t, m, a, 2)
-	_, kept, err := adv10Do(t, m.tr, "GET", b+"/conn", nil)
-	if err != nil || kept == "" {
-		t.Fatalf("a request with the table full: %q, %v", kept, err)
-	}
-	close(release)
-	for _, r := range held {
-		drain(r) // both connections leave the table: it has room again
-	}
-	waitFor(t, 5*time.Second, "the held connections to leave", func() bool { return m.node.Stats().OpenConns == 1 })
-	if _, body, err := adv10Do(t, m.tr, "GET", b+"/conn", nil); err != nil || body != kept {
-		t.Fatalf("a request with room in the table: %q, %v; want it on the kept connection, %q", body, err, kept)
-	}
-	if s := m.node.Stats(); s.Unpooled != 1 || s.Created != 2 || s.OpenConns != 1 || m.node.spares.len() != 0 {
-		t.Fatalf("stats %+v, %d kept outside the table: want the kept connection in the table, not a new one", s, m.node.spares.len())
-	}
-	if _, body, err := adv10Do(t, sib.tr, "GET", b+"/conn", nil); err != nil || body != kept {
-		t.Fatalf("the sibling's request: %q, %v; want it on the same connection, %q", body, err, kept)
-	}
-	if s := sib.node.Stats(); s.ReusedRemote != 1 || s.Created != 0 {
-		t.Fatalf("sibling's stats %+v: want its request on the other process's connection", s)
+// TestSpareOnceTheStreamsEnd: a process kept a connection outside its full
+// table for an upstream (see spares). If the table is then full of idle
+// connections, the upstream's next request takes the kept connection
+// before it makes room by closing another upstream's idle one. If the table
+// has room again, a request that would dial takes the kept connection into
+// the table instead: no dial, and siblings share it from then on.
+func TestSpareOnceTheStreamsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		leave bool // the held exchanges' connections leave the table
+	}{{"the table is full of idle connections", false}, {"the table has room", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := orbitpool.PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
+			release := make(chan struct{})
+			a := closingStreamUpstream(t, release, tc.leave)
+			b := unpooledUpstream(t, nil, make(chan bool, 8))
+			m := newMember(t, spec, nil)
+			sib := newMember(t, spec, nil)
+			held := holdStreams(t, m, a, 2)
+			_, kept, err := adv10Do(t, m.tr, "GET", b+"/conn", nil)
+			if err != nil || kept == "" {
+				t.Fatalf("a request with the table full: %q, %v", kept, err)
+			}
+			close(release)
+			for _, r := range held {
+				drain(r)
+			}
+			if tc.leave {
+				waitFor(t, 5*time.Second, "the held connections to leave", func() bool { return m.node.Stats().OpenConns == 1 })
+			}
+			if _, body, err := adv10Do(t, m.tr, "GET", b+"/conn", nil); err != nil || body != kept {
+				t.Fatalf("the next request: %q, %v; want it on the kept connection, %q", body, err, kept)
+			}
+			s := m.node.Stats()
+			if !tc.leave {
+				if s.Evicted != 0 || s.Unpooled != 2 || s.OpenConns != 3 {
+					t.Fatalf("stats %+v: want both requests on the kept connection, and nothing evicted", s)
+				}
+				return
+			}
+			if s.Unpooled != 1 || s.Created != 2 || s.OpenConns != 1 || m.node.spares.len() != 0 {
+				t.Fatalf("stats %+v, %d kept outside the table: want the kept connection in the table, not a new one", s, m.node.spares.len())
+			}
+			if _, body, err := adv10Do(t, sib.tr, "GET", b+"/conn", nil); err != nil || body != kept {
+				t.Fatalf("the sibling's request: %q, %v; want it on the same connection, %q", body, err, kept)
+			}
+			if s := sib.node.Stats(); s.ReusedRemote != 1 || s.Created != 0 {
+				t.Fatalf("sibling's stats %+v: want its request on the other process's connection", s)
+			}
+		})
 	}
 }

@@ -294,32 +294,6 @@ func TestSparesOutsideTheTable(t *testing.T) {
 	}
 }
 
-// TestSpareBeforeEviction: a request that finds the table full takes a
-// connection kept outside the table for its upstream before it makes room
-// by closing another upstream's idle one.
-func TestSpareBeforeEviction(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 4, ResourcesPerLane: 2}
-	release, closed := make(chan struct{}), make(chan bool, 8)
-	a := unpooledUpstream(t, release, closed)
-	b := unpooledUpstream(t, release, closed)
-	m := newMember(t, spec, nil)
-	held := holdStreams(t, m, a, 2)
-	_, kept, err := adv10Do(t, m.tr, "GET", b+"/conn", nil)
-	if err != nil || kept == "" {
-		t.Fatalf("a request with the table full: %q, %v", kept, err)
-	}
-	close(release)
-	for _, r := range held {
-		drain(r) // the table is full of idle connections now
-	}
-	if _, body, err := adv10Do(t, m.tr, "GET", b+"/conn", nil); err != nil || body != kept {
-		t.Fatalf("the next request: %q, %v; want it on the kept connection, %q", body, err, kept)
-	}
-	if s := m.node.Stats(); s.Evicted != 0 || s.Unpooled != 2 || s.OpenConns != 3 {
-		t.Fatalf("stats %+v: want both requests on the kept connection, and nothing evicted", s)
-	}
-}
-
 // TestUnpooledNotForAnHTTP2Upstream: with the table full, a request to an
 // https upstream offered HTTP/2, which has not chosen HTTP/1.1 on a
 // connection of this process, dials nothing outside the table (an HTTP/2
