@@ -13,8 +13,10 @@ import (
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
-// TestRoomWaitersOrder: the oldest waiter is woken first, one per signal,
-// and a waiter that leaves after it was woken passes that on to the next.
+// TestRoomWaitersOrder: the oldest waiter is woken first, one per event; a
+// waiter that leaves after it was woken, or could not use the room, passes
+// the wake on, but not to a waiter that has asked since the event; and a
+// waiter that an event has passed since it asked is not queued.
 func TestRoomWaitersOrder(t *testing.T) {
 	var r roomWaiters
 	woken := func(ch chan struct{}) bool {
@@ -25,24 +27,44 @@ func TestRoomWaitersOrder(t *testing.T) {
 			return false
 		}
 	}
-	a, b, c := r.add(), r.add(), r.add()
+	var wa, wb, wc roomWait
+	r.asking(&wa)
+	r.asking(&wb)
+	r.asking(&wc)
+	a, b, c := r.add(&wa), r.add(&wb), r.add(&wc)
 	r.signal()
 	if !woken(a) || woken(b) || woken(c) {
-		t.Fatalf("after one signal: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
+		t.Fatalf("after one event: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
 	}
 	r.remove(a) // woken, then left: b has it
 	if !woken(b) || woken(c) {
 		t.Fatalf("after the woken waiter left: b=%v c=%v; want b alone woken", woken(b), woken(c))
 	}
-	r.remove(c) // not woken: nobody is
-	r.signal()  // b left the queue when woken, c by itself: nobody to wake
+	r.asking(&wb) // b asks again, finds no room, and waits again
+	b = r.add(&wb)
+	r.passOn() // c has not asked since the event: it may use the room
+	if !woken(c) || woken(b) {
+		t.Fatalf("after b passed the wake on: c=%v b=%v; want c alone woken", woken(c), woken(b))
+	}
+	r.asking(&wc)
+	c = r.add(&wc)
+	r.passOn() // both asked since the event: nobody to wake
+	if woken(b) || woken(c) {
+		t.Fatalf("a wake passed on to waiters that asked since the event: b=%v c=%v", woken(b), woken(c))
+	}
+	r.remove(b)
+	r.remove(c)
 	if n := r.n.Load(); n != 0 || len(r.q) != 0 {
 		t.Fatalf("%d waiters counted, %d queued; want none", n, len(r.q))
 	}
-	d := r.add()
-	r.signal()
-	if !woken(d) {
-		t.Fatal("a waiter added after the queue emptied was not woken")
+	var wd roomWait
+	r.asking(&wd)
+	r.signal() // between its ask and its add
+	if d := r.add(&wd); d != nil {
+		t.Fatal("a waiter that an event passed since it asked was queued; want it to ask again")
+	}
+	if n := r.n.Load(); n != 0 || len(r.q) != 0 {
+		t.Fatalf("%d waiters counted, %d queued; want none", n, len(r.q))
 	}
 }
 

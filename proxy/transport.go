@@ -660,6 +660,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	mayEvict := true
 	var full error // the table's, once the request paused for room
 	fullPauses := 0
+	var room roomWait
 	near := t.nearWindow()
 	for {
 		if !avoiding && avoid.any() {
@@ -674,6 +675,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		if err := claimVerdict(ctx, near); err != nil {
 			if full != nil {
 				err = fmt.Errorf("%w: %w", err, full) // what it waited for
+				if room.woken {
+					n.room.passOn() // for the next waiter to use
+				}
 			}
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
 		}
@@ -692,6 +696,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			lim.MaxCreating = 1
 		}
 		b.idle()
+		n.room.asking(&room)
 		wctx, cancel := waitContext(ctx, near)
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
@@ -725,7 +730,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// waiters, in which it would hold up requests that
 				// could dial.
 				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
-				if t.fullPause(ctx, fullPauses, b) {
+				if t.fullPause(ctx, fullPauses, b, &room) {
 					full = err
 					fullPauses++
 					mayEvict = true
@@ -936,18 +941,27 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // at random (t.fullPauseBase, if set, every time). It waits as pause does,
 // woken early, oldest first, when one of this process's connections may
 // have made room (see roomWaiters).
-func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget) bool {
+func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait) bool {
 	d := fullPauseBase << min(n, 4)
 	if t.fullPauseBase > 0 {
 		d = t.fullPauseBase
 	}
 	room := &t.Node.room
-	wake := room.add()
+	if w.woken {
+		// It was woken, and found no room: the next waiter may.
+		w.woken = false
+		room.passOn()
+	}
+	wake := room.add(w)
+	if wake == nil {
+		return true // room may have come since it asked
+	}
 	ok := t.pause(ctx, d+rand.N(d/10), b, wake)
 	if ok {
 		select {
 		case <-wake:
-			return true // the room it was woken for is its to try
+			w.woken = true
+			return true
 		default:
 		}
 	}
