@@ -1,7 +1,7 @@
 package proxy
 
 import (
-	"slices"
+	"container/list"
 	"sync"
 	"sync/atomic"
 )
@@ -22,9 +22,9 @@ import (
 // event is lost, and none wakes a waiter twice.
 type roomWaiters struct {
 	events atomic.Uint64
-	n      atomic.Int32 // len(q), read without the lock by signal
+	n      atomic.Int32 // q.Len(), read without the lock by signal
 	mu     sync.Mutex
-	q      []roomWaiter
+	q      list.List // of *roomWaiter, in the order they asked the pool
 }
 
 type roomWaiter struct {
@@ -36,6 +36,7 @@ type roomWaiter struct {
 type roomWait struct {
 	seen  uint64 // events when it last asked the pool
 	woken bool   // by an event, since it last asked
+	e     *list.Element
 }
 
 // asking records that w asks the pool now.
@@ -43,33 +44,34 @@ func (r *roomWaiters) asking(w *roomWait) { w.seen = r.events.Load() }
 
 // add queues w, and returns the channel that wakes it, or nil if an event
 // has passed since it asked: the room may be there.
-func (r *roomWaiters) add(w *roomWait) chan struct{} {
-	ch := make(chan struct{})
+func (r *roomWaiters) add(w *roomWait) <-chan struct{} {
+	rw := &roomWaiter{wake: make(chan struct{}), seen: w.seen}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.q = append(r.q, roomWaiter{ch, w.seen})
+	w.e = r.q.PushBack(rw)
 	// Counted before events is read, as signal counts the event before it
 	// reads n: one of the two sees the other.
-	r.n.Store(int32(len(r.q)))
+	r.n.Store(int32(r.q.Len()))
 	if r.events.Load() != w.seen {
-		r.q = r.q[:len(r.q)-1]
-		r.n.Store(int32(len(r.q)))
+		r.q.Remove(w.e)
+		r.n.Store(int32(r.q.Len()))
 		return nil
 	}
-	return ch
+	return rw.wake
 }
 
-// remove takes the waiter ch out of the queue. If it was woken already, it
-// passes the wake on.
-func (r *roomWaiters) remove(ch chan struct{}) {
+// remove takes w out of the queue. If it was woken already, it passes the
+// wake on.
+func (r *roomWaiters) remove(w *roomWait) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if i := slices.IndexFunc(r.q, func(w roomWaiter) bool { return w.wake == ch }); i >= 0 {
-		r.q = slices.Delete(r.q, i, i+1)
-		r.n.Store(int32(len(r.q)))
-		return
+	select {
+	case <-w.e.Value.(*roomWaiter).wake:
+		r.wakeOldest()
+	default:
+		r.q.Remove(w.e)
+		r.n.Store(int32(r.q.Len()))
 	}
-	r.wakeOldest()
 }
 
 // signal numbers an event, and wakes the oldest waiter.
@@ -92,13 +94,18 @@ func (r *roomWaiters) passOn() {
 }
 
 // wakeOldest wakes the oldest waiter if it has not asked since the last
-// event. The queue is in the order its waiters asked: if the oldest has,
-// all have.
+// event, and takes it out of the queue. The queue is in the order its
+// waiters asked: if the oldest has, all have.
 func (r *roomWaiters) wakeOldest() {
-	if len(r.q) == 0 || r.q[0].seen == r.events.Load() {
+	e := r.q.Front()
+	if e == nil {
 		return
 	}
-	close(r.q[0].wake)
-	r.q = slices.Delete(r.q, 0, 1)
-	r.n.Store(int32(len(r.q)))
+	rw := e.Value.(*roomWaiter)
+	if rw.seen == r.events.Load() {
+		return
+	}
+	close(rw.wake)
+	r.q.Remove(e)
+	r.n.Store(int32(r.q.Len()))
 }

@@ -3,7 +3,9 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -19,7 +21,7 @@ import (
 // waiter that an event has passed since it asked is not queued.
 func TestRoomWaitersOrder(t *testing.T) {
 	var r roomWaiters
-	woken := func(ch chan struct{}) bool {
+	woken := func(ch <-chan struct{}) bool {
 		select {
 		case <-ch:
 			return true
@@ -36,7 +38,7 @@ func TestRoomWaitersOrder(t *testing.T) {
 	if !woken(a) || woken(b) || woken(c) {
 		t.Fatalf("after one event: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
 	}
-	r.remove(a) // woken, then left: b has it
+	r.remove(&wa) // woken, then left: b has it
 	if !woken(b) || woken(c) {
 		t.Fatalf("after the woken waiter left: b=%v c=%v; want b alone woken", woken(b), woken(c))
 	}
@@ -52,10 +54,10 @@ func TestRoomWaitersOrder(t *testing.T) {
 	if woken(b) || woken(c) {
 		t.Fatalf("a wake passed on to waiters that asked since the event: b=%v c=%v", woken(b), woken(c))
 	}
-	r.remove(b)
-	r.remove(c)
-	if n := r.n.Load(); n != 0 || len(r.q) != 0 {
-		t.Fatalf("%d waiters counted, %d queued; want none", n, len(r.q))
+	r.remove(&wb)
+	r.remove(&wc)
+	if n := r.n.Load(); n != 0 || r.q.Len() != 0 {
+		t.Fatalf("%d waiters counted, %d queued; want none", n, r.q.Len())
 	}
 	var wd roomWait
 	r.asking(&wd)
@@ -63,8 +65,8 @@ func TestRoomWaitersOrder(t *testing.T) {
 	if d := r.add(&wd); d != nil {
 		t.Fatal("a waiter that an event passed since it asked was queued; want it to ask again")
 	}
-	if n := r.n.Load(); n != 0 || len(r.q) != 0 {
-		t.Fatalf("%d waiters counted, %d queued; want none", n, len(r.q))
+	if n := r.n.Load(); n != 0 || r.q.Len() != 0 {
+		t.Fatalf("%d waiters counted, %d queued; want none", n, r.q.Len())
 	}
 }
 
@@ -202,6 +204,30 @@ func TestSpareOnceTheStreamsEnd(t *testing.T) {
 			}
 			if s := sib.node.Stats(); s.ReusedRemote != 1 || s.Created != 0 {
 				t.Fatalf("sibling's stats %+v: want its request on the other process's connection", s)
+			}
+		})
+	}
+}
+
+// BenchmarkRoomWaitersChurn times paused requests ending their pause
+// (remove) and pausing again (add), in random order, as requests whose
+// pauses run out do while a table stays full: the cost per operation must
+// not grow with the number of paused requests.
+func BenchmarkRoomWaitersChurn(b *testing.B) {
+	for _, n := range []int{1000, 16000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			var r roomWaiters
+			ws := make([]roomWait, n)
+			for i := range ws {
+				r.asking(&ws[i])
+				r.add(&ws[i])
+			}
+			order := rand.Perm(n)
+			b.ResetTimer()
+			for i := range b.N {
+				w := &ws[order[i%n]]
+				r.remove(w)
+				r.add(w)
 			}
 		})
 	}

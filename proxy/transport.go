@@ -674,10 +674,16 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		}
 		if err := claimVerdict(ctx, near); err != nil {
 			if full != nil {
-				err = fmt.Errorf("%w: %w", err, full) // what it waited for
 				if room.woken {
 					n.room.passOn() // for the next waiter to use
 				}
+				// What it waited for; a wait for room that ran into
+				// the deadline's near-window ran out, as one for a
+				// connection does.
+				if errors.Is(err, backpressure.ErrDeadlineNear) {
+					err = ErrNoCapacity
+				}
+				err = fmt.Errorf("%w: %w", err, full)
 			}
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: err}
 		}
@@ -965,7 +971,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 		default:
 		}
 	}
-	room.remove(wake)
+	room.remove(w)
 	return ok
 }
 

@@ -202,8 +202,8 @@ func TestUnpooledWhenTheTableIsFull(t *testing.T) {
 			holdStreams(t, m, url, 2)
 			start := time.Now()
 			_, err := get(m, url, 300*time.Millisecond)
-			if !errors.Is(err, orbitpool.ErrFull) {
-				t.Fatalf("a capped key's request whose connections stayed busy: %v; want the table's error", err)
+			if !errors.Is(err, orbitpool.ErrFull) || !errors.Is(err, ErrNoCapacity) {
+				t.Fatalf("a capped key's request whose connections stayed busy: %v; want the table's error, as a wait that ran out", err)
 			}
 			if d := time.Since(start); d < 100*time.Millisecond {
 				t.Fatalf("refused after %v; want it to have waited", d)
