@@ -677,10 +677,10 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if room.woken {
 					n.room.passOn() // for the next waiter to use
 				}
-				// What it waited for; a wait for room that ran into
-				// the deadline's near-window ran out, as one for a
-				// connection does.
-				if errors.Is(err, backpressure.ErrDeadlineNear) {
+				// What it waited for. A wait for room that reached
+				// the deadline (or its near-window) ran out, as a
+				// wait for a connection does.
+				if errors.Is(err, backpressure.ErrDeadlineNear) || errors.Is(err, backpressure.ErrDeadlineElapsed) {
 					err = ErrNoCapacity
 				}
 				err = fmt.Errorf("%w: %w", err, full)
