@@ -889,7 +889,7 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			hc.active.Add(-1)
 			n.syncH2(hc)
 			exec.Complete()
-			n.room.signal() // a stream's room
+			n.room.signalKey(hc.key) // a stream's room, for its key alone
 			switch {
 			case rb != nil:
 				rb.after(onDone)
@@ -1284,7 +1284,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	defer dialEnded() // a panic out of startH2 included
 	cc, capacity, err := t.startH2(req.Context(), &e.u, c)
 	if err != nil {
-		permit.Close()
+		n.dropPermit(permit)
 		return nil, err
 	}
 	// Siblings woken by the new room may present leases on it before it is
@@ -1298,7 +1298,7 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	exec, err := kc.register(permit, capacity, dialEnded)
 	if err != nil {
 		n.endH2Install()
-		permit.Close()
+		n.dropPermit(permit)
 		cc.Close()
 		return nil, &Error{Op: "register", RetrySafe: true, Err: err}
 	}

@@ -553,6 +553,13 @@ func (n *Node) unslot(oc *owned) bool {
 
 func (n *Node) unregister(oc *owned) { n.unregisterToward(oc, -1) }
 
+// dropPermit closes a creation permit that made no connection: the slot it
+// held is free again.
+func (n *Node) dropPermit(p *orbitpool.CreationPermit) {
+	p.Close()
+	n.room.signal()
+}
+
 func (n *Node) unregisterToward(oc *owned, lane int) {
 	if err := n.pool.UnregisterToward(oc.id, lane); err != nil && !errors.Is(err, orbitpool.ErrClosed) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))

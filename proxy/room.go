@@ -4,39 +4,49 @@ import (
 	"container/list"
 	"sync"
 	"sync/atomic"
+
+	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // roomWaiters are this process's requests paused because the table was
-// full (see Transport.fullPause), oldest first. When one of the process's
-// connections leaves the table, goes idle (and so may be evicted), or ends
-// an HTTP/2 stream, the oldest is woken to ask the pool again at once
-// rather than at the end of its pause: in a table full of the process's own
-// connections (conns_per_process) those are the events that make room.
-// Room a sibling makes (a key freed fleet-wide, or its idle connection of
-// the key) is still found at the end of a pause.
+// full (see Transport.fullPause), oldest first. An event that may make room
+// wakes one of them to ask the pool again at once rather than at the end of
+// its pause: one of the process's connections going idle (which the waiter
+// may evict), leaving the table, or a creation permit given back wakes the
+// oldest; an HTTP/2 stream's end wakes the oldest for its key. In a table
+// full of the process's own connections (conns_per_process) those are the
+// events that make room. Room a sibling makes (a key freed fleet-wide, or
+// its idle connection of the key) is still found at the end of a pause.
 //
-// Each event is numbered. A waiter remembers the number it had seen when
-// it last asked the pool: one that an event has passed since is not queued
-// (it asks again), and a woken waiter that could not use the room passes
-// the wake on to the oldest that has not asked since the event. So no
-// event is lost, and none wakes a waiter twice.
+// Events are numbered. A waiter remembers the number it had seen when it
+// last asked the pool: one that an event has passed since is not queued (it
+// asks again), and a woken waiter that leaves without the room, or could
+// not take it (see Transport.once), passes the wake on to a waiter that has
+// not asked since. So no event is lost, and none wakes more than the
+// waiters that could use it.
 type roomWaiters struct {
 	events atomic.Uint64
-	n      atomic.Int32 // q.Len(), read without the lock by signal
+	n      atomic.Int32 // waiters queued, read without the lock by signal
 	mu     sync.Mutex
-	q      list.List // of *roomWaiter, in the order they asked the pool
+	all    list.List // of *roomWaiter, in the order they asked the pool
+	byKey  map[orbitpool.Key]*list.List
 }
 
 type roomWaiter struct {
-	wake chan struct{}
-	seen uint64 // events when it last asked the pool
+	key      orbitpool.Key
+	seen     uint64 // events when it last asked the pool
+	wake     chan struct{}
+	inAll    *list.Element
+	inKey    *list.Element
+	keyQueue *list.List
 }
 
 // roomWait is one request's place among the roomWaiters.
 type roomWait struct {
+	key   orbitpool.Key
 	seen  uint64 // events when it last asked the pool
-	woken bool   // by an event, since it last asked
-	e     *list.Element
+	woken bool   // by an event it has not used yet
+	w     *roomWaiter
 }
 
 // asking records that w asks the pool now.
@@ -45,67 +55,108 @@ func (r *roomWaiters) asking(w *roomWait) { w.seen = r.events.Load() }
 // add queues w, and returns the channel that wakes it, or nil if an event
 // has passed since it asked: the room may be there.
 func (r *roomWaiters) add(w *roomWait) <-chan struct{} {
-	rw := &roomWaiter{wake: make(chan struct{}), seen: w.seen}
+	rw := &roomWaiter{key: w.key, seen: w.seen, wake: make(chan struct{})}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	w.e = r.q.PushBack(rw)
+	if r.byKey == nil {
+		r.byKey = make(map[orbitpool.Key]*list.List)
+	}
+	rw.keyQueue = r.byKey[w.key]
+	if rw.keyQueue == nil {
+		rw.keyQueue = new(list.List)
+		r.byKey[w.key] = rw.keyQueue
+	}
+	rw.inAll = r.all.PushBack(rw)
+	rw.inKey = rw.keyQueue.PushBack(rw)
 	// Counted before events is read, as signal counts the event before it
 	// reads n: one of the two sees the other.
-	r.n.Store(int32(r.q.Len()))
+	r.n.Add(1)
 	if r.events.Load() != w.seen {
-		r.q.Remove(w.e)
-		r.n.Store(int32(r.q.Len()))
+		r.take(rw)
 		return nil
 	}
+	w.w = rw
 	return rw.wake
 }
 
-// remove takes w out of the queue. If it was woken already, it passes the
-// wake on.
+// take takes rw out of the queue.
+func (r *roomWaiters) take(rw *roomWaiter) {
+	r.all.Remove(rw.inAll)
+	rw.keyQueue.Remove(rw.inKey)
+	if rw.keyQueue.Len() == 0 {
+		delete(r.byKey, rw.key)
+	}
+	r.n.Add(-1)
+}
+
+// remove takes w out of the queue once its wait is over. If it was woken,
+// it passes the wake on.
 func (r *roomWaiters) remove(w *roomWait) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	select {
-	case <-w.e.Value.(*roomWaiter).wake:
-		r.wakeOldest()
+	case <-w.w.wake:
+		r.wakeFirst(w.key)
 	default:
-		r.q.Remove(w.e)
-		r.n.Store(int32(r.q.Len()))
+		r.take(w.w)
 	}
+	w.w = nil
 }
 
-// signal numbers an event, and wakes the oldest waiter.
+// signal numbers an event that may make room for any key, and wakes the
+// oldest waiter.
 func (r *roomWaiters) signal() {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
 		return
 	}
 	r.mu.Lock()
-	r.wakeOldest()
+	r.wake(r.all.Front())
 	r.mu.Unlock()
 }
 
-// passOn wakes the oldest waiter for the last event, which its waker could
-// not use.
-func (r *roomWaiters) passOn() {
-	r.mu.Lock()
-	r.wakeOldest()
-	r.mu.Unlock()
-}
-
-// wakeOldest wakes the oldest waiter if it has not asked since the last
-// event, and takes it out of the queue. The queue is in the order its
-// waiters asked: if the oldest has, all have.
-func (r *roomWaiters) wakeOldest() {
-	e := r.q.Front()
-	if e == nil {
+// signalKey numbers an event that may make room for key alone, and wakes
+// key's oldest waiter.
+func (r *roomWaiters) signalKey(key orbitpool.Key) {
+	r.events.Add(1)
+	if r.n.Load() == 0 {
 		return
+	}
+	r.mu.Lock()
+	if l := r.byKey[key]; l != nil {
+		r.wake(l.Front())
+	}
+	r.mu.Unlock()
+}
+
+// passOn hands a wake its waiter of key did not use to the next waiter.
+func (r *roomWaiters) passOn(key orbitpool.Key) {
+	r.mu.Lock()
+	r.wakeFirst(key)
+	r.mu.Unlock()
+}
+
+// wakeFirst wakes key's oldest waiter, for an event that may have been for
+// key alone, else the oldest.
+func (r *roomWaiters) wakeFirst(key orbitpool.Key) {
+	if l := r.byKey[key]; l != nil && r.wake(l.Front()) {
+		return
+	}
+	r.wake(r.all.Front())
+}
+
+// wake wakes the waiter at e (nil for none) if it has not asked the pool
+// since the last event, and reports whether it did. Queues are in the order
+// their waiters asked: if the first has asked, all have.
+func (r *roomWaiters) wake(e *list.Element) bool {
+	if e == nil {
+		return false
 	}
 	rw := e.Value.(*roomWaiter)
 	if rw.seen == r.events.Load() {
-		return
+		return false
 	}
 	close(rw.wake)
-	r.q.Remove(e)
-	r.n.Store(int32(r.q.Len()))
+	r.take(rw)
+	return true
 }

@@ -15,10 +15,11 @@ import (
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
-// TestRoomWaitersOrder: the oldest waiter is woken first, one per event; a
-// waiter that leaves after it was woken, or could not use the room, passes
-// the wake on, but not to a waiter that has asked since the event; and a
-// waiter that an event has passed since it asked is not queued.
+// TestRoomWaitersOrder: the oldest waiter is woken first, one per event,
+// and for an event for one key, that key's oldest; a waiter that leaves
+// after it was woken passes the wake on, to its key's oldest first, but
+// not to a waiter that has asked since the event; and a waiter that an
+// event has passed since it asked is not queued.
 func TestRoomWaitersOrder(t *testing.T) {
 	var r roomWaiters
 	woken := func(ch <-chan struct{}) bool {
@@ -29,7 +30,8 @@ func TestRoomWaitersOrder(t *testing.T) {
 			return false
 		}
 	}
-	var wa, wb, wc roomWait
+	k1, k2 := orbitpool.Key{Lo: 1}, orbitpool.Key{Lo: 2}
+	wa, wb, wc := roomWait{key: k1}, roomWait{key: k2}, roomWait{key: k2}
 	r.asking(&wa)
 	r.asking(&wb)
 	r.asking(&wc)
@@ -44,20 +46,31 @@ func TestRoomWaitersOrder(t *testing.T) {
 	}
 	r.asking(&wb) // b asks again, finds no room, and waits again
 	b = r.add(&wb)
-	r.passOn() // c has not asked since the event: it may use the room
+	r.passOn(k2) // c has not asked since the event: it may use the room
 	if !woken(c) || woken(b) {
 		t.Fatalf("after b passed the wake on: c=%v b=%v; want c alone woken", woken(c), woken(b))
 	}
 	r.asking(&wc)
 	c = r.add(&wc)
-	r.passOn() // both asked since the event: nobody to wake
+	r.passOn(k2) // both asked since the event: nobody to wake
 	if woken(b) || woken(c) {
 		t.Fatalf("a wake passed on to waiters that asked since the event: b=%v c=%v", woken(b), woken(c))
 	}
+	r.asking(&wa)
+	a = r.add(&wa) // the oldest now: b, c, a
+	r.signalKey(k1)
+	if !woken(a) || woken(b) || woken(c) {
+		t.Fatalf("after an event for a's key: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
+	}
+	r.signalKey(orbitpool.Key{Lo: 3})
+	if woken(b) || woken(c) {
+		t.Fatalf("an event for a key nobody waits for woke b=%v c=%v", woken(b), woken(c))
+	}
+	r.remove(&wa)
 	r.remove(&wb)
 	r.remove(&wc)
-	if n := r.n.Load(); n != 0 || r.q.Len() != 0 {
-		t.Fatalf("%d waiters counted, %d queued; want none", n, r.q.Len())
+	if n := r.n.Load(); n != 0 || r.all.Len() != 0 || len(r.byKey) != 0 {
+		t.Fatalf("%d waiters counted, %d queued, %d keys; want none", n, r.all.Len(), len(r.byKey))
 	}
 	var wd roomWait
 	r.asking(&wd)
@@ -65,8 +78,8 @@ func TestRoomWaitersOrder(t *testing.T) {
 	if d := r.add(&wd); d != nil {
 		t.Fatal("a waiter that an event passed since it asked was queued; want it to ask again")
 	}
-	if n := r.n.Load(); n != 0 || r.q.Len() != 0 {
-		t.Fatalf("%d waiters counted, %d queued; want none", n, r.q.Len())
+	if n := r.n.Load(); n != 0 || r.all.Len() != 0 || len(r.byKey) != 0 {
+		t.Fatalf("%d waiters counted, %d queued, %d keys; want none", n, r.all.Len(), len(r.byKey))
 	}
 }
 

@@ -660,7 +660,14 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	mayEvict := true
 	var full error // the table's, once the request paused for room
 	fullPauses := 0
-	var room roomWait
+	// room is its place among the requests paused for room; a wake it
+	// leaves with, unused, goes to the next.
+	room := roomWait{key: e.key}
+	defer func() {
+		if room.woken {
+			n.room.passOn(e.key)
+		}
+	}()
 	near := t.nearWindow()
 	for {
 		if !avoiding && avoid.any() {
@@ -674,9 +681,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		}
 		if err := claimVerdict(ctx, near); err != nil {
 			if full != nil {
-				if room.woken {
-					n.room.passOn() // for the next waiter to use
-				}
 				// What it waited for. A wait for room that reached
 				// the deadline (or its near-window) ran out, as a
 				// wait for a connection does.
@@ -715,9 +719,12 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// upstreams than keys, room made for one upstream
 				// would be taken from another's next request.
 				unpooled := t.mayGoUnpooled(e)
+				looked := false // for an idle connection to evict
 				if mayEvict && !n.leaving(evicted) && !(unpooled && n.spares.has(e.key)) {
+					looked = true
 					if evicted = n.evictIdle(); evicted != nil {
 						mayEvict = false
+						room.woken = false // the room it was woken for
 						continue
 					}
 				}
@@ -736,11 +743,14 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// waiters, in which it would hold up requests that
 				// could dial.
 				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
-				if t.fullPause(ctx, fullPauses, b, &room) {
+				if t.fullPause(ctx, fullPauses, b, &room, looked) {
 					full = err
 					fullPauses++
 					mayEvict = true
 					continue
+				}
+				if n.isStopped() {
+					return nil, &Error{Op: "acquire", Err: ErrClosed}
 				}
 				return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("%w: %w", ErrNoCapacity, err)}
 			}
@@ -756,7 +766,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				plan.Execution.Complete()
 			}
 			if plan.Permit != nil {
-				plan.Permit.Close()
+				n.dropPermit(plan.Permit)
 			}
 			if plan.Kind == orbitpool.PlanReuseRemote {
 				n.pool.Withdraw(plan.Lease)
@@ -793,6 +803,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				avoid.keepOff(id)
 				continue
 			}
+			room.woken = false // an idle connection was what it was woken for
 			n.stats.reusedLocal.Add(1)
 			return n.use(oc, plan.Execution, req, bufs, release, nil)
 
@@ -835,6 +846,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if lane := n.dialToward(ctx, kc, e.key, passes == 0); lane >= 0 {
 					passes++
 					plan.Permit.CloseToward(lane)
+					n.room.signal() // its slot is free
 					continue
 				}
 			} else {
@@ -842,13 +854,14 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			if err := claimVerdict(ctx, near); err != nil {
 				kc.dialEnds()
-				plan.Permit.Close()
+				n.dropPermit(plan.Permit)
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: err}
 			}
 			// A connection kept outside the table for the key (see
 			// spares) takes the room instead of a new one: no dial, and
 			// siblings may use it from now on. It keeps the limits of the
 			// transport that dialed it.
+			room.woken = false // the room is this request's, and used
 			if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
 				oc, exec, err := t.pool(e.key, kc, plan.Permit, c, s)
 				n.spareClosed() // counted in the table instead, or closed
@@ -859,7 +872,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			}
 			if !n.admitDial() {
 				kc.dialEnds()
-				plan.Permit.Close()
+				n.dropPermit(plan.Permit)
 				if fallback != nil && ctx.Err() == nil {
 					policy, fallback = fallback, nil
 					continue
@@ -879,16 +892,16 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 						// A panic out of the dial (a callback of
 						// TLSClientConfig's) goes to the caller: the
 						// dial is over, and its creation unit with it.
-						plan.Permit.Close()
+						n.dropPermit(plan.Permit)
 					}
 				}()
 				return t.dialer.dial(ctx, &e.u, func(a netip.AddrPort) { n.sawRemote(e.key, kc, a) })
 			}()
 			if err != nil {
 				if n.dialRefused(e.key, kc, dialStart, err) {
-					n.holdRefusedUnit(e.key, kc, func() { plan.Permit.Close() })
+					n.holdRefusedUnit(e.key, kc, func() { n.dropPermit(plan.Permit) })
 				} else {
-					plan.Permit.Close()
+					n.dropPermit(plan.Permit)
 				}
 				if fallback != nil && ctx.Err() == nil {
 					policy, fallback = fallback, nil
@@ -920,7 +933,7 @@ func (t *Transport) pool(key orbitpool.Key, kc *keyCap, permit *orbitpool.Creati
 	n := t.Node
 	exec, err := kc.register(permit, 1, kc.dialEnds)
 	if err != nil {
-		permit.Close()
+		n.dropPermit(permit)
 		c.close()
 		return nil, nil, &Error{Op: "register", RetrySafe: true, Err: err}
 	}
@@ -947,16 +960,20 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // at random (t.fullPauseBase, if set, every time). It waits as pause does,
 // woken early, oldest first, when one of this process's connections may
 // have made room (see roomWaiters).
-func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait) bool {
+func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait, looked bool) bool {
 	d := fullPauseBase << min(n, 4)
 	if t.fullPauseBase > 0 {
 		d = t.fullPauseBase
 	}
 	room := &t.Node.room
 	if w.woken {
-		// It was woken, and found no room: the next waiter may.
+		// It was woken and found no room. If it could not look for an
+		// idle connection to evict (its last eviction still leaves), the
+		// next waiter may; else the room is gone.
 		w.woken = false
-		room.passOn()
+		if !looked {
+			room.passOn(w.key)
+		}
 	}
 	wake := room.add(w)
 	if wake == nil {
@@ -1108,6 +1125,8 @@ func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudge
 	case <-wake:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-t.Node.stop:
 		return false
 	}
 }
