@@ -792,6 +792,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					plan.Execution.Complete()
 					continue
 				}
+				room.woken = false // a stream was what it was woken for
 				n.stats.reusedLocal.Add(1)
 				resp, err := n.useH2(hc, plan.Execution, req, release)
 				if err != nil {
