@@ -980,7 +980,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	if wake == nil {
 		return true // room may have come since it asked
 	}
-	ok := t.pause(ctx, d+rand.N(d/10), b, wake)
+	ok := t.pause(ctx, d+rand.N(d/10), b, wake, t.Node.stop)
 	if ok {
 		select {
 		case <-wake:
@@ -1099,15 +1099,16 @@ func (t *Transport) awayBackoff(ctx context.Context, n int, b *exchangeBudget) b
 		return true
 	}
 	d := awayBackoffBase << min(n-1, 5)
-	return t.pause(ctx, d+rand.N(d/10), b, nil)
+	return t.pause(ctx, d+rand.N(d/10), b, nil, nil)
 }
 
 // pause waits d, holding none of b's workers, as a request waits for the
 // pool, or until wake (if not nil) is closed. It reports false, at once, if
 // the wait would come within the near-window of the request's deadline
-// (what follows could not start), or when ctx ends. A wait that may be
-// woken is cut short to end before that window instead.
-func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake <-chan struct{}) bool {
+// (what follows could not start), or when ctx ends or stop (if not nil)
+// is closed. A wait that may be woken is cut short to end before that
+// window instead.
+func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake, stop <-chan struct{}) bool {
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl) - t.nearWindow()
 		if wake != nil {
@@ -1127,7 +1128,7 @@ func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudge
 		return true
 	case <-ctx.Done():
 		return false
-	case <-t.Node.stop:
+	case <-stop:
 		return false
 	}
 }
