@@ -35,6 +35,8 @@ type roomWaiters struct {
 type roomWaiter struct {
 	key      orbitpool.Key
 	seen     uint64 // events when it last asked the pool
+	stuck    bool   // it may not evict (see roomWait)
+	forKey   bool   // woken by signalKey; set before wake is closed
 	wake     chan struct{}
 	inAll    *list.Element
 	inKey    *list.Element
@@ -43,9 +45,13 @@ type roomWaiter struct {
 
 // roomWait is one request's place among the roomWaiters.
 type roomWait struct {
-	key   orbitpool.Key
-	seen  uint64 // events when it last asked the pool
-	woken bool   // by an event it has not used yet
+	key    orbitpool.Key
+	seen   uint64 // events when it last asked the pool
+	woken  bool   // by an event it has not used yet
+	forKey bool   // that event was for its key alone (see signalKey)
+	// stuck: it may not evict an idle connection to make room (its last
+	// eviction still holds its slot), so a wake passed on skips it.
+	stuck bool
 	w     *roomWaiter
 }
 
@@ -55,7 +61,7 @@ func (r *roomWaiters) asking(w *roomWait) { w.seen = r.events.Load() }
 // add queues w, and returns the channel that wakes it, or nil if an event
 // has passed since it asked: the room may be there.
 func (r *roomWaiters) add(w *roomWait) <-chan struct{} {
-	rw := &roomWaiter{key: w.key, seen: w.seen, wake: make(chan struct{})}
+	rw := &roomWaiter{key: w.key, seen: w.seen, stuck: w.stuck, wake: make(chan struct{})}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.byKey == nil {
@@ -111,7 +117,7 @@ func (r *roomWaiters) signal() {
 		return
 	}
 	r.mu.Lock()
-	r.wake(r.all.Front())
+	r.wake(r.all.Front(), false)
 	r.mu.Unlock()
 }
 
@@ -124,7 +130,7 @@ func (r *roomWaiters) signalKey(key orbitpool.Key) {
 	}
 	r.mu.Lock()
 	if l := r.byKey[key]; l != nil {
-		r.wake(l.Front())
+		r.wake(l.Front(), true)
 	}
 	r.mu.Unlock()
 }
@@ -136,19 +142,35 @@ func (r *roomWaiters) passOn(key orbitpool.Key) {
 	r.mu.Unlock()
 }
 
-// wakeFirst wakes key's oldest waiter, for an event that may have been for
-// key alone, else the oldest.
+// wakeFirst wakes, for a wake passed on, key's oldest waiter that may
+// evict (the event may have been for key alone), else the oldest that may.
+// One that may not evict would pass it on again: an event that no waiter
+// can use would go down the whole queue.
 func (r *roomWaiters) wakeFirst(key orbitpool.Key) {
-	if l := r.byKey[key]; l != nil && r.wake(l.Front()) {
+	if l := r.byKey[key]; l != nil && r.wakeFirstFree(l) {
 		return
 	}
-	r.wake(r.all.Front())
+	r.wakeFirstFree(&r.all)
+}
+
+func (r *roomWaiters) wakeFirstFree(l *list.List) bool {
+	for e := l.Front(); e != nil; e = e.Next() {
+		rw := e.Value.(*roomWaiter)
+		if rw.seen == r.events.Load() {
+			return false // see wake
+		}
+		if !rw.stuck {
+			return r.wake(e, false)
+		}
+	}
+	return false
 }
 
 // wake wakes the waiter at e (nil for none) if it has not asked the pool
-// since the last event, and reports whether it did. Queues are in the order
-// their waiters asked: if the first has asked, all have.
-func (r *roomWaiters) wake(e *list.Element) bool {
+// since the last event, and reports whether it did; forKey says the event
+// was for its key alone. Queues are in the order their waiters asked: if
+// the first has asked, all have.
+func (r *roomWaiters) wake(e *list.Element, forKey bool) bool {
 	if e == nil {
 		return false
 	}
@@ -156,6 +178,7 @@ func (r *roomWaiters) wake(e *list.Element) bool {
 	if rw.seen == r.events.Load() {
 		return false
 	}
+	rw.forKey = forKey
 	close(rw.wake)
 	r.take(rw)
 	return true

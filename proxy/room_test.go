@@ -18,8 +18,9 @@ import (
 // TestRoomWaitersOrder: the oldest waiter is woken first, one per event,
 // and for an event for one key, that key's oldest; a waiter that leaves
 // after it was woken passes the wake on, to its key's oldest first, but
-// not to a waiter that has asked since the event; and a waiter that an
-// event has passed since it asked is not queued.
+// not to a waiter that has asked since the event, nor to one that may not
+// evict; and a waiter that an event has passed since it asked is not
+// queued.
 func TestRoomWaitersOrder(t *testing.T) {
 	var r roomWaiters
 	woken := func(ch <-chan struct{}) bool {
@@ -71,6 +72,25 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.remove(&wc)
 	if n := r.n.Load(); n != 0 || r.all.Len() != 0 || len(r.byKey) != 0 {
 		t.Fatalf("%d waiters counted, %d queued, %d keys; want none", n, r.all.Len(), len(r.byKey))
+	}
+	// A wake passed on skips a waiter that may not evict; an event wakes
+	// it all the same.
+	wx, ws, wf := roomWait{key: k1}, roomWait{key: k1, stuck: true}, roomWait{key: k1}
+	r.asking(&wx)
+	r.asking(&ws)
+	r.asking(&wf)
+	x, s, f := r.add(&wx), r.add(&ws), r.add(&wf)
+	r.signal()
+	if !woken(x) {
+		t.Fatal("the oldest waiter was not woken")
+	}
+	r.remove(&wx) // it left without the room
+	if woken(s) || !woken(f) {
+		t.Fatalf("a wake passed on: stuck woken=%v, free woken=%v; want the free one alone", woken(s), woken(f))
+	}
+	r.signal()
+	if !woken(s) || ws.w.forKey {
+		t.Fatalf("an event for any key: stuck woken=%v (for its key alone: %v); want it woken", woken(s), ws.w.forKey)
 	}
 	var wd roomWait
 	r.asking(&wd)

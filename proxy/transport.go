@@ -743,7 +743,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// waiters, in which it would hold up requests that
 				// could dial.
 				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
-				if t.fullPause(ctx, fullPauses, b, &room, looked) {
+				room.stuck = !looked
+				if t.fullPause(ctx, fullPauses, b, &room) {
 					full = err
 					fullPauses++
 					mayEvict = true
@@ -766,7 +767,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				plan.Execution.Complete()
 			}
 			if plan.Permit != nil {
-				n.dropPermit(plan.Permit)
+				n.dropPermit(plan.Permit) // wakes the next waiter
+				room.woken = false
 			}
 			if plan.Kind == orbitpool.PlanReuseRemote {
 				n.pool.Withdraw(plan.Lease)
@@ -792,7 +794,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					plan.Execution.Complete()
 					continue
 				}
-				room.woken = false // a stream was what it was woken for
+				if room.forKey {
+					room.woken = false // a stream was what it was woken for
+				}
 				n.stats.reusedLocal.Add(1)
 				resp, err := n.useH2(hc, plan.Execution, req, release)
 				if err != nil {
@@ -839,6 +843,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return resp, err
 
 		case orbitpool.PlanCreate:
+			// The room is this request's: if it makes no connection, the
+			// permit given back wakes the next waiter.
+			room.woken = false
 			// From the choice to dial here until the pool holds the
 			// connection (or the dial failed), it counts as one of this
 			// process's connections of the key (see dialToward).
@@ -862,7 +869,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			// spares) takes the room instead of a new one: no dial, and
 			// siblings may use it from now on. It keeps the limits of the
 			// transport that dialed it.
-			room.woken = false // the room is this request's, and used
 			if c, s := n.spares.take(e.key, n.log, n.spareClosed); c != nil {
 				oc, exec, err := t.pool(e.key, kc, plan.Permit, c, s)
 				n.spareClosed() // counted in the table instead, or closed
@@ -961,7 +967,7 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // at random (t.fullPauseBase, if set, every time). It waits as pause does,
 // woken early, oldest first, when one of this process's connections may
 // have made room (see roomWaiters).
-func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait, looked bool) bool {
+func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait) bool {
 	d := fullPauseBase << min(n, 4)
 	if t.fullPauseBase > 0 {
 		d = t.fullPauseBase
@@ -972,7 +978,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 		// idle connection to evict (its last eviction still leaves), the
 		// next waiter may; else the room is gone.
 		w.woken = false
-		if !looked {
+		if w.stuck {
 			room.passOn(w.key)
 		}
 	}
@@ -984,7 +990,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	if ok {
 		select {
 		case <-wake:
-			w.woken = true
+			w.woken, w.forKey, w.w = true, w.w.forKey, nil
 			return true
 		default:
 		}
