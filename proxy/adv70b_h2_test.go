@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -26,18 +25,7 @@ func TestAdv70bH2StreamEndsWakeInTurn(t *testing.T) {
 	var once sync.Once
 	endH2 := func() { once.Do(func() { close(h2release) }) }
 	defer endH2()
-	s := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			w.WriteHeader(200)
-			w.(http.Flusher).Flush()
-			select {
-			case <-h2release:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		io.WriteString(w, "ok")
-	}, 1)
+	s := h2cHoldServer(t, h2release, 1)
 	m := newMember(t, spec, func(tr *Transport) {
 		tr.H2C = true
 		tr.HTTP2 = true

@@ -21,13 +21,11 @@ func (p *adv70bCountPolicy) Decide(v *orbitpool.View) orbitpool.Decision {
 	return orbitpool.LocalFirst{}.Decide(v)
 }
 
-// adv70bFullWithH2 fills a table of two slots with a held HTTP/1.1 stream
-// and an HTTP/2 (h2c) connection with a held stream, and returns the
-// member (its transport speaks h2c), the h2c server, and the release.
-func adv70bFullWithH2(t *testing.T, maxStreams int) (*member, *h2cServer, chan struct{}) {
-	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
-	release := make(chan struct{})
-	s := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+// h2cHoldServer is an h2c upstream allowing maxStreams streams per
+// connection: /hold answers 200 and holds its body open until release is
+// closed (or the request ends); anything else answers "ok".
+func h2cHoldServer(t *testing.T, release <-chan struct{}, maxStreams int) *h2cServer {
+	return newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/hold" {
 			w.WriteHeader(200)
 			w.(http.Flusher).Flush()
@@ -39,6 +37,15 @@ func adv70bFullWithH2(t *testing.T, maxStreams int) (*member, *h2cServer, chan s
 		}
 		io.WriteString(w, "ok")
 	}, maxStreams)
+}
+
+// adv70bFullWithH2 fills a table of two slots with a held HTTP/1.1 stream
+// and an HTTP/2 (h2c) connection with a held stream, and returns the
+// member (its transport speaks h2c), the h2c server, and the release.
+func adv70bFullWithH2(t *testing.T, maxStreams int) (*member, *h2cServer, chan struct{}) {
+	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
+	release := make(chan struct{})
+	s := h2cHoldServer(t, release, maxStreams)
 	other := closingStreamUpstream(t, release, false)
 	m := newMember(t, spec, func(tr *Transport) { tr.H2C = true; tr.HTTP2 = true })
 	h1 := &Transport{Node: m.node}

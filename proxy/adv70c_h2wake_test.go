@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -57,18 +56,7 @@ func TestAdv70cGlobalWakeSpentOnAStream(t *testing.T) {
 	endH2 := func() { o2.Do(func() { close(h2release) }) }
 	defer closeO()
 	defer endH2()
-	s := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			w.WriteHeader(200)
-			w.(http.Flusher).Flush()
-			select {
-			case <-h2release:
-			case <-r.Context().Done():
-			}
-			return
-		}
-		io.WriteString(w, "ok")
-	}, 1)
+	s := h2cHoldServer(t, h2release, 1)
 	m := newMember(t, spec, nil)
 	heldO := holdStreams(t, m, closingStreamUpstream(t, relO, true), 1)[0]
 	gate := &adv70cStreamOnly{entered: make(chan struct{})}
