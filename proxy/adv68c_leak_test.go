@@ -154,12 +154,12 @@ func TestAdv68cUnpooledEndsClean(t *testing.T) {
 		})
 	}
 	rounds := 0
-	do := func(t *testing.T, method, path string, body io.Reader, mut func(*http.Request), use func(*http.Response, context.CancelFunc) error, wantErr bool) {
+	do := func(t *testing.T, method, path string, mut func(*http.Request), use func(*http.Response, context.CancelFunc) error, wantErr bool) {
 		t.Helper()
 		rounds++
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, method, url+path, body)
+		req, _ := http.NewRequestWithContext(ctx, method, url+path, nil)
 		if mut != nil {
 			mut(req)
 		}
@@ -190,20 +190,24 @@ func TestAdv68cUnpooledEndsClean(t *testing.T) {
 		resp.Body.Close()
 		return err
 	}
-	for range 3 {
-		do(t, "GET", "/once", nil, nil, readAll, false)
-		expectClosed(t, "/once")
-		settle(t, "/once")
-
-		do(t, "GET", "/partial", nil, nil, func(resp *http.Response, _ context.CancelFunc) error {
+	type exchange struct {
+		name, method, path string
+		mut                func(*http.Request)
+		use                func(*http.Response, context.CancelFunc) error
+		wantErr            bool
+	}
+	upgrade := func(r *http.Request) {
+		r.Header.Set("Connection", "Upgrade")
+		r.Header.Set("Upgrade", "echo")
+	}
+	exchanges := []exchange{
+		{name: "once", method: "GET", path: "/once", use: readAll},
+		{name: "partial close", method: "GET", path: "/partial", use: func(resp *http.Response, _ context.CancelFunc) error {
 			b := make([]byte, 5)
 			io.ReadFull(resp.Body, b)
 			return resp.Body.Close()
-		}, false)
-		expectClosed(t, "/partial")
-		settle(t, "/partial close")
-
-		do(t, "GET", "/partial", nil, nil, func(resp *http.Response, cancel context.CancelFunc) error {
+		}},
+		{name: "partial cancel", method: "GET", path: "/partial", use: func(resp *http.Response, cancel context.CancelFunc) error {
 			b := make([]byte, 5)
 			io.ReadFull(resp.Body, b)
 			cancel()
@@ -213,71 +217,44 @@ func TestAdv68cUnpooledEndsClean(t *testing.T) {
 			}
 			resp.Body.Close()
 			return nil
-		}, false)
-		expectClosed(t, "/partial")
-		settle(t, "/partial cancel")
-
-		do(t, "HEAD", "/head", nil, nil, readAll, false)
-		expectClosed(t, "/head")
-		settle(t, "HEAD")
-		do(t, "GET", "/204", nil, nil, readAll, false)
-		expectClosed(t, "/204")
-		settle(t, "204")
-		do(t, "GET", "/304", nil, nil, readAll, false)
-		expectClosed(t, "/304")
-		settle(t, "304")
-		do(t, "GET", "/closehdr", nil, nil, readAll, false)
-		expectClosed(t, "/closehdr")
-		settle(t, "closehdr")
-		do(t, "GET", "/extra", nil, nil, func(resp *http.Response, _ context.CancelFunc) error {
+		}},
+		{name: "HEAD", method: "HEAD", path: "/head", use: readAll},
+		{name: "204", method: "GET", path: "/204", use: readAll},
+		{name: "304", method: "GET", path: "/304", use: readAll},
+		{name: "closehdr", method: "GET", path: "/closehdr", use: readAll},
+		{name: "extra", method: "GET", path: "/extra", use: func(resp *http.Response, _ context.CancelFunc) error {
 			b, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if string(b) != "ok" {
 				return errors.New("body " + string(b))
 			}
 			return err
-		}, false)
-		expectClosed(t, "/extra")
-		settle(t, "extra")
-		do(t, "GET", "/cut", nil, nil, func(resp *http.Response, _ context.CancelFunc) error {
+		}},
+		{name: "cut", method: "GET", path: "/cut", use: func(resp *http.Response, _ context.CancelFunc) error {
 			_, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if err == nil {
 				return errors.New("a short body read clean")
 			}
 			return nil
-		}, false)
-		expectClosed(t, "/cut")
-		settle(t, "cut")
-		do(t, "GET", "/slowhead", nil, nil, readAll, true)
-		expectClosed(t, "/slowhead")
-		settle(t, "slowhead")
-		do(t, "POST", "/early", adv68cEndless{context.Background()}, func(r *http.Request) {
+		}},
+		{name: "slowhead", method: "GET", path: "/slowhead", use: readAll, wantErr: true},
+		{name: "early", method: "POST", path: "/early", mut: func(r *http.Request) {
 			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 			t.Cleanup(cancel)
 			*r = *r.WithContext(ctx)
 			r.Body = adv68cEndless{ctx}
-		}, readAll, true)
-		expectClosed(t, "/early")
-		settle(t, "early")
-		do(t, "POST", "/sink", nil, func(r *http.Request) {
+		}, use: readAll, wantErr: true},
+		{name: "body error", method: "POST", path: "/sink", mut: func(r *http.Request) {
 			r.Body = &adv68cErrBody{}
 			r.ContentLength = 100
-		}, readAll, true)
-		expectClosed(t, "/sink")
-		settle(t, "body error")
-		do(t, "GET", "/once", nil, func(r *http.Request) {
+		}, use: readAll, wantErr: true},
+		{name: "trace panic", method: "GET", path: "/once", mut: func(r *http.Request) {
 			tr := &httptrace.ClientTrace{GotFirstResponseByte: func() { panic("hook") }}
 			*r = *r.WithContext(httptrace.WithClientTrace(r.Context(), tr))
-		}, readAll, true)
-		expectClosed(t, "/once")
-		settle(t, "trace panic")
-
+		}, use: readAll, wantErr: true},
 		// A 101 closed by the client.
-		do(t, "GET", "/ws", nil, func(r *http.Request) {
-			r.Header.Set("Connection", "Upgrade")
-			r.Header.Set("Upgrade", "echo")
-		}, func(resp *http.Response, _ context.CancelFunc) error {
+		{name: "ws", method: "GET", path: "/ws", mut: upgrade, use: func(resp *http.Response, _ context.CancelFunc) error {
 			rw := resp.Body.(io.ReadWriteCloser)
 			io.WriteString(rw, "ping")
 			b := make([]byte, 4)
@@ -285,22 +262,22 @@ func TestAdv68cUnpooledEndsClean(t *testing.T) {
 				return err
 			}
 			return rw.Close()
-		}, false)
-		expectClosed(t, "/ws")
-		settle(t, "ws")
+		}},
 		// A 101 closed by the upstream.
-		do(t, "GET", "/wsup", nil, func(r *http.Request) {
-			r.Header.Set("Connection", "Upgrade")
-			r.Header.Set("Upgrade", "echo")
-		}, func(resp *http.Response, _ context.CancelFunc) error {
+		{name: "wsup", method: "GET", path: "/wsup", mut: upgrade, use: func(resp *http.Response, _ context.CancelFunc) error {
 			b, _ := io.ReadAll(resp.Body)
 			if len(b) != 0 {
 				return errors.New("bytes in a closed tunnel")
 			}
 			return resp.Body.Close()
-		}, false)
-		expectClosed(t, "/wsup")
-		settle(t, "wsup")
+		}},
+	}
+	for range 3 {
+		for _, x := range exchanges {
+			do(t, x.method, x.path, x.mut, x.use, x.wantErr)
+			expectClosed(t, x.path)
+			settle(t, x.name)
+		}
 	}
 	if s := m.node.Stats(); s.Unpooled < uint64(rounds)-3 || s.DialsNotAdmitted != 0 {
 		t.Fatalf("stats %+v after %d rounds", s, rounds)
