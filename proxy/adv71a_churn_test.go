@@ -35,9 +35,9 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 				r.asking(&w)
 				if w.woken {
 					w.woken = false
-					if w.stuck {
+					if w.stuck && w.event == roomIdle {
 						passes.Add(1)
-						r.passOn(w.key)
+						r.passOn(w.key, w.event)
 					}
 				}
 				wake := r.add(&w)
@@ -49,12 +49,12 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 				case <-wake:
 					tm.Stop()
 					woken.Add(1)
-					w.w = nil
+					w.event, w.w = w.w.event, nil
 					switch rng.IntN(3) {
 					case 0: // used it
 					case 1: // left with it
 						passes.Add(1)
-						r.passOn(w.key)
+						r.passOn(w.key, w.event)
 					default:
 						w.woken = true // asks again
 					}
@@ -77,7 +77,7 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 			}
 			if w.woken {
 				passes.Add(1)
-				r.passOn(w.key)
+				r.passOn(w.key, w.event)
 			}
 		}()
 	}
@@ -94,9 +94,12 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 				default:
 				}
 				events.Add(1)
-				if rng.IntN(2) == 0 {
-					r.signal()
-				} else {
+				switch rng.IntN(3) {
+				case 0:
+					r.signal(roomIdle)
+				case 1:
+					r.signal(roomFree)
+				default:
 					r.signalKey(keys[rng.IntN(len(keys))])
 				}
 				time.Sleep(time.Duration(rng.IntN(50)) * time.Microsecond)

@@ -33,8 +33,8 @@ func TestAdv71aKeyWakePassedOnKeepsForKey(t *testing.T) {
 	default:
 		t.Fatal("the key's next waiter was not handed the wake")
 	}
-	if !rw2.forKey {
-		t.Fatal("a wake for the key alone, passed on to the key's next waiter, arrived as a wake for any key (forKey false): the waiter that takes a stream with it will pass it on once more")
+	if rw2.event != roomStream {
+		t.Fatalf("a wake for the key alone, passed on to the key's next waiter, arrived as a wake for %v: the waiter that takes a stream with it will pass it on once more", rw2.event)
 	}
 }
 

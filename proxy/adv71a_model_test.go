@@ -19,8 +19,9 @@ type adv71aModel struct {
 type adv71aW struct {
 	rw     roomWait
 	ch     <-chan struct{}
-	queued bool // in the model's queue
-	woken  bool // woken, its wake not yet used or passed on
+	queued bool      // in the model's queue
+	woken  bool      // woken, its wake not yet used or passed on
+	ev     roomEvent // what woke it
 	stuck  bool
 	key    orbitpool.Key
 	seen   uint64
@@ -45,11 +46,15 @@ func (m *adv71aModel) first(ws []*adv71aW, match func(*adv71aW) bool) int {
 	return -1
 }
 
-// passOn: the key's oldest free waiter that has not asked since the last
-// event, else the oldest free one.
-func (m *adv71aModel) passOn(ws []*adv71aW, key orbitpool.Key) int {
-	if i := m.first(ws, func(w *adv71aW) bool { return !w.stuck && w.key == key }); i >= 0 {
-		return i
+// passOn: the oldest waiter that has not asked since the last event and
+// could use ev: of key for a stream, one that may evict for an idle
+// connection, any for a free slot.
+func (m *adv71aModel) passOn(ws []*adv71aW, key orbitpool.Key, ev roomEvent) int {
+	switch ev {
+	case roomStream:
+		return m.first(ws, func(w *adv71aW) bool { return w.key == key })
+	case roomFree:
+		return m.first(ws, func(*adv71aW) bool { return true })
 	}
 	return m.first(ws, func(w *adv71aW) bool { return !w.stuck })
 }
@@ -104,6 +109,8 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 	}
 	var log []string
 	globalEvent, consumed := false, false
+	var lastEv roomEvent                                         // of the last event for any key
+	anyKey := func() roomEvent { return roomEvent(rng.IntN(2)) } // roomIdle or roomFree
 	fail := func(format string, a ...any) {
 		t.Helper()
 		tail := log
@@ -114,7 +121,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 	}
 	// expect checks that the operation woke exactly want (-1 for none) and
 	// applies it to the model.
-	expect := func(op string, want int) {
+	expect := func(op string, want int, ev roomEvent) {
 		t.Helper()
 		got := newlyWoken()
 		if len(got) > 1 {
@@ -128,9 +135,13 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			fail("%s woke %d; the model wakes %d (queue %v, events %d)", op, g, want, m.queue, m.events)
 		}
 		if want >= 0 {
+			if got := ws[want].rw.w.event; got != ev {
+				fail("%s woke %d for %v; want %v", op, want, got, ev)
+			}
 			m.drop(want)
 			ws[want].queued = false
 			ws[want].woken = true
+			ws[want].ev = ev
 		}
 	}
 	check := func() {
@@ -172,32 +183,32 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			// wake on if it may not evict.
 			w.woken = false
 			w.rw.woken = false
-			if !w.stuck {
+			if w.stuck && w.ev == roomIdle {
+				r.passOn(w.key, roomIdle)
+				expect(fmt.Sprintf("passOn by stuck %d", i), m.passOn(ws, w.key, roomIdle), roomIdle)
+			} else {
 				consumed = true // found no room: the room is gone
-			}
-			if w.stuck {
-				r.passOn(w.key)
-				expect(fmt.Sprintf("passOn by stuck %d", i), m.passOn(ws, w.key))
 			}
 		}
 		r.asking(&w.rw)
 		w.seen = w.rw.seen
 		if rng.IntN(5) == 0 {
 			if rng.IntN(2) == 0 {
-				r.signal()
+				ev := anyKey()
+				r.signal(ev)
 				m.events++
-				globalEvent, consumed = true, false
+				globalEvent, consumed, lastEv = true, false, ev
 				want := -1
 				if len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
 					want = m.queue[0]
 				}
-				expect("signal between ask and add", want)
+				expect("signal between ask and add", want, ev)
 			} else {
 				k := keys[rng.IntN(len(keys))]
 				r.signalKey(k)
 				m.events++
 				globalEvent = false
-				expect("signalKey between ask and add", m.first(ws, func(x *adv71aW) bool { return x.key == k }))
+				expect("signalKey between ask and add", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomStream)
 			}
 		}
 		w.stuck = rng.IntN(3) == 0
@@ -211,7 +222,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			w.queued = true
 			m.queue = append(m.queue, i)
 		}
-		expect("add", -1)
+		expect("add", -1, 0)
 	}
 	for step := 0; step < steps; step++ {
 		i := rng.IntN(nw)
@@ -235,7 +246,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			r.remove(&w.rw)
 			w.queued = false
 			m.drop(i)
-			expect(fmt.Sprintf("remove %d", i), -1)
+			expect(fmt.Sprintf("remove %d", i), -1, 0)
 		case op == 4:
 			// A woken waiter leaves without its wake (ctx ended as it was
 			// delivered, or served elsewhere): the wake is passed on.
@@ -248,9 +259,9 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 				// ctx ended as the wake came: remove sees it closed.
 				r.remove(&w.rw)
 			} else {
-				r.passOn(w.key)
+				r.passOn(w.key, w.ev)
 			}
-			expect(fmt.Sprintf("leave-woken %d", i), m.passOn(ws, w.key))
+			expect(fmt.Sprintf("leave-woken %d", i), m.passOn(ws, w.key, w.ev), w.ev)
 		case op == 5:
 			// A woken waiter uses the room.
 			if !w.woken {
@@ -261,27 +272,29 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			w.woken = false
 			w.rw.w = nil
 		case op == 6:
-			r.signal()
+			ev := anyKey()
+			r.signal(ev)
 			m.events++
-			log = append(log, "signal")
-			globalEvent, consumed = true, false
+			log = append(log, fmt.Sprintf("signal %v", ev))
+			globalEvent, consumed, lastEv = true, false, ev
 			want := -1
 			if len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
 				want = m.queue[0]
 			}
-			expect("signal", want)
+			expect("signal", want, ev)
 		case op == 7:
 			k := keys[rng.IntN(len(keys))]
 			r.signalKey(k)
 			m.events++
 			log = append(log, fmt.Sprintf("signalKey %v", k.Lo))
 			globalEvent = false
-			expect("signalKey", m.first(ws, func(x *adv71aW) bool { return x.key == k }))
+			expect("signalKey", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomStream)
 		case op == 8:
 			k := keys[rng.IntN(len(keys))]
-			r.passOn(k)
-			log = append(log, fmt.Sprintf("passOn %v", k.Lo))
-			expect("passOn", m.passOn(ws, k))
+			ev := roomEvent(rng.IntN(3))
+			r.passOn(k, ev)
+			log = append(log, fmt.Sprintf("passOn %v %v", k.Lo, ev))
+			expect("passOn", m.passOn(ws, k, ev), ev)
 		default:
 			// A woken waiter asks again.
 			if !w.woken {
@@ -304,7 +317,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			}
 		}
 		if globalEvent && !consumed && !outstanding {
-			if j := m.first(ws, func(x *adv71aW) bool { return !x.stuck }); j >= 0 {
+			if j := m.first(ws, func(x *adv71aW) bool { return !x.stuck || lastEv == roomFree }); j >= 0 {
 				fail("event %d unconsumed, no wake outstanding, yet waiter %d (free, queued) has not seen it (it saw %d)", m.events, j, ws[j].seen)
 			}
 		}
@@ -316,7 +329,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			w.queued = false
 			m.drop(i)
 			// A remove of an unwoken waiter wakes nobody.
-			expect("final remove", -1)
+			expect("final remove", -1, 0)
 		}
 	}
 	check()

@@ -337,7 +337,7 @@ func (n *Node) unregisterH2(hc *h2conn) {
 		n.log.Debug("unregister", zap.Stringer("id", hc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
-	n.room.signal()
+	n.room.signal(roomFree)
 }
 
 // retireH2InOrder is retireH2 for a connection with no stream that leaves
@@ -534,18 +534,24 @@ func (n *Node) syncH2Now(hc *h2conn) {
 		c = wrappedLimit(hc, st, hc.loadCapacity())
 	}
 	hc.mu.Lock()
-	defer hc.mu.Unlock()
 	if hc.draining || c == hc.capacity {
+		hc.mu.Unlock()
 		return
 	}
 	if err := n.pool.SetCapacity(hc.id, c); err != nil {
+		hc.mu.Unlock()
 		if !errors.Is(err, orbitpool.ErrClosed) {
 			n.log.Debug("set capacity", zap.Stringer("id", hc.id), zap.Error(err))
 		}
 		return
 	}
 	n.log.Debug("upstream changed its stream limit", zap.Stringer("id", hc.id), zap.Int("from", hc.capacity), zap.Int("to", c))
+	raised := c > hc.capacity
 	hc.capacity = c
+	hc.mu.Unlock()
+	if raised {
+		n.room.signalKey(hc.key) // room for more streams (after a pause, too)
+	}
 }
 
 // wrappedLimit is the capacity hc's state st allows under x/net's wrapper

@@ -557,7 +557,7 @@ func (n *Node) unregister(oc *owned) { n.unregisterToward(oc, -1) }
 // held is free again.
 func (n *Node) dropPermit(p *orbitpool.CreationPermit) {
 	p.Close()
-	n.room.signal()
+	n.room.signal(roomFree)
 }
 
 func (n *Node) unregisterToward(oc *owned, lane int) {
@@ -565,7 +565,7 @@ func (n *Node) unregisterToward(oc *owned, lane int) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
-	n.room.signal()
+	n.room.signal(roomFree)
 }
 
 // closeWait bounds how long a connection retired in good order keeps its
@@ -728,7 +728,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 			}
 			oc.idle.Store(now.UnixNano())
 			oc.state.Store(stIdle)
-			defer n.room.signal() // once waiters have had it
+			defer n.room.signal(roomIdle) // once waiters have had it
 		}
 	case outcomeHijacked:
 		n.retire(oc)

@@ -11,19 +11,17 @@ import (
 // roomWaiters are this process's requests paused because the table was
 // full (see Transport.fullPause), oldest first. An event that may make room
 // wakes one of them to ask the pool again at once rather than at the end of
-// its pause: one of the process's connections going idle (which the waiter
-// may evict), leaving the table, or a creation permit given back wakes the
-// oldest; an HTTP/2 stream's end wakes the oldest for its key. In a table
-// full of the process's own connections (conns_per_process) those are the
-// events that make room. Room a sibling makes (a key freed fleet-wide, or
-// its idle connection of the key) is still found at the end of a pause.
+// its pause (see roomEvent). In a table full of the process's own
+// connections (conns_per_process) those are the events that make room. Room
+// a sibling makes (a key freed fleet-wide, or its idle connection of the
+// key) is still found at the end of a pause.
 //
 // Events are numbered. A waiter remembers the number it had seen when it
 // last asked the pool: one that an event has passed since is not queued (it
 // asks again), and a woken waiter that leaves without the room, or could
 // not take it (see Transport.once), passes the wake on to a waiter that has
-// not asked since. So no event is lost, and none wakes more than the
-// waiters that could use it.
+// not asked since and could use it. So no event is lost, and none wakes
+// more than the waiters that could use it.
 type roomWaiters struct {
 	events atomic.Uint64
 	n      atomic.Int32 // waiters queued, read without the lock by signal
@@ -32,11 +30,28 @@ type roomWaiters struct {
 	byKey  map[orbitpool.Key]*list.List
 }
 
+// roomEvent is what made room, which says which waiters can use it.
+type roomEvent uint8
+
+const (
+	// roomIdle: one of the process's connections went idle. A waiter
+	// uses it by evicting it, so a wake passed on skips waiters that may
+	// not evict (see roomWait.stuck).
+	roomIdle roomEvent = iota
+	// roomFree: a slot is free (a connection left the table, or a
+	// creation permit was given back). Any waiter can use it.
+	roomFree
+	// roomStream: an HTTP/2 connection has room for another stream (one
+	// ended, or the upstream raised its limit). Only the key's waiters
+	// can use it.
+	roomStream
+)
+
 type roomWaiter struct {
 	key      orbitpool.Key
-	seen     uint64 // events when it last asked the pool
-	stuck    bool   // it may not evict (see roomWait)
-	forKey   bool   // woken by signalKey; set before wake is closed
+	seen     uint64    // events when it last asked the pool
+	stuck    bool      // it may not evict (see roomWait)
+	event    roomEvent // what woke it; set before wake is closed
 	wake     chan struct{}
 	inAll    *list.Element
 	inKey    *list.Element
@@ -45,12 +60,12 @@ type roomWaiter struct {
 
 // roomWait is one request's place among the roomWaiters.
 type roomWait struct {
-	key    orbitpool.Key
-	seen   uint64 // events when it last asked the pool
-	woken  bool   // by an event it has not used yet
-	forKey bool   // that event was for its key alone (see signalKey)
+	key   orbitpool.Key
+	seen  uint64    // events when it last asked the pool
+	woken bool      // by an event it has not used yet
+	event roomEvent // that event
 	// stuck: it may not evict an idle connection to make room (its last
-	// eviction still holds its slot), so a wake passed on skips it.
+	// eviction still holds its slot), so a roomIdle wake passed on skips it.
 	stuck bool
 	w     *roomWaiter
 }
@@ -102,27 +117,27 @@ func (r *roomWaiters) remove(w *roomWait) {
 	defer r.mu.Unlock()
 	select {
 	case <-w.w.wake:
-		r.wakeFirst(w.key)
+		r.wakeNext(w.key, w.w.event)
 	default:
 		r.take(w.w)
 	}
 	w.w = nil
 }
 
-// signal numbers an event that may make room for any key, and wakes the
-// oldest waiter.
-func (r *roomWaiters) signal() {
+// signal numbers ev, an event that may make room for any key (roomIdle or
+// roomFree), and wakes the oldest waiter.
+func (r *roomWaiters) signal(ev roomEvent) {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
 		return
 	}
 	r.mu.Lock()
-	r.wake(r.all.Front(), false)
+	r.wake(r.all.Front(), ev)
 	r.mu.Unlock()
 }
 
-// signalKey numbers an event that may make room for key alone, and wakes
-// key's oldest waiter.
+// signalKey numbers a roomStream event for key, and wakes key's oldest
+// waiter.
 func (r *roomWaiters) signalKey(key orbitpool.Key) {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
@@ -130,56 +145,57 @@ func (r *roomWaiters) signalKey(key orbitpool.Key) {
 	}
 	r.mu.Lock()
 	if l := r.byKey[key]; l != nil {
-		r.wake(l.Front(), true)
+		r.wake(l.Front(), roomStream)
 	}
 	r.mu.Unlock()
 }
 
-// passOn hands a wake its waiter of key did not use to the next waiter.
-func (r *roomWaiters) passOn(key orbitpool.Key) {
+// passOn hands a wake for ev that its waiter of key did not use to the
+// next waiter that could use it.
+func (r *roomWaiters) passOn(key orbitpool.Key, ev roomEvent) {
 	r.mu.Lock()
-	r.wakeFirst(key)
+	r.wakeNext(key, ev)
 	r.mu.Unlock()
 }
 
-// wakeFirst wakes, for a wake passed on, key's oldest waiter that may
-// evict (the event may have been for key alone), else the oldest that may.
-// One that may not evict would pass it on again: an event that no waiter
-// can use would go down the whole queue.
-func (r *roomWaiters) wakeFirst(key orbitpool.Key) {
-	if l := r.byKey[key]; l != nil && r.wakeFirstFree(l) {
-		return
+// wakeNext wakes, for a wake for ev passed on, the oldest waiter that could
+// use it: of key for roomStream, one that may evict for roomIdle (one that
+// may not would pass it on again, and an event that no waiter can use would
+// go down the whole queue), any for roomFree.
+func (r *roomWaiters) wakeNext(key orbitpool.Key, ev roomEvent) {
+	switch ev {
+	case roomStream:
+		if l := r.byKey[key]; l != nil {
+			r.wake(l.Front(), ev)
+		}
+	case roomFree:
+		r.wake(r.all.Front(), ev)
+	default:
+		for e := r.all.Front(); e != nil; e = e.Next() {
+			rw := e.Value.(*roomWaiter)
+			if rw.seen == r.events.Load() {
+				return // see wake
+			}
+			if !rw.stuck {
+				r.wake(e, ev)
+				return
+			}
+		}
 	}
-	r.wakeFirstFree(&r.all)
 }
 
-func (r *roomWaiters) wakeFirstFree(l *list.List) bool {
-	for e := l.Front(); e != nil; e = e.Next() {
-		rw := e.Value.(*roomWaiter)
-		if rw.seen == r.events.Load() {
-			return false // see wake
-		}
-		if !rw.stuck {
-			return r.wake(e, false)
-		}
-	}
-	return false
-}
-
-// wake wakes the waiter at e (nil for none) if it has not asked the pool
-// since the last event, and reports whether it did; forKey says the event
-// was for its key alone. Queues are in the order their waiters asked: if
-// the first has asked, all have.
-func (r *roomWaiters) wake(e *list.Element, forKey bool) bool {
+// wake wakes the waiter at e (nil for none) for ev if it has not asked the
+// pool since the last event. Queues are in the order their waiters asked:
+// if the first has asked, all have.
+func (r *roomWaiters) wake(e *list.Element, ev roomEvent) {
 	if e == nil {
-		return false
+		return
 	}
 	rw := e.Value.(*roomWaiter)
 	if rw.seen == r.events.Load() {
-		return false
+		return
 	}
-	rw.forKey = forKey
+	rw.event = ev
 	close(rw.wake)
 	r.take(rw)
-	return true
 }

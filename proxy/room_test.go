@@ -17,10 +17,10 @@ import (
 
 // TestRoomWaitersOrder: the oldest waiter is woken first, one per event,
 // and for an event for one key, that key's oldest; a waiter that leaves
-// after it was woken passes the wake on, to its key's oldest first, but
-// not to a waiter that has asked since the event, nor to one that may not
-// evict; and a waiter that an event has passed since it asked is not
-// queued.
+// after it was woken passes the wake on to the next that could use it: not
+// to a waiter that has asked since the event, nor, for an idle connection,
+// to one that may not evict, nor, for a stream, to another key's; and a
+// waiter that an event has passed since it asked is not queued.
 func TestRoomWaitersOrder(t *testing.T) {
 	var r roomWaiters
 	woken := func(ch <-chan struct{}) bool {
@@ -37,7 +37,7 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.asking(&wb)
 	r.asking(&wc)
 	a, b, c := r.add(&wa), r.add(&wb), r.add(&wc)
-	r.signal()
+	r.signal(roomIdle)
 	if !woken(a) || woken(b) || woken(c) {
 		t.Fatalf("after one event: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
 	}
@@ -47,13 +47,13 @@ func TestRoomWaitersOrder(t *testing.T) {
 	}
 	r.asking(&wb) // b asks again, finds no room, and waits again
 	b = r.add(&wb)
-	r.passOn(k2) // c has not asked since the event: it may use the room
+	r.passOn(k2, roomIdle) // c has not asked since the event: it may use the room
 	if !woken(c) || woken(b) {
 		t.Fatalf("after b passed the wake on: c=%v b=%v; want c alone woken", woken(c), woken(b))
 	}
 	r.asking(&wc)
 	c = r.add(&wc)
-	r.passOn(k2) // both asked since the event: nobody to wake
+	r.passOn(k2, roomIdle) // both asked since the event: nobody to wake
 	if woken(b) || woken(c) {
 		t.Fatalf("a wake passed on to waiters that asked since the event: b=%v c=%v", woken(b), woken(c))
 	}
@@ -80,7 +80,7 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.asking(&ws)
 	r.asking(&wf)
 	x, s, f := r.add(&wx), r.add(&ws), r.add(&wf)
-	r.signal()
+	r.signal(roomIdle)
 	if !woken(x) {
 		t.Fatal("the oldest waiter was not woken")
 	}
@@ -88,13 +88,47 @@ func TestRoomWaitersOrder(t *testing.T) {
 	if woken(s) || !woken(f) {
 		t.Fatalf("a wake passed on: stuck woken=%v, free woken=%v; want the free one alone", woken(s), woken(f))
 	}
-	r.signal()
-	if !woken(s) || ws.w.forKey {
-		t.Fatalf("an event for any key: stuck woken=%v (for its key alone: %v); want it woken", woken(s), ws.w.forKey)
+	r.signal(roomIdle)
+	if !woken(s) || ws.w.event != roomIdle {
+		t.Fatalf("an event for any key: stuck woken=%v (for %v); want it woken", woken(s), ws.w.event)
+	}
+	r.remove(&ws)
+	r.remove(&wf)
+	// A free slot passed on goes to the oldest waiter, one that may not
+	// evict too; a stream's room, to its key's next waiter alone, as a
+	// stream's.
+	wx, ws, wf = roomWait{key: k1}, roomWait{key: k2, stuck: true}, roomWait{key: k1, stuck: true}
+	r.asking(&wx)
+	r.asking(&ws)
+	r.asking(&wf)
+	x, s, f = r.add(&wx), r.add(&ws), r.add(&wf)
+	r.signal(roomFree)
+	r.remove(&wx)
+	if !woken(s) || ws.w.event != roomFree || woken(f) {
+		t.Fatalf("a free slot passed on: stuck woken=%v (for %v), next woken=%v; want the stuck one, for a free slot", woken(s), ws.w.event, woken(f))
+	}
+	ws.w = nil // it used the wake
+	r.asking(&wx)
+	r.asking(&ws)
+	x, s = r.add(&wx), r.add(&ws) // f, x, s
+	r.signalKey(k1)
+	r.remove(&wf)
+	if !woken(x) || wx.w.event != roomStream || woken(s) {
+		t.Fatalf("a stream's room passed on: its key's next woken=%v (for %v), another key's woken=%v; want the key's, for a stream", woken(x), wx.w.event, woken(s))
+	}
+	r.remove(&wx)
+	r.passOn(k2, roomStream)
+	if !woken(s) || ws.w.event != roomStream {
+		t.Fatalf("a stream's room passed on to the key's only waiter: woken=%v (for %v)", woken(s), ws.w.event)
+	}
+	r.remove(&ws)
+	r.passOn(k1, roomStream)
+	if n := r.n.Load(); n != 0 || r.all.Len() != 0 || len(r.byKey) != 0 {
+		t.Fatalf("%d waiters counted, %d queued, %d keys; want none", n, r.all.Len(), len(r.byKey))
 	}
 	var wd roomWait
 	r.asking(&wd)
-	r.signal() // between its ask and its add
+	r.signal(roomIdle) // between its ask and its add
 	if d := r.add(&wd); d != nil {
 		t.Fatal("a waiter that an event passed since it asked was queued; want it to ask again")
 	}

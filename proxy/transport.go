@@ -665,7 +665,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	room := roomWait{key: e.key}
 	defer func() {
 		if room.woken {
-			n.room.passOn(e.key)
+			n.room.passOn(e.key, room.event)
 		}
 	}()
 	near := t.nearWindow()
@@ -794,7 +794,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					plan.Execution.Complete()
 					continue
 				}
-				if room.forKey {
+				if room.event == roomStream {
 					room.woken = false // a stream was what it was woken for
 				}
 				n.stats.reusedLocal.Add(1)
@@ -854,7 +854,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if lane := n.dialToward(ctx, kc, e.key, passes == 0); lane >= 0 {
 					passes++
 					plan.Permit.CloseToward(lane)
-					n.room.signal() // its slot is free
+					n.room.signal(roomFree) // its slot is free
 					continue
 				}
 			} else {
@@ -974,12 +974,13 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	}
 	room := &t.Node.room
 	if w.woken {
-		// It was woken and found no room. If it could not look for an
-		// idle connection to evict (its last eviction still leaves), the
-		// next waiter may; else the room is gone.
+		// It was woken and found no room. If the room was an idle
+		// connection and it could not look for one to evict (its last
+		// eviction still leaves), the next waiter may; else the room is
+		// gone.
 		w.woken = false
-		if w.stuck {
-			room.passOn(w.key)
+		if w.stuck && w.event == roomIdle {
+			room.passOn(w.key, roomIdle)
 		}
 	}
 	wake := room.add(w)
@@ -990,7 +991,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	if ok {
 		select {
 		case <-wake:
-			w.woken, w.forKey, w.w = true, w.w.forKey, nil
+			w.woken, w.event, w.w = true, w.w.event, nil
 			return true
 		default:
 		}
