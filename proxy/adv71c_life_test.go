@@ -19,6 +19,8 @@ import (
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
+const adv71cBig = 1 << 20
+
 // adv71cHeldBody is an upstream (raw) whose /warm answers at once with a
 // length, and whose /body?kind=K sends a response head of kind K and the
 // first part of its body, signals started, and sends the rest only once
@@ -41,6 +43,9 @@ func adv71cHeldBody(t *testing.T, started chan<- string, release <-chan struct{}
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(first+rest))+"\r\n\r\n"+first)
 		case "chunked":
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(first), first)
+		case "bigcl":
+			// Long enough for the owner to splice it to the sibling.
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(adv71cBig)+"\r\n\r\n"+first+strings.Repeat("x", adv71cBig/2-len(first)))
 		}
 		select {
 		case started <- kind:
@@ -53,6 +58,8 @@ func adv71cHeldBody(t *testing.T, started chan<- string, release <-chan struct{}
 		switch kind {
 		case "chunked":
 			fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(rest), rest)
+		case "bigcl":
+			io.WriteString(c, strings.Repeat("y", adv71cBig-adv71cBig/2))
 		default:
 			io.WriteString(c, rest)
 		}
@@ -69,7 +76,7 @@ func adv71cHeldBody(t *testing.T, started chan<- string, release <-chan struct{}
 // see an error, never io.EOF after the first part: a truncated body
 // reported as complete is a corrupted response passed on as a good one.
 func TestAdv71cOwnerCloseMidBodyNeverTruncatedSuccess(t *testing.T) {
-	for _, kind := range []string{"cd", "http10", "cl", "chunked"} {
+	for _, kind := range []string{"cd", "http10", "cl", "chunked", "bigcl"} {
 		for _, via := range []string{"sibling", "local"} {
 			t.Run(kind+"/"+via, func(t *testing.T) {
 				started := make(chan string, 1)
@@ -369,10 +376,32 @@ func TestAdv71cReloadDrainCountsReturnToZero(t *testing.T) {
 // table, read from a third process, is left with nothing live, reserved or
 // in use.
 func TestAdv71cCloseRacesRoundTrips(t *testing.T) {
-	u := newTestUpstream(t)
+	t.Run("h1", func(t *testing.T) {
+		u := newTestUpstream(t)
+		adv71cCloseRaces(t, u.url("/big?n=100000&cl=1"), u.url("/cl"), nil)
+	})
+	t.Run("h2c", func(t *testing.T) {
+		s := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/big" {
+				w.Header().Set("Content-Length", "100000")
+				writePattern(w, 100000)
+				return
+			}
+			io.WriteString(w, "hello world")
+		}, 4)
+		adv71cCloseRaces(t, s.url+"/big", s.url+"/cl", func(tr *Transport) { tr.H2C = true; tr.HTTP2 = true })
+	})
+}
+
+func adv71cCloseRaces(t *testing.T, bigURL, smallURL string, more func(*Transport)) {
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
-	conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
+	conf := func(tr *Transport) {
+		tr.MaxConnsPerKey = 2
+		if more != nil {
+			more(tr)
+		}
+	}
 	owner := newMember(t, spec, conf)
 	client := newMember(t, spec, conf)
 	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
@@ -380,7 +409,7 @@ func TestAdv71cCloseRacesRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer obs.Close()
-	warm(t, owner, u.url("/big?n=100000&cl=1"))
+	warm(t, owner, bigURL)
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -401,7 +430,7 @@ func TestAdv71cCloseRacesRoundTrips(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				start := time.Now()
-				r, err := get(t, ctx, m.tr, u.url("/big?n=100000&cl=1"))
+				r, err := get(t, ctx, m.tr, bigURL)
 				if err == nil {
 					b, rerr := io.ReadAll(r.Body)
 					r.Body.Close()
@@ -452,9 +481,15 @@ func TestAdv71cCloseRacesRoundTrips(t *testing.T) {
 		t.Error(s)
 	}
 	for _, m := range []*member{owner, client} {
-		_, err := get(t, context.Background(), m.tr, u.url("/cl"))
+		_, err := get(t, context.Background(), m.tr, smallURL)
 		if !errors.Is(err, ErrClosed) {
 			t.Errorf("RoundTrip after Close: %v, want ErrClosed", err)
+		}
+		if n := m.node.Stats().OpenConns; n != 0 {
+			t.Errorf("node %d holds %d connections after Close", m.pool.Lane(), n)
+		}
+		if n := m.node.open.Load() + m.node.dialing.Load(); n != 0 {
+			t.Errorf("node %d counts %d connections open or dialing after Close", m.pool.Lane(), n)
 		}
 	}
 	adv71cTableQuiet(t, obs, 3*time.Second)
