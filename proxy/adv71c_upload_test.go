@@ -281,3 +281,91 @@ func TestAdv71cSiblingLeavesMidExchange(t *testing.T) {
 		})
 	}
 }
+
+// TestAdv71cH2OwnerCloseMidUploadLifetimes: the HTTP/2 variant of a
+// sibling's upload cut by its owner's Close, without a drain, while the
+// attempt's writer waits in the caller's body. Over HTTP/2 the failed
+// exchange closes the caller's body (as x/net's client does), so RoundTrip
+// must return without the body yielding; it must fail, not succeed; and
+// once it has returned, no goroutine of the attempt may begin a read of the
+// body.
+func TestAdv71cH2OwnerCloseMidUploadLifetimes(t *testing.T) {
+	bodyBegan := make(chan struct{}, 1)
+	s := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/warm" {
+			io.WriteString(w, "ok")
+			return
+		}
+		buf := make([]byte, 1)
+		if _, err := io.ReadFull(r.Body, buf); err != nil {
+			return
+		}
+		select {
+		case bodyBegan <- struct{}{}:
+		default:
+		}
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "done")
+	})
+	owner, client := remotePair(t, h2cConf)
+	warm(t, owner, s.url+"/warm")
+
+	body := newAdv71cFeedBody()
+	defer body.Close()
+	req, _ := http.NewRequest("POST", s.url+"/up", body)
+	req.ContentLength = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	type res struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan res, 1)
+	go func() {
+		resp, err := client.tr.RoundTrip(req.WithContext(ctx))
+		body.returned.Store(true)
+		done <- res{resp, err}
+	}()
+	select {
+	case body.feed <- make([]byte, 16<<10):
+	case <-time.After(5 * time.Second):
+		t.Fatal("the body was never read")
+	}
+	select {
+	case <-bodyBegan:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream never saw the body begin")
+	}
+	if client.node.Stats().ReusedRemote == 0 {
+		t.Fatalf("not through the owner: %+v", client.node.Stats())
+	}
+	waitFor(t, 2*time.Second, "the writer to wait in the body", func() bool { return body.inRead.Load() > 0 })
+	closed := make(chan struct{})
+	go func() { defer close(closed); owner.node.Close() }()
+	var r res
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sibling's HTTP/2 RoundTrip did not return after its owner closed, its body not fed")
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("owner's Close hung")
+	}
+	if r.err == nil {
+		b, berr := io.ReadAll(r.resp.Body)
+		r.resp.Body.Close()
+		if berr == nil {
+			t.Fatalf("an upload cut by its owner's close succeeded: %q", b)
+		}
+	}
+	select {
+	case body.feed <- make([]byte, 1024):
+		t.Errorf("a goroutine of the attempt read the body after RoundTrip returned (%v)", r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if n := body.late.Load(); n != 0 {
+		t.Errorf("%d reads of the body began after RoundTrip returned", n)
+	}
+}
