@@ -63,8 +63,11 @@ func adv71cHeldBody(t *testing.T, started chan<- string, release <-chan struct{}
 		default:
 			io.WriteString(c, rest)
 		}
-		c.Close()
-		return false
+		if kind == "cd" || kind == "http10" {
+			c.Close()
+			return false
+		}
+		return true // framed: the connection stays open for the next request
 	})
 }
 
