@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"io"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -57,7 +56,6 @@ func TestAdv71cSiblingClosesBodyEarlyConnNotReusedWithLeftover(t *testing.T) {
 			if n := owner.node.Stats().OpenConns + client.node.Stats().OpenConns; n > 1 {
 				t.Fatalf("%d connections open with a cap of 1", n)
 			}
-			_ = strconv.Itoa
 		})
 	}
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -49,5 +48,4 @@ func TestAdv71cHardCloseWhileWaitingForWorker(t *testing.T) {
 	if n := u.count("POST once"); n > 1 {
 		t.Fatalf("the upstream saw the POST %d times", n)
 	}
-	_ = context.Background
 }
