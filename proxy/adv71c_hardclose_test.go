@@ -35,7 +35,7 @@ func TestAdv71cHardCloseWhileWaitingForWorker(t *testing.T) {
 	select {
 	case r := <-done:
 		if r.err != nil || r.body != "ok" {
-			t.Errorf("a POST its owner closed on before taking it up (nothing sent upstream) failed: %q, %v (retry-safe %v)", r.body, r.err, IsRetrySafe(r.err))
+			t.Errorf("a POST its owner closed on before taking it up failed: %q, %v (retry-safe %v; the upstream saw it %d times)", r.body, r.err, IsRetrySafe(r.err), u.count("POST once"))
 		}
 	case <-time.After(8 * time.Second):
 		t.Error("the POST hung")
