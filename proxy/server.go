@@ -201,8 +201,8 @@ func (s *server) track(c net.Conn, add bool) bool {
 	return true
 }
 
-// leavingWriteWait bounds the write of the refusal a drained server leaves
-// on each stream as it closes (see close).
+// leavingWriteWait bounds the write of the refusal a server leaves on each
+// stream with no exchange as it closes (see close).
 const leavingWriteWait = 10 * time.Millisecond
 
 // leavingFrame is that refusal.
@@ -252,22 +252,19 @@ func (s *server) close() error {
 		return nil
 	}
 	s.closed = true
-	// Draining, and a request a peer sent on a stream that carries no
-	// exchange (see exchanging) will never reach the upstream: it is
-	// refused, unasked, before its stream goes, so that the peer sends
-	// it elsewhere instead of losing it with the stream (it cannot tell
-	// whether a lost one was acted on). That goes for the streams still
-	// queued on the socket too, which closing it would reset. A peer
-	// drops a stream once refused as closing. A stream carrying an
-	// exchange (a drain that timed out) just closes: the request may
-	// have reached the upstream.
-	drained := s.draining.Load()
-	if drained {
-		s.refuseQueued()
-	}
+	// A request a peer sent on a stream that carries no exchange (see
+	// exchanging) will never reach the upstream, drained or not (one read
+	// and waiting for a worker, too): it is refused, unasked, before its
+	// stream goes, so that the peer sends it elsewhere instead of losing
+	// it with the stream (it cannot tell whether a lost one was acted on).
+	// That goes for the streams still queued on the socket too, which
+	// closing it would reset. A peer drops a stream once refused as
+	// closing. A stream carrying an exchange (a drain that timed out, or
+	// none) just closes: the request may have reached the upstream.
+	s.refuseQueued()
 	err := s.ln.Close()
 	for c, busy := range s.conns {
-		if drained && !busy {
+		if !busy {
 			lastWord(c, leavingFrame, leavingWriteWait)
 		}
 		c.Close()
