@@ -128,7 +128,7 @@ func (p *Pool) liveSlotOf(off int, ref keyRef) (w uint64, capacity int, ok bool)
 		return 0, 0, false
 	}
 	k, kg, _ := p.slotKey(off)
-	capacity = int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	capacity = s.capacity(off)
 	w2 := atomic.LoadUint64(s.u64(off + slWord))
 	if k != ref.idx || kg != ref.gen || wGen(w2) != wGen(w) || wState(w2) != StateLive {
 		return 0, 0, false
@@ -306,10 +306,15 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 			}
 			continue
 		}
+		held := holding
 		holding = false
 		select {
 		case <-ch:
 			if ch, holding = p.waiters.take(p, w); !holding {
+				// Its last try may have found nothing because the
+				// pool was closing: the unit it held goes on (see
+				// leave). If the room had gone, that costs a look.
+				holding = held
 				return Plan{}, ErrClosed
 			}
 		case <-ctx.Done():

@@ -83,7 +83,7 @@ func (p *Pool) Capacity(id ResourceID) (int, error) {
 	s := p.seg
 	off := s.slotOff(lane, slot)
 	w := atomic.LoadUint64(s.u64(off + slWord))
-	c := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	c := s.capacity(off)
 	w2 := atomic.LoadUint64(s.u64(off + slWord))
 	if wGen(w) != id.Generation() || wGen(w2) != wGen(w) || wState(w2) != StateLive {
 		return 0, fmt.Errorf("orbitpool: capacity of %v: %w", id, ErrStale)
@@ -99,7 +99,7 @@ func (p *Pool) Capacity(id ResourceID) (int, error) {
 // each see the others' and all give back: a spurious ErrBusy, never an
 // excess.
 func (p *Pool) overCapacity(off int, w uint64) bool {
-	return wUse(w)+wPendN(w) > int(atomic.LoadUint32(p.seg.u32(off+slCapacity)))
+	return wUse(w)+wPendN(w) > p.seg.capacity(off)
 }
 
 // ungrant gives back a reservation on id that overCapacity refused, or that

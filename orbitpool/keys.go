@@ -236,6 +236,29 @@ func (p *Pool) staleIndexEntry(e uint64) bool {
 	return idxTag(s.keyHash(k)) != e&^0xffffffff
 }
 
+// clearStrayWaiters clears key entry k's waiter mask bits of lanes that no
+// process holds, which only a corrupt segment has (a lane's own bits are
+// cleared as it leaves or is reclaimed), and reports whether none is left:
+// a stray bit would keep the entry from being collected forever. The
+// structure lock is held, so no lane joins meanwhile.
+func (p *Pool) clearStrayWaiters(k int) bool {
+	s := p.seg
+	for i := range p.l.maskWords {
+		w := s.u64(s.keyOff(k) + kfMasks + 8*i)
+		for m := atomic.LoadUint64(w); m != 0; m &= m - 1 {
+			l := i*64 + trailingZeros(m)
+			if l < p.l.nlanes && lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
+				continue
+			}
+			atomic.AndUint64(w, ^laneBit(l))
+			if p.opts.OnError != nil {
+				p.opts.OnError(fmt.Errorf("orbitpool: key entry %d had a waiter bit for lane %d, which no process holds; cleared: %w", k, l, ErrCorrupt))
+			}
+		}
+	}
+	return !p.queued(k)
+}
+
 // collectKeys turns entries with no resources, claims or waiters into
 // tombstones, so a long-lived fleet that has seen many upstreams can name new
 // ones. It runs only when the table is full. The structure lock is held.
@@ -244,7 +267,7 @@ func (p *Pool) collectKeys() int {
 	for idx := range p.l.nkeys {
 		off := s.keyOff(idx)
 		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.queued(idx) {
+		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.queued(idx) && !p.clearStrayWaiters(idx) {
 			continue
 		}
 		tomb := keyCtl(kGen(c), keyTomb)

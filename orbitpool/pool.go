@@ -532,7 +532,7 @@ func (p *Pool) finishDeadSteps() {
 		for i := range p.l.perLane {
 			off := s.slotOff(l, i)
 			w := atomic.LoadUint64(s.u64(off + slWord))
-			free := int(atomic.LoadUint32(s.u32(off+slCapacity))) - wUse(w) - wPendN(w)
+			free := s.capacity(off) - wUse(w) - wPendN(w)
 			if wState(w) != StateLive || free <= 0 {
 				continue
 			}
@@ -679,10 +679,11 @@ func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint
 			continue
 		}
 		n--
-		if best == p.lane {
-			// Delivered at once, so that this lane's word names its next
-			// waiter exactly for the units still to hand out.
-			p.waiters.deliver(p, k)
+		// Delivered at once, so that this lane's word names its next
+		// waiter exactly for the units still to hand out; unless this
+		// pool is closed, and the lane may be another process's by now,
+		// whose dispatcher delivers it.
+		if best == p.lane && p.waiters.deliver(p, k) {
 			here = true
 		} else {
 			rung[best>>6] |= laneBit(best)

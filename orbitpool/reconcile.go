@@ -115,7 +115,7 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 		// hold it across the ticket's removal; then give it back. Only
 		// while there is room for it, so that no one ever sees a slot
 		// over its capacity; a full slot is looked at again next time.
-		capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+		capacity := s.capacity(off)
 		if p.reserverAlive(t) || wUse(w)+wPendN(w) >= capacity || !atomic.CompareAndSwapUint64(word, w, w|bit) {
 			return
 		}

@@ -347,7 +347,7 @@ func (p *Pool) Reserve(id ResourceID) (Lease, error) {
 	s := p.seg
 	off := s.slotOff(lane, slot)
 	word := s.u64(off + slWord)
-	capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	capacity := s.capacity(off)
 	grantHook(id)
 	// Stamp a free ticket first, so that a pending bit always carries the
 	// ticket of the reservation that set it: the owner can then age each
@@ -468,7 +468,7 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 	s := p.seg
 	off := s.slotOff(p.lane, id.Slot())
-	capacity := int(atomic.LoadUint32(s.u32(off + slCapacity)))
+	capacity := s.capacity(off)
 	grantHook(id)
 	for {
 		w := atomic.LoadUint64(s.u64(off + slWord))

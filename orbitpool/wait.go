@@ -201,9 +201,15 @@ func (t *waiterTable) take(p *Pool, w *waiter) (ch <-chan struct{}, granted bool
 func (t *waiterTable) leave(p *Pool, w *waiter, holding bool) {
 	t.mu.Lock()
 	if t.closed {
-		// closeAll passed on what the waiter held, and the lane may be
-		// another process's by now.
+		// closeAll passed on the grants it found, and the lane may be
+		// another process's by now. A unit the waiter had taken and was
+		// trying with goes to the other processes' waiters (see
+		// grantLanes), while the key entry is the one it was taken on.
 		t.mu.Unlock()
+		c := atomic.LoadUint64(p.seg.u64(p.seg.keyOff(w.key) + kfCtl))
+		if holding && kState(c) == keyLive && kGen(c) == w.gen {
+			p.wake(w.key, 1)
+		}
 		return
 	}
 	var pass uint64
@@ -305,15 +311,21 @@ func (t *waiterTable) sync(p *Pool, k int, kw *keyWaiters) uint64 {
 	}
 }
 
-// deliver delivers the grants for key k this lane was given.
-func (t *waiterTable) deliver(p *Pool, k int) {
+// deliver delivers the grants for key k this lane was given. It reports
+// false, delivering nothing, once the table is closed.
+func (t *waiterTable) deliver(p *Pool, k int) bool {
 	var pass uint64
 	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
 	if kw := t.keys[k]; kw != nil {
 		pass = t.sync(p, k, kw)
 	}
 	t.mu.Unlock()
 	p.wake(k, pass)
+	return true
 }
 
 // deliverAll is deliver for every key with local waiters; the dispatcher runs

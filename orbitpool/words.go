@@ -273,6 +273,13 @@ func (s *segment) returningOff(l, k int) int {
 	return s.l.returning + (l*s.l.nkeys+k)*4
 }
 
+// capacity reads the capacity of the slot at off, at most MaxCapacity: more
+// (a corrupt word) would let users carry out of the slot word's users field
+// into its state.
+func (s *segment) capacity(off int) int {
+	return min(int(atomic.LoadUint32(s.u32(off+slCapacity))), MaxCapacity)
+}
+
 func (s *segment) count(l, k, field int, n uint64) {
 	atomic.AddUint64(s.u64(s.statOff(l, k)+field), n)
 }
