@@ -787,16 +787,27 @@ func (n *Node) exchange(c *conn, s *connSettings, req *http.Request, bufs int, o
 // recently used idle connection go past MaxIdleConns, and returns it, or
 // nil if it found none. One of a capped key leaves in good order (its unit
 // comes back once the upstream has closed its side: see retireInOrder);
-// another leaves the table at once.
+// another leaves the table at once. One that a request takes as it is
+// chosen is passed over for the next, a few times at most.
 func (n *Node) evictIdle() *owned {
 	var oldest *owned
-	for i := range n.slots {
-		oc := n.slots[i].Load()
-		if oc != nil && oc.state.Load() == stIdle && (oldest == nil || oc.idle.Load() < oldest.idle.Load()) {
-			oldest = oc
+	for range evictTries {
+		oldest = nil
+		for i := range n.slots {
+			oc := n.slots[i].Load()
+			if oc != nil && oc.state.Load() == stIdle && (oldest == nil || oc.idle.Load() < oldest.idle.Load()) {
+				oldest = oc
+			}
 		}
+		if oldest == nil {
+			return nil
+		}
+		if oldest.claimIdle(stDead) {
+			break
+		}
+		oldest = nil
 	}
-	if oldest == nil || !oldest.claimIdle(stDead) {
+	if oldest == nil {
 		return nil
 	}
 	if kc := n.capOf(oldest.key); kc != nil && kc.max.Load() > 0 {
@@ -808,6 +819,10 @@ func (n *Node) evictIdle() *owned {
 	n.stats.evicted.Add(1)
 	return oldest
 }
+
+// evictTries is how many idle connections evictIdle chooses, at most, when
+// requests take the ones it chose first.
+const evictTries = 4
 
 // leaving reports whether oc (nil for none) still holds its slot of the
 // table.
