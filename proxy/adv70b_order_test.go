@@ -31,7 +31,7 @@ func TestAdv70bRoomWaitersNoLostWake(t *testing.T) {
 				mu.Unlock()
 				if w.woken {
 					w.woken = false
-					r.passOn(w.key, w.event)
+					r.passOn(w.by)
 				}
 				wake := r.add(&w)
 				if wake == nil {
@@ -39,7 +39,7 @@ func TestAdv70bRoomWaitersNoLostWake(t *testing.T) {
 				}
 				select {
 				case <-wake:
-					w.woken, w.event = true, w.w.event
+					w.woken, w.by = true, w.w.by
 				case <-stop:
 					r.remove(&w)
 					return
@@ -53,7 +53,7 @@ func TestAdv70bRoomWaitersNoLostWake(t *testing.T) {
 		go func() {
 			defer sg.Done()
 			for range events / signalers {
-				r.signal(roomIdle)
+				r.signal(roomWake{event: roomIdle})
 			}
 		}()
 	}

@@ -15,7 +15,7 @@ import (
 // by their timer, by a cancellation that races the wake, or by the wake;
 // a woken waiter uses the wake, passes it on, or asks again. Signalers send
 // signal and signalKey at the same time. Asserted: no waiter sees more wakes
-// than events and passes made (each wakes at most one), no wake is seen
+// than events (room for n streams counting n) and passes made (each wakes at most one), no wake is seen
 // twice, and once everyone has left, nothing is counted or queued (n, the
 // list and byKey all empty).
 func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
@@ -35,9 +35,9 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 				r.asking(&w)
 				if w.woken {
 					w.woken = false
-					if w.stuck && w.event == roomIdle {
+					if w.stuck && w.by.event == roomIdle && w.by.key != w.key {
 						passes.Add(1)
-						r.passOn(w.key, w.event)
+						r.passOn(w.by)
 					}
 				}
 				wake := r.add(&w)
@@ -49,12 +49,12 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 				case <-wake:
 					tm.Stop()
 					woken.Add(1)
-					w.event, w.w = w.w.event, nil
+					w.by, w.w = w.w.by, nil
 					switch rng.IntN(3) {
 					case 0: // used it
 					case 1: // left with it
 						passes.Add(1)
-						r.passOn(w.key, w.event)
+						r.passOn(w.by)
 					default:
 						w.woken = true // asks again
 					}
@@ -77,7 +77,7 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 			}
 			if w.woken {
 				passes.Add(1)
-				r.passOn(w.key, w.event)
+				r.passOn(w.by)
 			}
 		}()
 	}
@@ -93,14 +93,17 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 					return
 				default:
 				}
-				events.Add(1)
 				switch rng.IntN(3) {
 				case 0:
-					r.signal(roomIdle)
+					events.Add(1)
+					r.signal(roomWake{roomIdle, keys[rng.IntN(len(keys))]})
 				case 1:
-					r.signal(roomFree)
+					events.Add(1)
+					r.signal(roomWake{event: roomFree})
 				default:
-					r.signalKey(keys[rng.IntN(len(keys))])
+					n := 1 + rng.IntN(2) // room for n streams: n wakes
+					events.Add(int64(n))
+					r.signalKey(keys[rng.IntN(len(keys))], n)
 				}
 				time.Sleep(time.Duration(rng.IntN(50)) * time.Microsecond)
 			}

@@ -26,15 +26,15 @@ func TestAdv71aKeyWakePassedOnKeepsForKey(t *testing.T) {
 	r.add(&w1)
 	c2 := r.add(&w2)
 	rw2 := w2.w
-	r.signalKey(k)
+	r.signalKey(k, 1)
 	r.remove(&w1) // its context ended as the wake came
 	select {
 	case <-c2:
 	default:
 		t.Fatal("the key's next waiter was not handed the wake")
 	}
-	if rw2.event != roomStream {
-		t.Fatalf("a wake for the key alone, passed on to the key's next waiter, arrived as a wake for %v: the waiter that takes a stream with it will pass it on once more", rw2.event)
+	if rw2.by.event != roomStream {
+		t.Fatalf("a wake for the key alone, passed on to the key's next waiter, arrived as a wake for %v: the waiter that takes a stream with it will pass it on once more", rw2.by.event)
 	}
 }
 

@@ -19,9 +19,9 @@ type adv71aModel struct {
 type adv71aW struct {
 	rw     roomWait
 	ch     <-chan struct{}
-	queued bool      // in the model's queue
-	woken  bool      // woken, its wake not yet used or passed on
-	ev     roomEvent // what woke it
+	queued bool     // in the model's queue
+	woken  bool     // woken, its wake not yet used or passed on
+	by     roomWake // what woke it
 	stuck  bool
 	key    orbitpool.Key
 	seen   uint64
@@ -47,16 +47,20 @@ func (m *adv71aModel) first(ws []*adv71aW, match func(*adv71aW) bool) int {
 }
 
 // passOn: the oldest waiter that has not asked since the last event and
-// could use ev: of key for a stream, one that may evict for an idle
-// connection, any for a free slot.
-func (m *adv71aModel) passOn(ws []*adv71aW, key orbitpool.Key, ev roomEvent) int {
-	switch ev {
+// could use wk: of its key for a stream, one that may evict or is of its
+// key for an idle connection, any for a free slot.
+func (m *adv71aModel) passOn(ws []*adv71aW, wk roomWake) int {
+	return m.first(ws, func(w *adv71aW) bool { return adv71aUsable(w, wk) })
+}
+
+func adv71aUsable(w *adv71aW, wk roomWake) bool {
+	switch wk.event {
 	case roomStream:
-		return m.first(ws, func(w *adv71aW) bool { return w.key == key })
-	case roomFree:
-		return m.first(ws, func(*adv71aW) bool { return true })
+		return w.key == wk.key
+	case roomIdle:
+		return !w.stuck || w.key == wk.key
 	}
-	return m.first(ws, func(w *adv71aW) bool { return !w.stuck })
+	return true
 }
 
 // TestAdv71aRoomWaitersModel drives roomWaiters and the reference model with
@@ -109,8 +113,10 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 	}
 	var log []string
 	globalEvent, consumed := false, false
-	var lastEv roomEvent                                         // of the last event for any key
-	anyKey := func() roomEvent { return roomEvent(rng.IntN(2)) } // roomIdle or roomFree
+	var lastWake roomWake       // the last event for any key
+	anyKey := func() roomWake { // roomIdle or roomFree
+		return roomWake{roomEvent(rng.IntN(2)), keys[rng.IntN(len(keys))]}
+	}
 	fail := func(format string, a ...any) {
 		t.Helper()
 		tail := log
@@ -121,7 +127,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 	}
 	// expect checks that the operation woke exactly want (-1 for none) and
 	// applies it to the model.
-	expect := func(op string, want int, ev roomEvent) {
+	expect := func(op string, want int, wk roomWake) {
 		t.Helper()
 		got := newlyWoken()
 		if len(got) > 1 {
@@ -135,13 +141,13 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			fail("%s woke %d; the model wakes %d (queue %v, events %d)", op, g, want, m.queue, m.events)
 		}
 		if want >= 0 {
-			if got := ws[want].rw.w.event; got != ev {
-				fail("%s woke %d for %v; want %v", op, want, got, ev)
+			if got := ws[want].rw.w.by; got != wk {
+				fail("%s woke %d for %v; want %v", op, want, got, wk)
 			}
 			m.drop(want)
 			ws[want].queued = false
 			ws[want].woken = true
-			ws[want].ev = ev
+			ws[want].by = wk
 		}
 	}
 	check := func() {
@@ -183,9 +189,9 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			// wake on if it may not evict.
 			w.woken = false
 			w.rw.woken = false
-			if w.stuck && w.ev == roomIdle {
-				r.passOn(w.key, roomIdle)
-				expect(fmt.Sprintf("passOn by stuck %d", i), m.passOn(ws, w.key, roomIdle), roomIdle)
+			if w.stuck && w.by.event == roomIdle && w.by.key != w.key {
+				r.passOn(w.by)
+				expect(fmt.Sprintf("passOn by stuck %d", i), m.passOn(ws, w.by), w.by)
 			} else {
 				consumed = true // found no room: the room is gone
 			}
@@ -194,21 +200,21 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 		w.seen = w.rw.seen
 		if rng.IntN(5) == 0 {
 			if rng.IntN(2) == 0 {
-				ev := anyKey()
-				r.signal(ev)
+				wk := anyKey()
+				r.signal(wk)
 				m.events++
-				globalEvent, consumed, lastEv = true, false, ev
+				globalEvent, consumed, lastWake = true, false, wk
 				want := -1
 				if len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
 					want = m.queue[0]
 				}
-				expect("signal between ask and add", want, ev)
+				expect("signal between ask and add", want, wk)
 			} else {
 				k := keys[rng.IntN(len(keys))]
-				r.signalKey(k)
+				r.signalKey(k, 1)
 				m.events++
 				globalEvent = false
-				expect("signalKey between ask and add", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomStream)
+				expect("signalKey between ask and add", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomWake{roomStream, k})
 			}
 		}
 		w.stuck = rng.IntN(3) == 0
@@ -222,7 +228,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			w.queued = true
 			m.queue = append(m.queue, i)
 		}
-		expect("add", -1, 0)
+		expect("add", -1, roomWake{})
 	}
 	for step := 0; step < steps; step++ {
 		i := rng.IntN(nw)
@@ -246,7 +252,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			r.remove(&w.rw)
 			w.queued = false
 			m.drop(i)
-			expect(fmt.Sprintf("remove %d", i), -1, 0)
+			expect(fmt.Sprintf("remove %d", i), -1, roomWake{})
 		case op == 4:
 			// A woken waiter leaves without its wake (ctx ended as it was
 			// delivered, or served elsewhere): the wake is passed on.
@@ -259,9 +265,9 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 				// ctx ended as the wake came: remove sees it closed.
 				r.remove(&w.rw)
 			} else {
-				r.passOn(w.key, w.ev)
+				r.passOn(w.by)
 			}
-			expect(fmt.Sprintf("leave-woken %d", i), m.passOn(ws, w.key, w.ev), w.ev)
+			expect(fmt.Sprintf("leave-woken %d", i), m.passOn(ws, w.by), w.by)
 		case op == 5:
 			// A woken waiter uses the room.
 			if !w.woken {
@@ -272,29 +278,29 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			w.woken = false
 			w.rw.w = nil
 		case op == 6:
-			ev := anyKey()
-			r.signal(ev)
+			wk := anyKey()
+			r.signal(wk)
 			m.events++
-			log = append(log, fmt.Sprintf("signal %v", ev))
-			globalEvent, consumed, lastEv = true, false, ev
+			log = append(log, fmt.Sprintf("signal %v", wk))
+			globalEvent, consumed, lastWake = true, false, wk
 			want := -1
 			if len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
 				want = m.queue[0]
 			}
-			expect("signal", want, ev)
+			expect("signal", want, wk)
 		case op == 7:
 			k := keys[rng.IntN(len(keys))]
-			r.signalKey(k)
+			r.signalKey(k, 1)
 			m.events++
 			log = append(log, fmt.Sprintf("signalKey %v", k.Lo))
 			globalEvent = false
-			expect("signalKey", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomStream)
+			expect("signalKey", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomWake{roomStream, k})
 		case op == 8:
 			k := keys[rng.IntN(len(keys))]
-			ev := roomEvent(rng.IntN(3))
-			r.passOn(k, ev)
-			log = append(log, fmt.Sprintf("passOn %v %v", k.Lo, ev))
-			expect("passOn", m.passOn(ws, k, ev), ev)
+			wk := roomWake{roomEvent(rng.IntN(3)), k}
+			r.passOn(wk)
+			log = append(log, fmt.Sprintf("passOn %v", wk))
+			expect("passOn", m.passOn(ws, wk), wk)
 		default:
 			// A woken waiter asks again.
 			if !w.woken {
@@ -317,7 +323,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			}
 		}
 		if globalEvent && !consumed && !outstanding {
-			if j := m.first(ws, func(x *adv71aW) bool { return !x.stuck || lastEv == roomFree }); j >= 0 {
+			if j := m.first(ws, func(x *adv71aW) bool { return adv71aUsable(x, lastWake) }); j >= 0 {
 				fail("event %d unconsumed, no wake outstanding, yet waiter %d (free, queued) has not seen it (it saw %d)", m.events, j, ws[j].seen)
 			}
 		}
@@ -329,7 +335,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			w.queued = false
 			m.drop(i)
 			// A remove of an unwoken waiter wakes nobody.
-			expect("final remove", -1, 0)
+			expect("final remove", -1, roomWake{})
 		}
 	}
 	check()

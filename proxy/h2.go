@@ -63,8 +63,11 @@ type h2conn struct {
 	// active counts streams started here and not yet ended; mu orders
 	// capacity changes, so that the pool is told of them in the order the
 	// ClientConn's state was read.
-	active   atomic.Int64
-	idleAt   atomic.Int64 // when a stream last ended (or hc was made), in nanoseconds since processStart
+	active atomic.Int64
+	idleAt atomic.Int64 // when a stream last ended (or hc was made), in nanoseconds since processStart
+	// ended: a stream has ended here. Until one has, its creator's may
+	// not have started yet, and evictIdle leaves it be.
+	ended    atomic.Bool
 	mu       sync.Mutex
 	capacity int  // last set in the pool; guarded by mu
 	draining bool // capacity 0 for good; guarded by mu
@@ -337,7 +340,7 @@ func (n *Node) unregisterH2(hc *h2conn) {
 		n.log.Debug("unregister", zap.Stringer("id", hc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
-	n.room.signal(roomFree)
+	n.room.signal(roomWake{event: roomFree})
 }
 
 // retireH2InOrder is retireH2 for a connection with no stream that leaves
@@ -404,25 +407,26 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 }
 
 // stopOffersH2 takes hc's capacity to 0 for good: the pool offers it no
-// more.
-func (n *Node) stopOffersH2(hc *h2conn) { n.zeroH2(hc, true) }
+// more. It reports whether this call did (hc was not draining yet).
+func (n *Node) stopOffersH2(hc *h2conn) bool { return n.zeroH2(hc, true) }
 
 // pauseH2 takes hc's capacity to 0 until its state is next read.
 func (n *Node) pauseH2(hc *h2conn) { n.zeroH2(hc, false) }
 
 // zeroH2 takes hc's capacity to 0 in the pool, for good (draining) or
-// until its state is next read.
-func (n *Node) zeroH2(hc *h2conn, forGood bool) {
+// until its state is next read, and reports whether it did.
+func (n *Node) zeroH2(hc *h2conn, forGood bool) bool {
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
 	if hc.draining || !forGood && hc.capacity == 0 {
-		return
+		return false
 	}
 	hc.draining = forGood
 	hc.capacity = 0
 	if err := n.pool.SetCapacity(hc.id, 0); err != nil && !errors.Is(err, orbitpool.ErrClosed) && !errors.Is(err, orbitpool.ErrStale) {
 		n.log.Debug("capacity to 0", zap.Stringer("id", hc.id), zap.Bool("draining", forGood), zap.Error(err))
 	}
+	return true
 }
 
 // goneForGood reports whether hc, which usableH2 found unable to take a
@@ -546,11 +550,11 @@ func (n *Node) syncH2Now(hc *h2conn) {
 		return
 	}
 	n.log.Debug("upstream changed its stream limit", zap.Stringer("id", hc.id), zap.Int("from", hc.capacity), zap.Int("to", c))
-	raised := c > hc.capacity
+	more := c - hc.capacity
 	hc.capacity = c
 	hc.mu.Unlock()
-	if raised {
-		n.room.signalKey(hc.key) // room for more streams (after a pause, too)
+	if more > 0 {
+		n.room.signalKey(hc.key, more) // room for more streams (after a pause, too)
 	}
 }
 
@@ -892,10 +896,11 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			// Stored before the count drops: a sweep in between would
 			// find the connection idle since its last idle spell.
 			hc.idleAt.Store(sinceStart(time.Now()))
+			hc.ended.Store(true)
 			hc.active.Add(-1)
 			n.syncH2(hc)
 			exec.Complete()
-			n.room.signalKey(hc.key) // a stream's room, for its key alone
+			n.room.signalKey(hc.key, 1) // a stream's room, for its key alone
 			switch {
 			case rb != nil:
 				rb.after(onDone)
@@ -1322,5 +1327,6 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	}
 	c.watch.follow(n, hc)
 	n.stats.created.Add(1)
+	n.room.signalKey(e.key, capacity-1) // the streams it has room for beside this one
 	return n.useH2(hc, exec, req, release)
 }

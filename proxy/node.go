@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -557,7 +558,7 @@ func (n *Node) unregister(oc *owned) { n.unregisterToward(oc, -1) }
 // held is free again.
 func (n *Node) dropPermit(p *orbitpool.CreationPermit) {
 	p.Close()
-	n.room.signal(roomFree)
+	n.room.signal(roomWake{event: roomFree})
 }
 
 func (n *Node) unregisterToward(oc *owned, lane int) {
@@ -565,7 +566,7 @@ func (n *Node) unregisterToward(oc *owned, lane int) {
 		n.log.Debug("unregister", zap.Stringer("id", oc.id), zap.Error(err))
 	}
 	n.stats.retired.Add(1)
-	n.room.signal(roomFree)
+	n.room.signal(roomWake{event: roomFree})
 }
 
 // closeWait bounds how long a connection retired in good order keeps its
@@ -728,7 +729,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 			}
 			oc.idle.Store(now.UnixNano())
 			oc.state.Store(stIdle)
-			defer n.room.signal(roomIdle) // once waiters have had it
+			defer n.room.signal(roomWake{roomIdle, oc.key}) // once waiters have had it
 		}
 	case outcomeHijacked:
 		n.retire(oc)
@@ -782,55 +783,73 @@ func (n *Node) exchange(c *conn, s *connSettings, req *http.Request, bufs int, o
 	return resp, err
 }
 
-// evictIdle retires, to make room in a full table, this process's HTTP/1.1
-// connection that has sat idle longest, as net/http's pool lets its least
-// recently used idle connection go past MaxIdleConns, and returns it, or
-// nil if it found none. One of a capped key leaves in good order (its unit
-// comes back once the upstream has closed its side: see retireInOrder);
-// another leaves the table at once. One that a request takes as it is
-// chosen is passed over for the next, a few times at most.
-func (n *Node) evictIdle() *owned {
-	var oldest *owned
+// evictIdle retires, to make room in a full table, this process's
+// connection that has sat idle longest (an HTTP/2 one with no stream too),
+// as net/http's pool lets its least recently used idle connection go past
+// MaxIdleConns, and returns its ID, or 0 if it found none. An HTTP/1.1 one
+// of a capped key, and an HTTP/2 one, leave in good order (the unit comes
+// back once the upstream has closed its side: see retireInOrder and
+// retireH2InOrder); another leaves the table at once. One that a request
+// takes as it is chosen is passed over for the next, a few times at most.
+func (n *Node) evictIdle() orbitpool.ResourceID {
 	for range evictTries {
-		oldest = nil
+		var oc *owned
+		var hc *h2conn
+		since := int64(math.MaxInt64) // when it went idle, in sinceStart's terms
 		for i := range n.slots {
-			oc := n.slots[i].Load()
-			if oc != nil && oc.state.Load() == stIdle && (oldest == nil || oc.idle.Load() < oldest.idle.Load()) {
-				oldest = oc
+			if c := n.slots[i].Load(); c != nil && c.state.Load() == stIdle {
+				if t := c.idle.Load() - processStart.UnixNano(); t < since {
+					oc, since = c, t
+				}
 			}
 		}
-		if oldest == nil {
-			return nil
+		for i := range n.h2slots {
+			if c := n.h2slots[i].Load(); c != nil && c.active.Load() == 0 && c.ended.Load() {
+				if t := c.idleAt.Load(); t < since && !c.isDraining() {
+					oc, hc, since = nil, c, t
+				}
+			}
 		}
-		if oldest.claimIdle(stDead) {
-			break
+		switch {
+		case hc != nil:
+			if !n.stopOffersH2(hc) {
+				continue // draining already
+			}
+			if hc.active.Load() == 0 {
+				n.retireH2InOrder(hc) // else the last stream's end does
+			}
+			n.stats.evicted.Add(1)
+			return hc.id
+		case oc != nil:
+			if !oc.claimIdle(stDead) {
+				continue
+			}
+			if kc := n.capOf(oc.key); kc != nil && kc.max.Load() > 0 {
+				n.retireInOrder(oc, nil)
+			} else {
+				n.retire(oc)
+				oc.c.close()
+			}
+			n.stats.evicted.Add(1)
+			return oc.id
+		default:
+			return 0
 		}
-		oldest = nil
 	}
-	if oldest == nil {
-		return nil
-	}
-	if kc := n.capOf(oldest.key); kc != nil && kc.max.Load() > 0 {
-		n.retireInOrder(oldest, nil)
-	} else {
-		n.retire(oldest)
-		oldest.c.close()
-	}
-	n.stats.evicted.Add(1)
-	return oldest
+	return 0
 }
 
 // evictTries is how many idle connections evictIdle chooses, at most, when
 // requests take the ones it chose first.
 const evictTries = 4
 
-// leaving reports whether oc (nil for none) still holds its slot of the
-// table.
-func (n *Node) leaving(oc *owned) bool {
-	if oc == nil {
+// leaving reports whether the connection id (0 for none) still holds its
+// slot of the table.
+func (n *Node) leaving(id orbitpool.ResourceID) bool {
+	if id == 0 {
 		return false
 	}
-	_, err := n.pool.Capacity(oc.id)
+	_, err := n.pool.Capacity(id)
 	return err == nil
 }
 

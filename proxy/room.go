@@ -35,23 +35,41 @@ type roomEvent uint8
 
 const (
 	// roomIdle: one of the process's connections went idle. A waiter
-	// uses it by evicting it, so a wake passed on skips waiters that may
-	// not evict (see roomWait.stuck).
+	// uses it by evicting it, or by reusing it if it is of its key.
 	roomIdle roomEvent = iota
 	// roomFree: a slot is free (a connection left the table, or a
 	// creation permit was given back). Any waiter can use it.
 	roomFree
-	// roomStream: an HTTP/2 connection has room for another stream (one
-	// ended, or the upstream raised its limit). Only the key's waiters
-	// can use it.
+	// roomStream: an HTTP/2 connection of the key has room for another
+	// stream. Only the key's waiters can use it.
 	roomStream
 )
 
+// roomWake is what made room: the event, and the key of the connection
+// that made it (for roomIdle and roomStream).
+type roomWake struct {
+	event roomEvent
+	key   orbitpool.Key
+}
+
+// usableBy reports whether rw could use the room w says has come. One that
+// could not would pass the wake on again: an event that no waiter can use
+// would go down the whole queue.
+func (w roomWake) usableBy(rw *roomWaiter) bool {
+	switch w.event {
+	case roomStream:
+		return rw.key == w.key
+	case roomIdle:
+		return !rw.stuck || rw.key == w.key
+	}
+	return true
+}
+
 type roomWaiter struct {
 	key      orbitpool.Key
-	seen     uint64    // events when it last asked the pool
-	stuck    bool      // it may not evict (see roomWait)
-	event    roomEvent // what woke it; set before wake is closed
+	seen     uint64   // events when it last asked the pool
+	stuck    bool     // it may not evict (see roomWait)
+	by       roomWake // what woke it; set before wake is closed
 	wake     chan struct{}
 	inAll    *list.Element
 	inKey    *list.Element
@@ -61,11 +79,12 @@ type roomWaiter struct {
 // roomWait is one request's place among the roomWaiters.
 type roomWait struct {
 	key   orbitpool.Key
-	seen  uint64    // events when it last asked the pool
-	woken bool      // by an event it has not used yet
-	event roomEvent // that event
+	seen  uint64   // events when it last asked the pool
+	woken bool     // by an event it has not used yet
+	by    roomWake // that event
 	// stuck: it may not evict an idle connection to make room (its last
-	// eviction still holds its slot), so a roomIdle wake passed on skips it.
+	// eviction still holds its slot), so a roomIdle wake passed on skips
+	// it, unless the idle connection is of its key.
 	stuck bool
 	w     *roomWaiter
 }
@@ -117,85 +136,84 @@ func (r *roomWaiters) remove(w *roomWait) {
 	defer r.mu.Unlock()
 	select {
 	case <-w.w.wake:
-		r.wakeNext(w.key, w.w.event)
+		r.wakeNext(w.w.by)
 	default:
 		r.take(w.w)
 	}
 	w.w = nil
 }
 
-// signal numbers ev, an event that may make room for any key (roomIdle or
-// roomFree), and wakes the oldest waiter.
-func (r *roomWaiters) signal(ev roomEvent) {
+// signal numbers wk, an event that may make room for any key (roomIdle or
+// roomFree), and wakes the oldest waiter: one whose eviction is leaving may
+// be free to evict again by now.
+func (r *roomWaiters) signal(wk roomWake) {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
 		return
 	}
 	r.mu.Lock()
-	r.wake(r.all.Front(), ev)
+	r.wake(r.all.Front(), wk)
 	r.mu.Unlock()
 }
 
-// signalKey numbers a roomStream event for key, and wakes key's oldest
-// waiter.
-func (r *roomWaiters) signalKey(key orbitpool.Key) {
+// signalKey numbers a roomStream event for key, room for n more streams,
+// and wakes up to n of key's oldest waiters.
+func (r *roomWaiters) signalKey(key orbitpool.Key, n int) {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
 		return
 	}
 	r.mu.Lock()
-	if l := r.byKey[key]; l != nil {
-		r.wake(l.Front(), roomStream)
+	for range n {
+		l := r.byKey[key]
+		if l == nil || !r.wake(l.Front(), roomWake{roomStream, key}) {
+			break
+		}
 	}
 	r.mu.Unlock()
 }
 
-// passOn hands a wake for ev that its waiter of key did not use to the
-// next waiter that could use it.
-func (r *roomWaiters) passOn(key orbitpool.Key, ev roomEvent) {
+// passOn hands a wake that its waiter did not use to the next waiter that
+// could use it.
+func (r *roomWaiters) passOn(wk roomWake) {
 	r.mu.Lock()
-	r.wakeNext(key, ev)
+	r.wakeNext(wk)
 	r.mu.Unlock()
 }
 
-// wakeNext wakes, for a wake for ev passed on, the oldest waiter that could
-// use it: of key for roomStream, one that may evict for roomIdle (one that
-// may not would pass it on again, and an event that no waiter can use would
-// go down the whole queue), any for roomFree.
-func (r *roomWaiters) wakeNext(key orbitpool.Key, ev roomEvent) {
-	switch ev {
-	case roomStream:
-		if l := r.byKey[key]; l != nil {
-			r.wake(l.Front(), ev)
+// wakeNext wakes, for a wake passed on, the oldest waiter that could use it.
+func (r *roomWaiters) wakeNext(wk roomWake) {
+	l := &r.all
+	if wk.event == roomStream {
+		if l = r.byKey[wk.key]; l == nil {
+			return
 		}
-	case roomFree:
-		r.wake(r.all.Front(), ev)
-	default:
-		for e := r.all.Front(); e != nil; e = e.Next() {
-			rw := e.Value.(*roomWaiter)
-			if rw.seen == r.events.Load() {
-				return // see wake
-			}
-			if !rw.stuck {
-				r.wake(e, ev)
-				return
-			}
+	}
+	for e := l.Front(); e != nil; e = e.Next() {
+		rw := e.Value.(*roomWaiter)
+		if rw.seen == r.events.Load() {
+			return // see wake
+		}
+		if wk.usableBy(rw) {
+			r.wake(e, wk)
+			return
 		}
 	}
 }
 
-// wake wakes the waiter at e (nil for none) for ev if it has not asked the
-// pool since the last event. Queues are in the order their waiters asked:
-// if the first has asked, all have.
-func (r *roomWaiters) wake(e *list.Element, ev roomEvent) {
+// wake wakes the waiter at e (nil for none) for wk if it has not asked the
+// pool since the last event, and reports whether it did. Queues are in the
+// order their waiters asked: if the first has asked, all have.
+func (r *roomWaiters) wake(e *list.Element, wk roomWake) bool {
 	if e == nil {
-		return
+		return false
 	}
 	rw := e.Value.(*roomWaiter)
 	if rw.seen == r.events.Load() {
-		return
+		return false
 	}
-	rw.event = ev
+	rw.by = wk
 	close(rw.wake)
 	r.take(rw)
+	return true
 }

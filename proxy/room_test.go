@@ -37,7 +37,7 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.asking(&wb)
 	r.asking(&wc)
 	a, b, c := r.add(&wa), r.add(&wb), r.add(&wc)
-	r.signal(roomIdle)
+	r.signal(roomWake{event: roomIdle})
 	if !woken(a) || woken(b) || woken(c) {
 		t.Fatalf("after one event: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
 	}
@@ -47,23 +47,23 @@ func TestRoomWaitersOrder(t *testing.T) {
 	}
 	r.asking(&wb) // b asks again, finds no room, and waits again
 	b = r.add(&wb)
-	r.passOn(k2, roomIdle) // c has not asked since the event: it may use the room
+	r.passOn(roomWake{event: roomIdle}) // c has not asked since the event: it may use the room
 	if !woken(c) || woken(b) {
 		t.Fatalf("after b passed the wake on: c=%v b=%v; want c alone woken", woken(c), woken(b))
 	}
 	r.asking(&wc)
 	c = r.add(&wc)
-	r.passOn(k2, roomIdle) // both asked since the event: nobody to wake
+	r.passOn(roomWake{event: roomIdle}) // both asked since the event: nobody to wake
 	if woken(b) || woken(c) {
 		t.Fatalf("a wake passed on to waiters that asked since the event: b=%v c=%v", woken(b), woken(c))
 	}
 	r.asking(&wa)
 	a = r.add(&wa) // the oldest now: b, c, a
-	r.signalKey(k1)
+	r.signalKey(k1, 1)
 	if !woken(a) || woken(b) || woken(c) {
 		t.Fatalf("after an event for a's key: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
 	}
-	r.signalKey(orbitpool.Key{Lo: 3})
+	r.signalKey(orbitpool.Key{Lo: 3}, 1)
 	if woken(b) || woken(c) {
 		t.Fatalf("an event for a key nobody waits for woke b=%v c=%v", woken(b), woken(c))
 	}
@@ -80,7 +80,7 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.asking(&ws)
 	r.asking(&wf)
 	x, s, f := r.add(&wx), r.add(&ws), r.add(&wf)
-	r.signal(roomIdle)
+	r.signal(roomWake{event: roomIdle})
 	if !woken(x) {
 		t.Fatal("the oldest waiter was not woken")
 	}
@@ -88,9 +88,9 @@ func TestRoomWaitersOrder(t *testing.T) {
 	if woken(s) || !woken(f) {
 		t.Fatalf("a wake passed on: stuck woken=%v, free woken=%v; want the free one alone", woken(s), woken(f))
 	}
-	r.signal(roomIdle)
-	if !woken(s) || ws.w.event != roomIdle {
-		t.Fatalf("an event for any key: stuck woken=%v (for %v); want it woken", woken(s), ws.w.event)
+	r.signal(roomWake{event: roomIdle})
+	if !woken(s) || ws.w.by.event != roomIdle {
+		t.Fatalf("an event for any key: stuck woken=%v (for %v); want it woken", woken(s), ws.w.by.event)
 	}
 	r.remove(&ws)
 	r.remove(&wf)
@@ -102,33 +102,33 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.asking(&ws)
 	r.asking(&wf)
 	x, s, f = r.add(&wx), r.add(&ws), r.add(&wf)
-	r.signal(roomFree)
+	r.signal(roomWake{event: roomFree})
 	r.remove(&wx)
-	if !woken(s) || ws.w.event != roomFree || woken(f) {
-		t.Fatalf("a free slot passed on: stuck woken=%v (for %v), next woken=%v; want the stuck one, for a free slot", woken(s), ws.w.event, woken(f))
+	if !woken(s) || ws.w.by.event != roomFree || woken(f) {
+		t.Fatalf("a free slot passed on: stuck woken=%v (for %v), next woken=%v; want the stuck one, for a free slot", woken(s), ws.w.by.event, woken(f))
 	}
 	ws.w = nil // it used the wake
 	r.asking(&wx)
 	r.asking(&ws)
 	x, s = r.add(&wx), r.add(&ws) // f, x, s
-	r.signalKey(k1)
+	r.signalKey(k1, 1)
 	r.remove(&wf)
-	if !woken(x) || wx.w.event != roomStream || woken(s) {
-		t.Fatalf("a stream's room passed on: its key's next woken=%v (for %v), another key's woken=%v; want the key's, for a stream", woken(x), wx.w.event, woken(s))
+	if !woken(x) || wx.w.by.event != roomStream || woken(s) {
+		t.Fatalf("a stream's room passed on: its key's next woken=%v (for %v), another key's woken=%v; want the key's, for a stream", woken(x), wx.w.by.event, woken(s))
 	}
 	r.remove(&wx)
-	r.passOn(k2, roomStream)
-	if !woken(s) || ws.w.event != roomStream {
-		t.Fatalf("a stream's room passed on to the key's only waiter: woken=%v (for %v)", woken(s), ws.w.event)
+	r.passOn(roomWake{roomStream, k2})
+	if !woken(s) || ws.w.by.event != roomStream {
+		t.Fatalf("a stream's room passed on to the key's only waiter: woken=%v (for %v)", woken(s), ws.w.by.event)
 	}
 	r.remove(&ws)
-	r.passOn(k1, roomStream)
+	r.passOn(roomWake{roomStream, k1})
 	if n := r.n.Load(); n != 0 || r.all.Len() != 0 || len(r.byKey) != 0 {
 		t.Fatalf("%d waiters counted, %d queued, %d keys; want none", n, r.all.Len(), len(r.byKey))
 	}
 	var wd roomWait
 	r.asking(&wd)
-	r.signal(roomIdle) // between its ask and its add
+	r.signal(roomWake{event: roomIdle}) // between its ask and its add
 	if d := r.add(&wd); d != nil {
 		t.Fatal("a waiter that an event passed since it asked was queued; want it to ask again")
 	}

@@ -160,9 +160,7 @@ func (s *server) serve() error {
 			continue
 		}
 		if !s.track(c, true) {
-			if s.draining.Load() {
-				lastWord(c, leavingFrame, leavingWriteWait)
-			}
+			lastWord(c, leavingFrame, time.Now().Add(leavingWriteWait))
 			c.Close()
 			return ErrClosed
 		}
@@ -201,8 +199,8 @@ func (s *server) track(c net.Conn, add bool) bool {
 	return true
 }
 
-// leavingWriteWait bounds the write of the refusal a server leaves on each
-// stream with no exchange as it closes (see close).
+// leavingWriteWait bounds the writes of the refusal a server leaves on its
+// streams with no exchange as it closes (see close), all of them together.
 const leavingWriteWait = 10 * time.Millisecond
 
 // leavingFrame is that refusal.
@@ -218,9 +216,9 @@ var idleCapFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code
 	msg: "owner busy: too many idle streams from one peer"})
 
 // lastWord writes frame to c, the last thing c carries before it closes,
-// waiting no longer than wait for a peer that does not read.
-func lastWord(c net.Conn, frame []byte, wait time.Duration) {
-	c.SetWriteDeadline(time.Now().Add(wait))
+// waiting no later than deadline for a peer that does not read.
+func lastWord(c net.Conn, frame []byte, deadline time.Time) {
+	c.SetWriteDeadline(deadline)
 	c.Write(frame)
 }
 
@@ -263,9 +261,10 @@ func (s *server) close() error {
 	// none) just closes: the request may have reached the upstream.
 	s.refuseQueued()
 	err := s.ln.Close()
+	by := time.Now().Add(leavingWriteWait) // for all of them: the lock is held
 	for c, busy := range s.conns {
 		if !busy {
-			lastWord(c, leavingFrame, leavingWriteWait)
+			lastWord(c, leavingFrame, by)
 		}
 		c.Close()
 	}
@@ -337,7 +336,7 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 				// owner's streams (see close), rather than be lost with
 				// the stream, which would leave the peer unable to tell
 				// whether it was acted on.
-				lastWord(nc, idleCapFrame, leavingWriteWait)
+				lastWord(nc, idleCapFrame, time.Now().Add(leavingWriteWait))
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 				// The peer left, we are closing, or the stream sat idle.
 			default:
@@ -423,7 +422,7 @@ const refuseHeadWait = 10 * time.Millisecond
 // headRefused) tells a sibling whose write went through that the stream
 // ends here, unlike other refusals.
 func refuseHead(nc net.Conn, err error) {
-	lastWord(nc, appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}), refuseHeadWait)
+	lastWord(nc, appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}), time.Now().Add(refuseHeadWait))
 }
 
 // readBodyWithHead reads the short body that a frame without

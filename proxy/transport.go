@@ -656,7 +656,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	// (see evictIdle), and mayEvict whether it may retire another: once
 	// per ask of the pool, and not while that one still holds its slot
 	// (a capped key's leaves in good order).
-	var evicted *owned
+	var evicted orbitpool.ResourceID
 	mayEvict := true
 	var full error // the table's, once the request paused for room
 	fullPauses := 0
@@ -665,7 +665,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	room := roomWait{key: e.key}
 	defer func() {
 		if room.woken {
-			n.room.passOn(e.key, room.event)
+			n.room.passOn(room.by)
 		}
 	}()
 	near := t.nearWindow()
@@ -722,7 +722,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				looked := false // for an idle connection to evict
 				if mayEvict && !n.leaving(evicted) && !(unpooled && n.spares.has(e.key)) {
 					looked = true
-					if evicted = n.evictIdle(); evicted != nil {
+					if evicted = n.evictIdle(); evicted != 0 {
 						mayEvict = false
 						room.woken = false // the room it was woken for
 						continue
@@ -794,7 +794,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					plan.Execution.Complete()
 					continue
 				}
-				if room.event == roomStream {
+				if room.by.event == roomStream {
 					room.woken = false // a stream was what it was woken for
 				}
 				n.stats.reusedLocal.Add(1)
@@ -854,7 +854,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if lane := n.dialToward(ctx, kc, e.key, passes == 0); lane >= 0 {
 					passes++
 					plan.Permit.CloseToward(lane)
-					n.room.signal(roomFree) // its slot is free
+					n.room.signal(roomWake{event: roomFree}) // its slot is free
 					continue
 				}
 			} else {
@@ -975,12 +975,12 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	room := &t.Node.room
 	if w.woken {
 		// It was woken and found no room. If the room was an idle
-		// connection and it could not look for one to evict (its last
-		// eviction still leaves), the next waiter may; else the room is
-		// gone.
+		// connection of another key and it could not look for one to
+		// evict (its last eviction still leaves), the next waiter may;
+		// else the room is gone.
 		w.woken = false
-		if w.stuck && w.event == roomIdle {
-			room.passOn(w.key, roomIdle)
+		if w.stuck && w.by.event == roomIdle && w.by.key != w.key {
+			room.passOn(w.by)
 		}
 	}
 	wake := room.add(w)
@@ -991,7 +991,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	if ok {
 		select {
 		case <-wake:
-			w.woken, w.event, w.w = true, w.w.event, nil
+			w.woken, w.by, w.w = true, w.w.by, nil
 			return true
 		default:
 		}
