@@ -318,6 +318,7 @@ func (p *Pool) Acquire(ctx context.Context, key Key, policy Policy, lim Limits) 
 				return Plan{}, ErrClosed
 			}
 		case <-ctx.Done():
+			holding = held // as on Close
 			waited := time.Since(start)
 			p.seg.count(p.lane, ref.idx, stTimeouts, 1)
 			p.seg.count(p.lane, ref.idx, stWaitNanos, uint64(waited))

@@ -237,22 +237,29 @@ func (p *Pool) staleIndexEntry(e uint64) bool {
 }
 
 // clearStrayWaiters clears key entry k's waiter mask bits of lanes that no
-// process holds, which only a corrupt segment has (a lane's own bits are
-// cleared as it leaves or is reclaimed), and reports whether none is left:
-// a stray bit would keep the entry from being collected forever. The
-// structure lock is held, so no lane joins meanwhile.
+// process holds (neither its record nor the kernel's lock says so), which
+// only a corrupt segment has (a lane's own bits are cleared as it leaves or
+// is reclaimed), and reports whether none is left: a stray bit would keep
+// the entry from being collected forever. The structure lock is held, so
+// no lane joins meanwhile.
 func (p *Pool) clearStrayWaiters(k int) bool {
 	s := p.seg
 	for i := range p.l.maskWords {
 		w := s.u64(s.keyOff(k) + kfMasks + 8*i)
 		for m := atomic.LoadUint64(w); m != 0; m &= m - 1 {
 			l := i*64 + trailingZeros(m)
-			if l < p.l.nlanes && lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
-				continue
+			if l < p.l.nlanes {
+				if lnState(atomic.LoadUint64(s.u64(s.laneOff(l)+lnCtl))) == laneLive {
+					continue
+				}
+				if alive, err := s.laneAlive(l); err != nil || alive {
+					continue // a live process's record, overwritten: see healOwnLane
+				}
 			}
 			atomic.AndUint64(w, ^laneBit(l))
-			if p.opts.OnError != nil {
-				p.opts.OnError(fmt.Errorf("orbitpool: key entry %d had a waiter bit for lane %d, which no process holds; cleared: %w", k, l, ErrCorrupt))
+			if f := p.opts.OnError; f != nil {
+				// Not under the structure lock, which f may want.
+				go f(fmt.Errorf("orbitpool: key entry %d had a waiter bit for lane %d, which no process holds; cleared: %w", k, l, ErrCorrupt))
 			}
 		}
 	}

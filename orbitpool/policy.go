@@ -80,7 +80,9 @@ func (r Reason) String() string {
 // Policy picks what Acquire does next. Decide may be called several times for
 // one acquisition, with candidates that turned out busy marked full; it must
 // not block. Which candidate wins is the embedder's choice: the pool decides
-// nothing on its own.
+// nothing on its own. A waiter whose policy declines the room it was handed
+// (LocalOnly, handed a sibling's resource) keeps its place in the key's
+// queue, and younger waiters wait behind it until its acquisition ends.
 type Policy interface {
 	Decide(v *View) Decision
 }
