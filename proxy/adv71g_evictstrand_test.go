@@ -1,0 +1,116 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// TestAdv71gH2EvictTakenStreamStrandsEvictor: the interleaving
+// TestAdv71gH2EvictRaceKeepsOtherIdle hunts for, made certain. A table of
+// two slots holds X, an h2c connection of key K whose stream has ended (no
+// stream: evictable), and Y, an idle HTTP/1.1 connection of key L that went
+// idle after X. E, a capped HTTP/1.1 request to key J, finds the table full
+// and evictIdle's scan reads X with no stream; it is held there (X's mutex,
+// which the scan's isDraining takes, is held by the test: the scheduler
+// preempting E at that point does the same). Meanwhile R, a long stream to
+// K, is handed X by the pool and starts its stream. Then E goes on: it
+// stops X's offers, finds a stream on X (so does not retire it), and
+// returns X as its eviction all the same. X keeps its slot for R's whole
+// stream, E may not evict again while X holds it (Node.leaving), and Y sits
+// idle: E fails "table full" at its deadline. For HTTP/1.1 a connection a
+// request takes as it is chosen is passed over for the next (claimIdle).
+// Asserted: E is served within 2s, and R's stream runs.
+func TestAdv71gH2EvictTakenStreamStrandsEvictor(t *testing.T) {
+	h2 := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-time.After(6 * time.Second):
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	}, 8)
+	lURL := closingStreamUpstream(t, nil, false)
+	jURL := closingStreamUpstream(t, nil, false)
+	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
+	m := newMember(t, spec, nil)
+	hk := &Transport{Node: m.node, H2C: true, HTTP2: true}
+	if _, body, err := roundTripWithin(hk, h2.url+"/", 2*time.Second); err != nil || body != "ok" {
+		t.Fatalf("X's first stream: %q %v", body, err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	hl := &Transport{Node: m.node, MaxConnsPerKey: 4}
+	if _, body, err := roundTripWithin(hl, lURL+"/", 2*time.Second); err != nil || body != "ok" {
+		t.Fatalf("Y's request: %q %v", body, err)
+	}
+	var x *h2conn
+	for s := range m.node.h2slots {
+		if c := m.node.h2slots[s].Load(); c != nil {
+			x = c
+		}
+	}
+	if st := m.node.Stats(); st.OpenConns != 2 || x == nil || !x.ended.Load() || x.active.Load() != 0 {
+		t.Fatalf("want a full table with X, an h2c connection with no stream: %+v", st)
+	}
+	x.mu.Lock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			x.mu.Unlock()
+		}
+	}
+	defer unlock()
+	he := &Transport{Node: m.node, MaxConnsPerKey: 4}
+	type result struct {
+		body string
+		err  error
+	}
+	eCh := make(chan result, 1)
+	go func() {
+		_, body, err := roundTripWithin(he, jURL+"/", 2*time.Second)
+		eCh <- result{body, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // E is in evictIdle's scan, at X
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	rCh := make(chan *http.Response, 1)
+	rErr := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(rctx, "GET", h2.url+"/hold", nil)
+		resp, err := hk.RoundTrip(req)
+		rCh <- resp
+		rErr <- err
+	}()
+	deadline := time.Now().Add(2 * time.Second)
+	for x.active.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	started := x.active.Load() == 1
+	unlock()
+	if !started {
+		rcancel()
+		<-eCh
+		t.Fatalf("R's stream did not start on X while E was held at it")
+	}
+	resp, err := <-rCh, <-rErr
+	if err != nil {
+		rcancel()
+		<-eCh
+		t.Fatalf("R, handed X: %v", err)
+	}
+	defer resp.Body.Close()
+	e := <-eCh
+	if e.err != nil || e.body != "ok" {
+		t.Fatalf("E (key J), Y idle all along, after R's stream started on X as E chose it: %q %v; X draining %v, streams %d, in its slot %v; stats %+v; want E to pass X over and evict Y",
+			e.body, e.err, x.isDraining(), x.active.Load(), m.node.lookupH2(x.id) == x, m.node.Stats())
+	}
+}
