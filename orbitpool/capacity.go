@@ -91,6 +91,22 @@ func (p *Pool) Capacity(id ResourceID) (int, error) {
 	return c, nil
 }
 
+// Users reports how many users a live resource has, its reservations still
+// pending included. Once SetCapacity has taken its capacity to 0, no more
+// come (one that raced the change gives its use back): a caller that did so
+// learns whether anyone still holds the resource.
+func (p *Pool) Users(id ResourceID) (int, error) {
+	lane, slot := id.Lane(), id.Slot()
+	if lane >= p.l.nlanes || slot >= p.l.perLane {
+		return 0, fmt.Errorf("orbitpool: users of %v: no such slot: %w", id, ErrStale)
+	}
+	w := atomic.LoadUint64(p.seg.u64(p.seg.slotOff(lane, slot) + slWord))
+	if wGen(w) != id.Generation() || wState(w) != StateLive {
+		return 0, fmt.Errorf("orbitpool: users of %v: %w", id, ErrStale)
+	}
+	return wUse(w) + wPendN(w), nil
+}
+
 // overCapacity is the check a grant makes after its compare-and-swap: w is
 // the slot word the grant installed, counting it. The capacity read before
 // the compare-and-swap may predate a SetCapacity that lowered it; the one

@@ -307,3 +307,45 @@ func TestSetCapacityInGrantWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestUsers: Users counts a resource's accepted users and its pending
+// reservations, and refuses a resource that has gone.
+func TestUsers(t *testing.T) {
+	backings(t, func(t *testing.T, p *Pool) {
+		id, err := p.Register(Key{7, 2}, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		users := func(want int) {
+			t.Helper()
+			if n, err := p.Users(id); err != nil || n != want {
+				t.Fatalf("Users = %d, %v; want %d", n, err, want)
+			}
+		}
+		users(0)
+		l, err := p.Reserve(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		users(1) // pending
+		e, err := p.Accept(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		users(1)
+		l2, err := p.Reserve(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		users(2)
+		p.Withdraw(l2)
+		e.Complete()
+		users(0)
+		if err := p.Unregister(id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Users(id); !errors.Is(err, ErrStale) {
+			t.Fatalf("Users of an unregistered resource: %v, want ErrStale", err)
+		}
+	})
+}

@@ -103,7 +103,7 @@ func TestAdv71aRoomWaitersConcurrentChurn(t *testing.T) {
 				default:
 					n := 1 + rng.IntN(2) // room for n streams: n wakes
 					events.Add(int64(n))
-					r.signalKey(keys[rng.IntN(len(keys))], n)
+					r.signalKey(keys[rng.IntN(len(keys))], n, rng.IntN(2) == 0)
 				}
 				time.Sleep(time.Duration(rng.IntN(50)) * time.Microsecond)
 			}

@@ -26,7 +26,7 @@ func TestAdv71aKeyWakePassedOnKeepsForKey(t *testing.T) {
 	r.add(&w1)
 	c2 := r.add(&w2)
 	rw2 := w2.w
-	r.signalKey(k, 1)
+	r.signalKey(k, 1, false)
 	r.remove(&w1) // its context ended as the wake came
 	select {
 	case <-c2:

@@ -211,7 +211,7 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 				expect("signal between ask and add", want, wk)
 			} else {
 				k := keys[rng.IntN(len(keys))]
-				r.signalKey(k, 1)
+				r.signalKey(k, 1, false)
 				m.events++
 				globalEvent = false
 				expect("signalKey between ask and add", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomWake{roomStream, k})
@@ -289,12 +289,23 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			}
 			expect("signal", want, wk)
 		case op == 7:
+			// A stream's end; with idle, the connection's last: if
+			// none of its key waits, the oldest may evict it.
 			k := keys[rng.IntN(len(keys))]
-			r.signalKey(k, 1)
+			idle := rng.IntN(2) == 0
+			r.signalKey(k, 1, idle)
 			m.events++
-			log = append(log, fmt.Sprintf("signalKey %v", k.Lo))
+			log = append(log, fmt.Sprintf("signalKey %v idle %v", k.Lo, idle))
+			want, wk := m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomWake{roomStream, k}
 			globalEvent = false
-			expect("signalKey", m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomWake{roomStream, k})
+			if want < 0 && idle {
+				wk = roomWake{roomIdle, k}
+				globalEvent, consumed, lastWake = true, false, wk
+				if len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
+					want = m.queue[0]
+				}
+			}
+			expect("signalKey", want, wk)
 		case op == 8:
 			k := keys[rng.IntN(len(keys))]
 			wk := roomWake{roomEvent(rng.IntN(3)), k}

@@ -554,7 +554,7 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	hc.capacity = c
 	hc.mu.Unlock()
 	if more > 0 {
-		n.room.signalKey(hc.key, more) // room for more streams (after a pause, too)
+		n.room.signalKey(hc.key, more, false) // room for more streams (after a pause, too)
 	}
 }
 
@@ -897,10 +897,12 @@ func (n *Node) useH2(hc *h2conn, exec *orbitpool.Execution, req *http.Request, o
 			// find the connection idle since its last idle spell.
 			hc.idleAt.Store(sinceStart(time.Now()))
 			hc.ended.Store(true)
-			hc.active.Add(-1)
+			idle := hc.active.Add(-1) == 0
 			n.syncH2(hc)
 			exec.Complete()
-			n.room.signalKey(hc.key, 1) // a stream's room, for its key alone
+			// A stream's room, for its key; or, with no stream left, an
+			// idle connection that may be evicted (see evictIdle).
+			n.room.signalKey(hc.key, 1, idle)
 			switch {
 			case rb != nil:
 				rb.after(onDone)
@@ -1327,6 +1329,6 @@ func (t *Transport) createH2(req *http.Request, e *upstreamEntry, c *conn, permi
 	}
 	c.watch.follow(n, hc)
 	n.stats.created.Add(1)
-	n.room.signalKey(e.key, capacity-1) // the streams it has room for beside this one
+	n.room.signalKey(e.key, capacity-1, false) // the streams it has room for beside this one
 	return n.useH2(hc, exec, req, release)
 }

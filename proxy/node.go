@@ -815,9 +815,13 @@ func (n *Node) evictIdle() orbitpool.ResourceID {
 			if !n.stopOffersH2(hc) {
 				continue // draining already
 			}
-			if hc.active.Load() == 0 {
-				n.retireH2InOrder(hc) // else the last stream's end does
+			if u, err := n.pool.Users(hc.id); err != nil || u != 0 {
+				// A stream took it as it was chosen (its unit, if
+				// not yet its count of streams): it leaves once its
+				// streams have ended, too late for this room.
+				continue
 			}
+			n.retireH2InOrder(hc)
 			n.stats.evicted.Add(1)
 			return hc.id
 		case oc != nil:

@@ -157,18 +157,24 @@ func (r *roomWaiters) signal(wk roomWake) {
 }
 
 // signalKey numbers a roomStream event for key, room for n more streams,
-// and wakes up to n of key's oldest waiters.
-func (r *roomWaiters) signalKey(key orbitpool.Key, n int) {
+// and wakes up to n of key's oldest waiters. If idle (the connection has no
+// stream left: a waiter may evict it) and none of key's waited, it wakes
+// the oldest waiter for roomIdle instead.
+func (r *roomWaiters) signalKey(key orbitpool.Key, n int, idle bool) {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
 		return
 	}
 	r.mu.Lock()
-	for range n {
+	woke := 0
+	for ; woke < n; woke++ {
 		l := r.byKey[key]
 		if l == nil || !r.wake(l.Front(), roomWake{roomStream, key}) {
 			break
 		}
+	}
+	if idle && woke == 0 {
+		r.wake(r.all.Front(), roomWake{roomIdle, key})
 	}
 	r.mu.Unlock()
 }

@@ -59,11 +59,11 @@ func TestRoomWaitersOrder(t *testing.T) {
 	}
 	r.asking(&wa)
 	a = r.add(&wa) // the oldest now: b, c, a
-	r.signalKey(k1, 1)
+	r.signalKey(k1, 1, false)
 	if !woken(a) || woken(b) || woken(c) {
 		t.Fatalf("after an event for a's key: woken a=%v b=%v c=%v; want a alone", woken(a), woken(b), woken(c))
 	}
-	r.signalKey(orbitpool.Key{Lo: 3}, 1)
+	r.signalKey(orbitpool.Key{Lo: 3}, 1, false)
 	if woken(b) || woken(c) {
 		t.Fatalf("an event for a key nobody waits for woke b=%v c=%v", woken(b), woken(c))
 	}
@@ -111,7 +111,7 @@ func TestRoomWaitersOrder(t *testing.T) {
 	r.asking(&wx)
 	r.asking(&ws)
 	x, s = r.add(&wx), r.add(&ws) // f, x, s
-	r.signalKey(k1, 1)
+	r.signalKey(k1, 1, false)
 	r.remove(&wf)
 	if !woken(x) || wx.w.by.event != roomStream || woken(s) {
 		t.Fatalf("a stream's room passed on: its key's next woken=%v (for %v), another key's woken=%v; want the key's, for a stream", woken(x), wx.w.by.event, woken(s))

@@ -794,7 +794,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					plan.Execution.Complete()
 					continue
 				}
-				if room.by.event == roomStream {
+				if room.by.event == roomStream || room.by == (roomWake{roomIdle, e.key}) {
 					room.woken = false // a stream was what it was woken for
 				}
 				n.stats.reusedLocal.Add(1)
