@@ -298,10 +298,10 @@ func adv71aRunModel(t *testing.T, seed uint64, steps int) {
 			log = append(log, fmt.Sprintf("signalKey %v idle %v", k.Lo, idle))
 			want, wk := m.first(ws, func(x *adv71aW) bool { return x.key == k }), roomWake{roomStream, k}
 			globalEvent = false
-			if want < 0 && idle {
+			if idle {
 				wk = roomWake{roomIdle, k}
 				globalEvent, consumed, lastWake = true, false, wk
-				if len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
+				if want < 0 && len(m.queue) > 0 && ws[m.queue[0]].seen != m.events {
 					want = m.queue[0]
 				}
 			}

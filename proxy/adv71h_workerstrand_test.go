@@ -16,13 +16,12 @@ import (
 // TestAdv71hH2EvictPassedOverLeaseWithdrawn, in one process. R, a request
 // to key K, is given X (an h2c connection with no stream) by the pool and
 // waits for a worker of the Governor (Transport.once: b.workers after
-// Acquire). E's eviction reads X's one user (R), stops X's offers for good
-// and passes it over. R's deadline ends its wait: it completes its
-// Execution with no stream (retry-safe "budget"). X is now draining, with
-// no stream and no user, and only a stream's end (useH2's syncH2) or the
-// sweep (a minute away here) retires it; E, paused for room (only wakes
-// serve it), is woken by nothing. Asserted: X leaves the table and E is
-// served within E's 5s deadline.
+// Acquire). E's eviction reads X's one user (R) and passes it over, leaving
+// it offered (not draining: a holder may end with no stream). R's deadline
+// ends its wait: it completes its Execution with no stream (retry-safe
+// "budget"). E, paused for room (only wakes serve it), must be woken to
+// evict X. Asserted: X passed over without a drain, then X leaves the
+// table and E is served within E's 5s deadline.
 func TestAdv71hH2EvictPassedOverLocalHolderNoStream(t *testing.T) {
 	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
 	relO, h2release := make(chan struct{}), make(chan struct{})
@@ -81,13 +80,13 @@ func TestAdv71hH2EvictPassedOverLocalHolderNoStream(t *testing.T) {
 		eCh <- err
 	}()
 	waitFor(t, 3*time.Second, "E to pause", func() bool { return m.node.room.n.Load() == 1 })
-	passedOver := x.isDraining() && m.node.lookupH2(x.id) == x
+	passedOver := !x.isDraining() && m.node.lookupH2(x.id) == x
 	r := <-rErr
 	releaseWorker()
 	if !passedOver || r == nil {
 		closeO()
 		<-eCh
-		t.Fatalf("want X passed over by E's eviction (draining %v) and R failed waiting for a worker (R: %v)", x.isDraining(), r)
+		t.Fatalf("want X passed over by E's eviction, not drained (draining %v), and R failed waiting for a worker (R: %v)", x.isDraining(), r)
 	}
 	start := time.Now()
 	for m.node.lookupH2(x.id) == x && time.Since(start) < 3*time.Second {

@@ -410,8 +410,9 @@ func (n *Node) retireH2InOrder(hc *h2conn) {
 // more. It reports whether this call did (hc was not draining yet).
 func (n *Node) stopOffersH2(hc *h2conn) bool { return n.zeroH2(hc, true) }
 
-// pauseH2 takes hc's capacity to 0 until its state is next read.
-func (n *Node) pauseH2(hc *h2conn) { n.zeroH2(hc, false) }
+// pauseH2 takes hc's capacity to 0 until its state is next read, and
+// reports whether it did (hc was neither draining nor paused).
+func (n *Node) pauseH2(hc *h2conn) bool { return n.zeroH2(hc, false) }
 
 // zeroH2 takes hc's capacity to 0 in the pool, for good (draining) or
 // until its state is next read, and reports whether it did.
@@ -443,6 +444,14 @@ func (hc *h2conn) goneForGood() bool {
 	}
 	st := hc.cc.State()
 	return st.Closed || st.Closing
+}
+
+// offered reports whether the pool offers hc: it is not draining, and its
+// capacity is not 0.
+func (hc *h2conn) offered() bool {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return !hc.draining && hc.capacity > 0
 }
 
 func (hc *h2conn) isDraining() bool {

@@ -805,21 +805,29 @@ func (n *Node) evictIdle() orbitpool.ResourceID {
 		}
 		for i := range n.h2slots {
 			if c := n.h2slots[i].Load(); c != nil && c.active.Load() == 0 && c.ended.Load() {
-				if t := c.idleAt.Load(); t < since && !c.isDraining() {
+				if t := c.idleAt.Load(); t < since && c.offered() {
 					oc, hc, since = nil, c, t
 				}
 			}
 		}
 		switch {
 		case hc != nil:
-			if !n.stopOffersH2(hc) {
-				continue // draining already
+			// Offers stop while the table says whether anyone holds it:
+			// a stream that took it as it was chosen holds its unit
+			// before it counts as a stream.
+			if !n.pauseH2(hc) {
+				continue
 			}
 			if u, err := n.pool.Users(hc.id); err != nil || u != 0 {
-				// A stream took it as it was chosen (its unit, if
-				// not yet its count of streams): it leaves once its
-				// streams have ended, too late for this room.
+				// Taken: offers resume as its state is read again. A
+				// holder may yet end with no stream (a lease
+				// withdrawn, a wait for a worker run out), so it is
+				// not drained.
+				n.syncH2Off(hc, n.syncH2Now)
 				continue
+			}
+			if !n.stopOffersH2(hc) {
+				continue // draining meanwhile: its drain retires it
 			}
 			n.retireH2InOrder(hc)
 			n.stats.evicted.Add(1)

@@ -158,23 +158,29 @@ func (r *roomWaiters) signal(wk roomWake) {
 
 // signalKey numbers a roomStream event for key, room for n more streams,
 // and wakes up to n of key's oldest waiters. If idle (the connection has no
-// stream left: a waiter may evict it) and none of key's waited, it wakes
-// the oldest waiter for roomIdle instead.
+// stream left), the room is an idle connection of key (roomIdle), which a
+// waiter of another key may evict: key's oldest waiter has it first, else
+// the oldest waiter; and one of key's that leaves without it passes it on
+// as such.
 func (r *roomWaiters) signalKey(key orbitpool.Key, n int, idle bool) {
 	r.events.Add(1)
 	if r.n.Load() == 0 {
 		return
 	}
+	wk := roomWake{roomStream, key}
+	if idle {
+		wk.event = roomIdle
+	}
 	r.mu.Lock()
 	woke := 0
 	for ; woke < n; woke++ {
 		l := r.byKey[key]
-		if l == nil || !r.wake(l.Front(), roomWake{roomStream, key}) {
+		if l == nil || !r.wake(l.Front(), wk) {
 			break
 		}
 	}
 	if idle && woke == 0 {
-		r.wake(r.all.Front(), roomWake{roomIdle, key})
+		r.wake(r.all.Front(), wk)
 	}
 	r.mu.Unlock()
 }

@@ -765,6 +765,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		if err != nil {
 			if plan.Execution != nil {
 				plan.Execution.Complete()
+				// An HTTP/2 connection an eviction passed over for
+				// this request may be idle again.
+				n.room.signal(roomWake{roomIdle, e.key})
 			}
 			if plan.Permit != nil {
 				n.dropPermit(plan.Permit) // wakes the next waiter
