@@ -563,7 +563,9 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	hc.capacity = c
 	hc.mu.Unlock()
 	if more > 0 {
-		n.room.signalKey(hc.key, more, false) // room for more streams (after a pause, too)
+		// Room for more streams (after a pause, too); with none
+		// running, an idle connection that may be evicted.
+		n.room.signalKey(hc.key, more, hc.active.Load() == 0)
 	}
 }
 
