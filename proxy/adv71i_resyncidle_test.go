@@ -5,12 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/governor"
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv71iH2PassOverResyncIdleExpiredHolderServed: X, K's h2c
@@ -22,38 +18,11 @@ import (
 // it has its worker, is served (on another connection) or fails
 // retry-safe; and no connection is left paused without a read in flight.
 func TestAdv71iH2PassOverResyncIdleExpiredHolderServed(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
-	relO, h2release := make(chan struct{}), make(chan struct{})
-	var o1, o2 sync.Once
-	closeO := func() { o1.Do(func() { close(relO) }) }
-	endH2 := func() { o2.Do(func() { close(h2release) }) }
-	defer closeO()
-	defer endH2()
-	s := h2cHoldServer(t, h2release, 8)
-	gov := governor.New(2, 0)
-	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Minute, Governor: gov}, nil)
-	hk := &Transport{Node: m.node, H2C: true, HTTP2: true, IdleConnTimeout: 300 * time.Millisecond, fullPauseBase: 2 * time.Millisecond}
-	if _, body, err := roundTripWithin(hk, s.url+"/", 2*time.Second); err != nil || body != "ok" {
-		t.Fatalf("X's first stream: %q %v", body, err)
-	}
-	holdStreams(t, m, closingStreamUpstream(t, relO, false), 1) // Y: holds a worker
-	var x *h2conn
-	for i := range m.node.h2slots {
-		if c := m.node.h2slots[i].Load(); c != nil {
-			x = c
-		}
-	}
-	if st := m.node.Stats(); st.OpenConns != 2 || x == nil || x.active.Load() != 0 || !x.ended.Load() {
-		t.Fatalf("want a full table with X, an h2c connection with no stream: %+v", st)
-	}
+	f := newAdv71IdleH2(t, func(n *Node) *Transport {
+		return &Transport{Node: n, H2C: true, HTTP2: true, IdleConnTimeout: 300 * time.Millisecond, fullPauseBase: 2 * time.Millisecond}
+	})
+	m, s, x, hk, closeO, releaseWorker := f.m, f.s, f.x, f.hk, f.releaseY, f.releaseWorker
 	waitFor(t, 2*time.Second, "X idle past its timeout", x.idleExpired)
-	ls, ok := gov.TryAcquire()
-	if !ok {
-		t.Fatalf("want a free worker for the test to hold")
-	}
-	var relOnce sync.Once
-	releaseWorker := func() { relOnce.Do(ls.Release) }
-	defer releaseWorker()
 	type result struct {
 		body string
 		err  error

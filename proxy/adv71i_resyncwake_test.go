@@ -7,9 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/governor"
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv71iH2PassOverResyncAfterHolderEndsLosesIdleWake: the interleaving
@@ -24,39 +21,14 @@ import (
 // no holder, and nobody wakes E to evict it. Asserted: X leaves the table
 // and E is served within E's 5s deadline.
 func TestAdv71iH2PassOverResyncAfterHolderEndsLosesIdleWake(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
-	relO, h2release, block := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var o1, o2, o3 sync.Once
-	closeO := func() { o1.Do(func() { close(relO) }) }
-	endH2 := func() { o2.Do(func() { close(h2release) }) }
+	f := newAdv71IdleH2(t, func(n *Node) *Transport {
+		return &Transport{Node: n, H2C: true, HTTP2: true, fullPauseBase: time.Minute}
+	})
+	m, s, x, hk, closeO, releaseWorker := f.m, f.s, f.x, f.hk, f.releaseY, f.releaseWorker
+	block := make(chan struct{})
+	var o3 sync.Once
 	unblock := func() { o3.Do(func() { close(block) }) }
-	defer closeO()
-	defer endH2()
 	defer unblock()
-	s := h2cHoldServer(t, h2release, 8)
-	gov := governor.New(2, 0)
-	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Minute, Governor: gov}, nil)
-	hk := &Transport{Node: m.node, H2C: true, HTTP2: true, fullPauseBase: time.Minute}
-	if _, body, err := roundTripWithin(hk, s.url+"/", 2*time.Second); err != nil || body != "ok" {
-		t.Fatalf("X's first stream: %q %v", body, err)
-	}
-	holdStreams(t, m, closingStreamUpstream(t, relO, false), 1) // Y: holds a worker
-	var x *h2conn
-	for i := range m.node.h2slots {
-		if c := m.node.h2slots[i].Load(); c != nil {
-			x = c
-		}
-	}
-	if st := m.node.Stats(); st.OpenConns != 2 || x == nil || x.active.Load() != 0 || !x.ended.Load() {
-		t.Fatalf("want a full table with X, an h2c connection with no stream: %+v", st)
-	}
-	ls, ok := gov.TryAcquire() // the other worker: R waits for it
-	if !ok {
-		t.Fatalf("want a free worker for the test to hold")
-	}
-	var relOnce sync.Once
-	releaseWorker := func() { relOnce.Do(ls.Release) }
-	defer releaseWorker()
 	rErr := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
