@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/governor"
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv71hH2EvictPassedOverLocalHolderNoStream: the local twin of
@@ -20,40 +16,14 @@ import (
 // it offered (not draining: a holder may end with no stream). R's deadline
 // ends its wait: it completes its Execution with no stream (retry-safe
 // "budget"). E, paused for room (only wakes serve it), must be woken to
-// evict X. Asserted: X passed over without a drain, then X leaves the
-// table and E is served within E's 5s deadline.
+// evict X. Asserted: X passed over without a drain, and E not woken over
+// and over meanwhile (at most 10 asks of the pool while R holds X); then X
+// leaves the table and E is served within E's 5s deadline.
 func TestAdv71hH2EvictPassedOverLocalHolderNoStream(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
-	relO, h2release := make(chan struct{}), make(chan struct{})
-	var o1, o2 sync.Once
-	closeO := func() { o1.Do(func() { close(relO) }) }
-	endH2 := func() { o2.Do(func() { close(h2release) }) }
-	defer closeO()
-	defer endH2()
-	s := h2cHoldServer(t, h2release, 8)
-	gov := governor.New(2, 0)
-	m := newMemberOpts(t, spec, NodeOptions{SweepInterval: time.Minute, Governor: gov}, nil)
-	hk := &Transport{Node: m.node, H2C: true, HTTP2: true, fullPauseBase: time.Minute}
-	if _, body, err := roundTripWithin(hk, s.url+"/", 2*time.Second); err != nil || body != "ok" {
-		t.Fatalf("X's first stream: %q %v", body, err)
-	}
-	holdStreams(t, m, closingStreamUpstream(t, relO, false), 1) // Y: holds a worker
-	var x *h2conn
-	for i := range m.node.h2slots {
-		if c := m.node.h2slots[i].Load(); c != nil {
-			x = c
-		}
-	}
-	if st := m.node.Stats(); st.OpenConns != 2 || x == nil || x.active.Load() != 0 || !x.ended.Load() {
-		t.Fatalf("want a full table with X, an h2c connection with no stream: %+v", st)
-	}
-	ls, ok := gov.TryAcquire() // the other worker: R waits for it
-	if !ok {
-		t.Fatalf("want a free worker for the test to hold")
-	}
-	var relOnce sync.Once
-	releaseWorker := func() { relOnce.Do(ls.Release) }
-	defer releaseWorker()
+	f := newAdv71IdleH2(t, func(n *Node) *Transport {
+		return &Transport{Node: n, H2C: true, HTTP2: true, fullPauseBase: time.Minute}
+	})
+	m, s, x, hk, closeO, releaseWorker := f.m, f.s, f.x, f.hk, f.releaseY, f.releaseWorker
 	rErr := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
@@ -69,7 +39,8 @@ func TestAdv71hH2EvictPassedOverLocalHolderNoStream(t *testing.T) {
 		u, err := m.pool.Users(x.id)
 		return err == nil && u == 1
 	})
-	he := &Transport{Node: m.node, MaxConnsPerKey: 4, fullPauseBase: time.Minute}
+	cp := &adv70bCountPolicy{}
+	he := &Transport{Node: m.node, MaxConnsPerKey: 4, fullPauseBase: time.Minute, Policy: cp}
 	jURL := closingStreamUpstream(t, nil, false)
 	eCh := make(chan error, 1)
 	go func() {
@@ -82,7 +53,13 @@ func TestAdv71hH2EvictPassedOverLocalHolderNoStream(t *testing.T) {
 	waitFor(t, 3*time.Second, "E to pause", func() bool { return m.node.room.n.Load() == 1 })
 	passedOver := !x.isDraining() && m.node.lookupH2(x.id) == x
 	r := <-rErr
+	asks := cp.n.Load() // while R held X
 	releaseWorker()
+	if asks > 10 {
+		closeO()
+		<-eCh
+		t.Fatalf("E asked the pool %d times while R held X: passing X over woke E to pass it over again", asks)
+	}
 	if !passedOver || r == nil {
 		closeO()
 		<-eCh

@@ -446,6 +446,13 @@ func (hc *h2conn) goneForGood() bool {
 	return st.Closed || st.Closing
 }
 
+// unheld reports whether nobody holds the connection id: no use of it, and
+// no reservation pending.
+func (n *Node) unheld(id orbitpool.ResourceID) bool {
+	u, err := n.pool.Users(id)
+	return err == nil && u == 0
+}
+
 // offered reports whether the pool offers hc: it is not draining, and its
 // capacity is not 0.
 func (hc *h2conn) offered() bool {
@@ -563,9 +570,11 @@ func (n *Node) syncH2Now(hc *h2conn) {
 	hc.capacity = c
 	hc.mu.Unlock()
 	if more > 0 {
-		// Room for more streams (after a pause, too); with none
-		// running, an idle connection that may be evicted.
-		n.room.signalKey(hc.key, more, hc.active.Load() == 0)
+		// Room for more streams (after a pause, too); with nobody
+		// holding it, an idle connection that may be evicted. One
+		// held (an eviction passed it over, see evictIdle) wakes no
+		// evictor: it would pass it over again.
+		n.room.signalKey(hc.key, more, hc.active.Load() == 0 && n.unheld(hc.id))
 	}
 }
 

@@ -818,7 +818,7 @@ func (n *Node) evictIdle() orbitpool.ResourceID {
 			if !n.pauseH2(hc) {
 				continue
 			}
-			if u, err := n.pool.Users(hc.id); err != nil || u != 0 {
+			if !n.unheld(hc.id) {
 				// Taken: offers resume as its state is read again. A
 				// holder may yet end with no stream (a lease
 				// withdrawn, a wait for a worker run out), so it is
