@@ -165,6 +165,71 @@ type upstreamEntry struct {
 	// by ALPN (as the last connection dialed here, or used here through a
 	// sibling, saw it).
 	spokeH1 atomic.Bool
+	// relays counts this process's requests sent through a sibling's
+	// HTTP/1.1 connection since it last dialed one, each within
+	// relayWindow of the one before (see owesDial); lastRelay is when the
+	// last was, as sinceStart.
+	relays    atomic.Int32
+	lastRelay atomic.Int64
+}
+
+// relayWindow is how close together relays must come to add up (see
+// owesDial): a process short of connections for its own load relays many
+// times a second; one whose siblings' idle connections absorb a burst now
+// and then relays a few, which cost less than connections of its own.
+const relayWindow = time.Second
+
+// Relays per dial: how many requests a process sends through a sibling's
+// connection, within relayWindow of each other, before its next one
+// dials a connection of its own instead (see owesDial). A relay costs the
+// fleet about 36µs of CPU more than the same exchange on a connection of
+// the process's own (BenchmarkThroughput, orbit-remote against
+// orbit-local), every time; a dial costs once, a TCP handshake, and over
+// TLS a handshake that costs the upstream too.
+const (
+	relaysPerDial    = 4
+	relaysPerTLSDial = 32
+)
+
+// relayed counts a request sent through a sibling's connection.
+func (e *upstreamEntry) relayed() {
+	now := sinceStart(time.Now())
+	if now-e.lastRelay.Swap(now) > int64(relayWindow) {
+		e.relays.Store(1)
+		return
+	}
+	e.relays.Add(1)
+}
+
+// dialed counts a connection of e's dialed here: the relays it pays for
+// are paid.
+func (e *upstreamEntry) dialed() {
+	if e.relays.Load() != 0 {
+		e.relays.Store(0)
+	}
+}
+
+// owesDial reports whether this process has relayed enough of e's requests,
+// close enough together, that its next request that finds no idle
+// connection of its own should dial one rather than relay again: ski
+// rental, which rents (relays) until the rent paid would have bought the
+// connection, and so never pays more than twice what the better of the two
+// would have cost. Without it, a process with more clients than
+// connections (a cold start, clients spread anew by a reload or a kill)
+// relayed a share of its requests for as long as its siblings' connections
+// went idle between their own requests: at a cold start under the fast
+// demo, the relays cost a tenth of the workers' CPU in the first second.
+// A capped key keeps its connections where the balancer puts them, and an
+// HTTP/2 one carries every process's streams; neither dials for this.
+func (e *upstreamEntry) owesDial(capped bool) bool {
+	if capped || e.speaksH2() {
+		return false
+	}
+	n := int32(relaysPerDial)
+	if e.u.Scheme == "https" {
+		n = relaysPerTLSDial
+	}
+	return e.relays.Load() >= n && sinceStart(time.Now())-e.lastRelay.Load() <= int64(relayWindow)
 }
 
 // sawProto records what an https upstream offered h2 chose on a connection
@@ -639,7 +704,8 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	var fallback orbitpool.Policy
 	switch policy.(type) {
 	case orbitpool.LocalFirst:
-		if req.ContentLength >= largeBody || !t.RelayUnreplayable && !e.speaksH2() && !isReplayable(req) {
+		if req.ContentLength >= largeBody || !t.RelayUnreplayable && !e.speaksH2() && !isReplayable(req) ||
+			e.owesDial(t.MaxConnsPerKey > 0) {
 			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 		}
 	case orbitpool.CreateBeforeRemote:
@@ -711,6 +777,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
 		if err != nil {
+			if errors.Is(err, orbitpool.ErrFull) && fallback != nil {
+				// A dial preferred (see above) has no room: no budget
+				// for it, and the request takes a sibling's connection
+				// rather than retire one of this process's.
+				policy, fallback = fallback, nil
+				continue
+			}
 			if errors.Is(err, orbitpool.ErrFull) {
 				// Room first, from this process's idle connection
 				// that has waited longest; else, if nothing must
@@ -820,6 +893,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, &Error{Op: "lease", RetrySafe: true, Err: errors.New("remote plan on a pool without siblings")}
 			}
 			n.stats.reusedRemote.Add(1)
+			if !e.speaksH2() {
+				e.relayed()
+			}
 			lane := plan.Lease.ID.Lane()
 			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, release)
 			if err != nil {
@@ -929,6 +1005,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, err
 			}
 			n.stats.created.Add(1)
+			e.dialed()
 			return n.use(oc, exec, req, bufs, release, nil)
 
 		default:

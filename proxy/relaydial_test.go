@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// TestRelaysPayForADial: a process whose requests keep finding only a
+// sibling's idle connection relays through it relaysPerDial times (over TLS
+// relaysPerTLSDial), then dials a connection of its own, which its later
+// requests reuse. A capped key and relays that do not come close together
+// dial nothing: the sibling's connection serves them all.
+func TestRelaysPayForADial(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tls    bool
+		capped bool
+		apart  time.Duration // between requests
+		relays int           // before the client dials; 0: it never does
+	}{
+		{name: "plain", relays: relaysPerDial},
+		{name: "tls", tls: true, relays: relaysPerTLSDial},
+		{name: "capped", capped: true},
+		{name: "apart", apart: relayWindow + 100*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var accepted atomic.Int64
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				if s == http.StateNew {
+					accepted.Add(1)
+				}
+			}
+			var roots *x509.CertPool
+			if tc.tls {
+				up.StartTLS()
+				roots = x509.NewCertPool()
+				roots.AddCert(up.Certificate())
+			} else {
+				up.Start()
+			}
+			t.Cleanup(up.Close)
+			ms := newFleet(t, 2, func(tr *Transport) {
+				if tc.capped {
+					tr.MaxConnsPerKey = 2
+				}
+				tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+			})
+			owner, client := ms[0], ms[1]
+			warm(t, owner, up.URL)
+			requests := 12
+			if tc.relays > 0 {
+				requests = tc.relays + 1
+			}
+			if tc.apart > 0 {
+				requests = relaysPerDial + 1
+			}
+			for i := range requests {
+				if i > 0 {
+					time.Sleep(tc.apart)
+				}
+				if _, _, err := adv10Do(t, client.tr, "GET", up.URL, nil); err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+			}
+			st := client.node.Stats()
+			if tc.relays == 0 {
+				if st.ReusedRemote != uint64(requests) || st.Created != 0 || accepted.Load() != 1 {
+					t.Fatalf("%d requests: %d relayed, %d dialed; the upstream accepted %d connections", requests, st.ReusedRemote, st.Created, accepted.Load())
+				}
+				return
+			}
+			if st.ReusedRemote != uint64(tc.relays) || st.Created != 1 || accepted.Load() != 2 {
+				t.Fatalf("%d requests: %d relayed, %d dialed, want %d and 1; the upstream accepted %d connections, want 2", requests, st.ReusedRemote, st.Created, tc.relays, accepted.Load())
+			}
+			for i := range 5 {
+				if _, _, err := adv10Do(t, client.tr, "GET", up.URL, nil); err != nil {
+					t.Fatalf("request %d after the dial: %v", i, err)
+				}
+			}
+			if st := client.node.Stats(); st.ReusedLocal != 5 || st.ReusedRemote != uint64(tc.relays) {
+				t.Fatalf("after the dial, 5 requests: %d on the client's own connection, %d relayed in all", st.ReusedLocal, st.ReusedRemote)
+			}
+		})
+	}
+}
+
+// TestRelaysOweNoEviction: a dial that relays have paid for is only a
+// preference. In a process whose table is full, the request takes the
+// sibling's idle connection, as before, rather than retire the process's
+// idle connection to another upstream to make room for its own.
+func TestRelaysOweNoEviction(t *testing.T) {
+	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 32, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
+	owner, client := newMember(t, spec, nil), newMember(t, spec, nil)
+	up, other := discardUpstream(t), discardUpstream(t)
+	if _, _, err := adv10Do(t, client.tr, "GET", other.URL, nil); err != nil {
+		t.Fatal(err)
+	}
+	warm(t, owner, up.URL)
+	const requests = relaysPerDial + 3
+	for i := range requests {
+		if _, _, err := adv10Do(t, client.tr, "GET", up.URL, nil); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if st := client.node.Stats(); st.ReusedRemote != requests || st.Created != 1 || st.Evicted != 0 {
+		t.Fatalf("%d requests: %d relayed; the client dialed %d connections in all and evicted %d", requests, st.ReusedRemote, st.Created, st.Evicted)
+	}
+}
