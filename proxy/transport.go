@@ -702,11 +702,15 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 	// by admission or by the upstream) goes back to LocalFirst, which may
 	// find a sibling's.
 	var fallback orbitpool.Policy
+	relaysPaid := false // the dial preferred is one relays paid for
 	switch policy.(type) {
 	case orbitpool.LocalFirst:
-		if req.ContentLength >= largeBody || !t.RelayUnreplayable && !e.speaksH2() && !isReplayable(req) ||
-			e.owesDial(t.MaxConnsPerKey > 0) {
+		switch {
+		case req.ContentLength >= largeBody || !t.RelayUnreplayable && !e.speaksH2() && !isReplayable(req):
 			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
+		case e.owesDial(t.MaxConnsPerKey > 0):
+			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
+			relaysPaid = true
 		}
 	case orbitpool.CreateBeforeRemote:
 		fallback = orbitpool.LocalFirst{}
@@ -777,10 +781,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		plan, err := n.pool.Acquire(wctx, e.key, policy, lim)
 		cancel()
 		if err != nil {
-			if errors.Is(err, orbitpool.ErrFull) && fallback != nil {
-				// A dial preferred (see above) has no room: no budget
-				// for it, and the request takes a sibling's connection
-				// rather than retire one of this process's.
+			if errors.Is(err, orbitpool.ErrFull) && relaysPaid && fallback != nil {
+				// The dial that relays paid for has no room: the
+				// request relays again rather than retire one of this
+				// process's connections. (One that must not go through
+				// a sibling makes room, as below.)
 				policy, fallback = fallback, nil
 				continue
 			}
