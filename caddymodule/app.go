@@ -124,7 +124,10 @@ type App struct {
 	// takes one of this process's connections with room, else a sibling's
 	// (least loaded first), else dials one within the budget, else waits;
 	// a request whose body declares 1 MiB or more dials before it takes a
-	// sibling's, which would relay every byte of it. "local_only" never
+	// sibling's, which would relay every byte of it, and so does a request
+	// to an HTTP/1.1 upstream without max_conns_per_host once its process
+	// has relayed 4 of the upstream's requests (32 over TLS), each within a
+	// second of the last, since it dialed one. "local_only" never
 	// uses a sibling's connection, and so takes no max_conns_per_host (a
 	// worker whose siblings held the capped connections would wait for
 	// one until its requests time out). Default: local_first.

@@ -88,7 +88,10 @@ type Transport struct {
 	// the upstream takes no new connection). So does an HTTP/1.1 request
 	// that could not be sent again if its sibling died during the exchange
 	// (not replayable: a POST without an Idempotency-Key), which would fail
-	// where the stock transport's would not (unless RelayUnreplayable). Under
+	// where the stock transport's would not (unless RelayUnreplayable). So
+	// does, without MaxConnsPerKey, a request to an HTTP/1.1 upstream whose
+	// requests this process keeps relaying (see owesDial), except that a
+	// full table sends it through the sibling rather than make room. Under
 	// orbitpool.CreateBeforeRemote every request goes so. Under
 	// orbitpool.LocalOnly, MaxConnsPerKey is best left 0: a process whose
 	// siblings hold the capped connections waits for one until its
