@@ -50,14 +50,7 @@ func TestAdv72aFullTablePostSurvivesSiblingDeath(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the POST never reached the upstream")
 	}
-	// Die as a killed process does.
-	owner.node.srv.mu.Lock()
-	for c := range owner.node.srv.conns {
-		c.Close()
-	}
-	owner.node.srv.mu.Unlock()
-	owner.node.Close()
-	owner.pool.Close()
+	owner.dieAsKilled()
 
 	r := <-done
 	if r.err != nil || r.body != "answered /hang" {

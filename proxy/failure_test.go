@@ -412,15 +412,7 @@ func TestOwnerKilledBeforeAnswerRetriesReplayable(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the sibling's request never reached the upstream")
 			}
-			// Die as a killed process does: every stream closes
-			// unannounced, then the lane leaves the table.
-			owner.node.srv.mu.Lock()
-			for c := range owner.node.srv.conns {
-				c.Close()
-			}
-			owner.node.srv.mu.Unlock()
-			owner.node.Close()
-			owner.pool.Close()
+			owner.dieAsKilled()
 
 			r := <-done
 			st := client.node.Stats()

@@ -163,6 +163,18 @@ func newMemberPoolOpts(t testing.TB, spec orbitpool.PoolSpec, popts orbitpool.Op
 	return &member{pool: p, node: nd, tr: tr}
 }
 
+// dieAsKilled ends m as a killed process ends: every stream to its server
+// closes unannounced, then its lane leaves the table.
+func (m *member) dieAsKilled() {
+	m.node.srv.mu.Lock()
+	for c := range m.node.srv.conns {
+		c.Close()
+	}
+	m.node.srv.mu.Unlock()
+	m.node.Close()
+	m.pool.Close()
+}
+
 // localTransport is a Transport over a pool in process memory.
 func localTransport(t testing.TB, conf func(*Transport)) *Transport {
 	t.Helper()
