@@ -101,6 +101,7 @@ type NodeView struct {
 	Rebalanced       uint64 `json:"rebalanced"`
 	DialsPassed      uint64 `json:"dials_passed"`
 	DialsHeld        uint64 `json:"dials_held"`
+	RelayDials       uint64 `json:"relay_dials"`
 	UpstreamRefused  uint64 `json:"upstream_refused"`
 	// IdleBeforeReuseSeconds over IdleReuses is the mean time a
 	// connection sat idle between exchanges (see
@@ -200,6 +201,7 @@ func (f *fleet) view() (FleetView, error) {
 		Rebalanced:             st.Rebalanced,
 		DialsPassed:            st.DialsPassed,
 		DialsHeld:              st.DialsHeld,
+		RelayDials:             st.RelayDials,
 		UpstreamRefused:        st.UpstreamRefused,
 		IdleBeforeReuseSeconds: st.IdleBeforeReuse.Seconds(),
 		IdleReuses:             st.IdleReuses,

@@ -127,6 +127,7 @@ var (
 	descUnpooled        = newDesc("unpooled_requests_total", "Requests this process sent on a connection of its own outside the fleet's table, which had no room for another (raise conns_per_process or keys): such a connection is kept idle for this process's next such request, and not shared with its siblings.")
 	descRebalanced      = newDesc("connections_rebalanced_total", "Connections of a capped upstream this process closed because it held at least two more of them than a sibling waiting for one, so that the sibling dials the replacement.")
 	descDialsHeld       = newDesc("dials_held_total", "Dials of a capped upstream's connections this process held back for a moment, holding its share of them already, so that a sibling about to wait for one could dial it instead.")
+	descRelayDials      = newDesc("relay_dials_total", "Connections of an uncapped HTTP/1.1 upstream this process dialed because it kept relaying the upstream's requests through siblings' connections, which may then sit idle until they time out.")
 	descUpstreamRefused = newDesc("upstream_refused_total", "New connections of a capped upstream that it closed at once, before answering their first request, while it still held connections the fleet had closed before it let them go: each one's share of the cap stays held while the upstream still holds those, and a replayable request on it is sent again.")
 	descDialsPassed     = newDesc("dials_passed_total", "Dials of a capped upstream's connections this process left to a sibling waiting for one while holding fewer, which dialed in its place: what a rebalancing move does, without closing a connection.")
 	descIdleBeforeReuse = newDesc("idle_before_reuse_seconds", "Time this process's HTTP/1.1 upstream connections sat idle between an exchange's end and the next one taking them. Under a cap, with requests waiting, it is how long the fleet takes to hand a connection on.")
@@ -150,7 +151,7 @@ func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descProcesses, descUpstream, descLive, descDialing, descHeld, descIdle, descBusy, descInUse,
 		descPending, descWaiting, descCreated, descReused, descAccepted, descAged, descWaits,
 		descTimeouts, descWaitSeconds, descOwned, descServedRemote, descSpliced, descLeaseRefused,
-		descRetired, descEvicted, descUnpooled, descRebalanced, descDialsPassed, descDialsHeld, descUpstreamRefused, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
+		descRetired, descEvicted, descUnpooled, descRebalanced, descDialsPassed, descDialsHeld, descRelayDials, descUpstreamRefused, descIdleBeforeReuse, descRetries, descLeakedGuards, descBudgetWorkers, descBudgetInUse,
 		descBudgetMemory, descBudgetReserved, descPermits, descPermitsInUse, descAdmission,
 		descDialsRefused,
 	} {
@@ -218,6 +219,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRebalanced, float64(st.Rebalanced))
 	counter(descDialsPassed, float64(st.DialsPassed))
 	counter(descDialsHeld, float64(st.DialsHeld))
+	counter(descRelayDials, float64(st.RelayDials))
 	counter(descUpstreamRefused, float64(st.UpstreamRefused))
 	ch <- prometheus.MustNewConstSummary(descIdleBeforeReuse, st.IdleReuses, st.IdleBeforeReuse.Seconds(), nil)
 	counter(descRetries, float64(st.Retries))

@@ -150,6 +150,13 @@ type NodeStats struct {
 	// held back, holding its share of them already, for a sibling that
 	// might wait for one (see DialsPassed).
 	DialsHeld uint64
+	// RelayDials counts connections of an uncapped HTTP/1.1 upstream this
+	// process dialed because it kept relaying the upstream's requests
+	// through siblings (see owesDial). The fleet dials any other connection
+	// only when none of its connections has room, so it holds at most as
+	// many as the load keeps busy at once, plus these until they or the
+	// siblings' idle connections time out.
+	RelayDials uint64
 	// UpstreamRefused counts new connections of a capped upstream that it
 	// closed at once, before answering their first request, while it still
 	// held connections the fleet had closed early (see refused.go).
@@ -173,7 +180,7 @@ type NodeStats struct {
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, unpooled, evicted atomic.Uint64
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, relayDials, unpooled, evicted atomic.Uint64
 	followed                                                                                                                                    atomic.Uint64 // HTTP/2 state changes seen by the follower
 	idleBeforeReuse                                                                                                                             atomic.Int64  // nanoseconds, over idleReuses
 	idleReuses                                                                                                                                  atomic.Uint64
@@ -338,6 +345,7 @@ func (n *Node) Stats() NodeStats {
 		ServedRemote:    n.stats.servedRemote.Load(),
 		Rebalanced:      n.stats.rebalanced.Load(),
 		DialsPassed:     n.stats.dialsPassed.Load(),
+		RelayDials:      n.stats.relayDials.Load(),
 		DialsHeld:       n.stats.dialsHeld.Load(),
 		UpstreamRefused: n.stats.refused.Load(),
 		IdleBeforeReuse: time.Duration(n.stats.idleBeforeReuse.Load()),

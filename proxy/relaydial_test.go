@@ -74,13 +74,13 @@ func TestRelaysPayForADial(t *testing.T) {
 			}
 			st := client.node.Stats()
 			if tc.relays == 0 {
-				if st.ReusedRemote != uint64(requests) || st.Created != 0 || accepted.Load() != 1 {
-					t.Fatalf("%d requests: %d relayed, %d dialed; the upstream accepted %d connections", requests, st.ReusedRemote, st.Created, accepted.Load())
+				if st.ReusedRemote != uint64(requests) || st.Created != 0 || st.RelayDials != 0 || accepted.Load() != 1 {
+					t.Fatalf("%d requests: %d relayed, %d dialed (%d after relays); the upstream accepted %d connections", requests, st.ReusedRemote, st.Created, st.RelayDials, accepted.Load())
 				}
 				return
 			}
-			if st.ReusedRemote != uint64(tc.relays) || st.Created != 1 || accepted.Load() != 2 {
-				t.Fatalf("%d requests: %d relayed, %d dialed, want %d and 1; the upstream accepted %d connections, want 2", requests, st.ReusedRemote, st.Created, tc.relays, accepted.Load())
+			if st.ReusedRemote != uint64(tc.relays) || st.Created != 1 || st.RelayDials != 1 || accepted.Load() != 2 {
+				t.Fatalf("%d requests: %d relayed, %d dialed (%d after relays), want %d and 1 (1); the upstream accepted %d connections, want 2", requests, st.ReusedRemote, st.Created, st.RelayDials, tc.relays, accepted.Load())
 			}
 			for i := range 5 {
 				if _, _, err := adv10Do(t, client.tr, "GET", up.URL, nil); err != nil {

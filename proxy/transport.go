@@ -1013,6 +1013,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, err
 			}
 			n.stats.created.Add(1)
+			if relaysPaid {
+				n.stats.relayDials.Add(1)
+			}
 			e.dialed()
 			return n.use(oc, exec, req, bufs, release, nil)
 

@@ -147,7 +147,11 @@ type Row struct {
 	// that a worker holding fewer dials the replacement: every one the
 	// upstream accepted beyond the cap is such a replacement.
 	Moves int
-	Notes []string
+	// RelayDials is how many connections orbit's workers dialed because
+	// they kept relaying through siblings' connections, which may then sit
+	// idle: each may be one more than the load needs at once.
+	RelayDials int
+	Notes      []string
 	// Log is what a fleet printed, read once it stopped: its workers'
 	// logs, for a test that failed to show.
 	Log   string
@@ -303,6 +307,12 @@ func (r *Runner) Run(ctx context.Context, s Scenario, v Variant) (row Row, err e
 	if f, ok := proxy.(*Fleet); ok && v.orbit() {
 		if local, remote, ok := f.reuse(); ok && local+remote > 0 {
 			row.Notes = append(row.Notes, fmt.Sprintf("%.1f%% of the requests that reused a connection used a sibling's", 100*remote/(local+remote)))
+		}
+		if row.RelayDials, err = f.total("caddy_orbit_pool_relay_dials_total"); err != nil {
+			return row, fmt.Errorf("%s/%s: %w", s.Name, v, err)
+		}
+		if row.RelayDials > 0 {
+			row.Notes = append(row.Notes, fmt.Sprintf("%d connections dialed by workers that kept relaying through siblings'", row.RelayDials))
 		}
 		if s.Upstream.MaxConns > 0 {
 			// Of the time the upstream saw a connection idle, what the
