@@ -169,11 +169,12 @@ type upstreamEntry struct {
 	// sibling, saw it).
 	spokeH1 atomic.Bool
 	// relays counts this process's requests sent through a sibling's
-	// HTTP/1.1 connection since it last dialed one, each within
-	// relayWindow of the one before (see owesDial); lastRelay is when the
-	// last was, as sinceStart.
-	relays    atomic.Int32
-	lastRelay atomic.Int64
+	// HTTP/1.1 connection since it last took one of its own, each within
+	// relayWindow of the one before (see owesDial): the count in its low
+	// relayCountBits, and above them when the last was, in milliseconds
+	// since processStart. One word, so that concurrent relays neither
+	// lose counts nor reset each other's window.
+	relays atomic.Uint64
 }
 
 // relayWindow is how close together relays must come to add up (see
@@ -194,19 +195,37 @@ const (
 	relaysPerTLSDial = 32
 )
 
-// relayed counts a request sent through a sibling's connection.
-func (e *upstreamEntry) relayed() {
-	now := sinceStart(time.Now())
-	if now-e.lastRelay.Swap(now) > int64(relayWindow) {
-		e.relays.Store(1)
-		return
-	}
-	e.relays.Add(1)
+const relayCountBits = 16
+
+// relayState splits upstreamEntry.relays.
+func relayState(w uint64) (lastMs, count uint64) {
+	return w >> relayCountBits, w & (1<<relayCountBits - 1)
 }
 
-// dialed counts a connection of e's dialed here: the relays it pays for
-// are paid.
-func (e *upstreamEntry) dialed() {
+// relayedAt counts a request sent through a sibling's connection at now
+// (sinceStart).
+func (e *upstreamEntry) relayedAt(now int64) {
+	nowMs := uint64(max(now, 0) / int64(time.Millisecond))
+	for {
+		w := e.relays.Load()
+		last, n := relayState(w)
+		switch {
+		case nowMs > last+uint64(relayWindow/time.Millisecond):
+			n = 0
+		case nowMs < last:
+			nowMs = last // a concurrent relay's later clock
+		}
+		if e.relays.CompareAndSwap(w, nowMs<<relayCountBits|min(n+1, 1<<relayCountBits-1)) {
+			return
+		}
+	}
+}
+
+func (e *upstreamEntry) relayed() { e.relayedAt(sinceStart(time.Now())) }
+
+// tookOwn counts a connection of e's that this process took as its own
+// (dialed, or adopted from its spares): the relays it pays for are paid.
+func (e *upstreamEntry) tookOwn() {
 	if e.relays.Load() != 0 {
 		e.relays.Store(0)
 	}
@@ -228,11 +247,12 @@ func (e *upstreamEntry) owesDial(capped bool) bool {
 	if capped || e.speaksH2() {
 		return false
 	}
-	n := int32(relaysPerDial)
+	n := relaysPerDial
 	if e.u.Scheme == "https" {
 		n = relaysPerTLSDial
 	}
-	return e.relays.Load() >= n && sinceStart(time.Now())-e.lastRelay.Load() <= int64(relayWindow)
+	last, count := relayState(e.relays.Load())
+	return count >= uint64(n) && uint64(max(sinceStart(time.Now()), 0))/uint64(time.Millisecond) <= last+uint64(relayWindow/time.Millisecond)
 }
 
 // sawProto records what an https upstream offered h2 chose on a connection
@@ -901,9 +921,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, &Error{Op: "lease", RetrySafe: true, Err: errors.New("remote plan on a pool without siblings")}
 			}
 			n.stats.reusedRemote.Add(1)
-			if !e.speaksH2() {
-				e.relayed()
-			}
 			lane := plan.Lease.ID.Lane()
 			resp, err := n.peers.roundTrip(req, lane, plan.Lease, &t.remote, bufs, release)
 			if err != nil {
@@ -916,6 +933,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			switch {
 			case err == nil:
 				e.sawProto(resp.ProtoMajor == 2)
+				if resp.ProtoMajor == 1 {
+					// Counted by what the upstream spoke: one offered
+					// h2 may choose http/1.1 on the sibling's connection.
+					e.relayed()
+				}
 			case errors.Is(err, ErrOwnerBusy):
 				avoid.busy = append(avoid.busy, lane)
 			case errors.Is(err, errOwnerLeaving), ownerDown(err):
@@ -962,6 +984,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				if err != nil {
 					return nil, err
 				}
+				e.tookOwn()
 				return n.use(oc, exec, req, bufs, release, nil)
 			}
 			if !n.admitDial() {
@@ -1016,7 +1039,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			if relaysPaid {
 				n.stats.relayDials.Add(1)
 			}
-			e.dialed()
+			e.tookOwn()
 			return n.use(oc, exec, req, bufs, release, nil)
 
 		default:
