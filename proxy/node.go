@@ -180,11 +180,12 @@ type NodeStats struct {
 }
 
 type nodeCounters struct {
-	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, relayDials, unpooled, evicted atomic.Uint64
+	created, reusedLocal, reusedRemote, servedRemote, retired, retries, dialsNotAdmitted, rebalanced, dialsPassed, dialsHeld, unpooled, evicted atomic.Uint64
 	followed                                                                                                                                    atomic.Uint64 // HTTP/2 state changes seen by the follower
 	idleBeforeReuse                                                                                                                             atomic.Int64  // nanoseconds, over idleReuses
 	idleReuses                                                                                                                                  atomic.Uint64
 	refused                                                                                                                                     atomic.Uint64 // see NodeStats.UpstreamRefused
+	relayDials                                                                                                                                  atomic.Uint64 // see NodeStats.RelayDials
 }
 
 // NewNode joins the forwarding side of the fleet for pool: it listens on this
