@@ -152,10 +152,11 @@ type NodeStats struct {
 	DialsHeld uint64
 	// RelayDials counts connections of an uncapped HTTP/1.1 upstream this
 	// process dialed because it kept relaying the upstream's requests
-	// through siblings (see owesDial). The fleet dials any other connection
-	// only when none of its connections has room, so it holds at most as
-	// many as the load keeps busy at once, plus these until they or the
-	// siblings' idle connections time out.
+	// through siblings (see owesDial). Other requests dial only when none
+	// of the fleet's connections has room (but for those that prefer a
+	// connection of their own: a large body, an unreplayable request), so
+	// the fleet holds at most as many as the load keeps busy at once, plus
+	// these until they or the siblings' idle connections time out.
 	RelayDials uint64
 	// UpstreamRefused counts new connections of a capped upstream that it
 	// closed at once, before answering their first request, while it still
@@ -346,8 +347,8 @@ func (n *Node) Stats() NodeStats {
 		ServedRemote:    n.stats.servedRemote.Load(),
 		Rebalanced:      n.stats.rebalanced.Load(),
 		DialsPassed:     n.stats.dialsPassed.Load(),
-		RelayDials:      n.stats.relayDials.Load(),
 		DialsHeld:       n.stats.dialsHeld.Load(),
+		RelayDials:      n.stats.relayDials.Load(),
 		UpstreamRefused: n.stats.refused.Load(),
 		IdleBeforeReuse: time.Duration(n.stats.idleBeforeReuse.Load()),
 		IdleReuses:      n.stats.idleReuses.Load(),

@@ -234,9 +234,9 @@ func (e *upstreamEntry) tookOwn() {
 // owesDial reports whether this process has relayed enough of e's requests,
 // close enough together, that its next request that finds no idle
 // connection of its own should dial one rather than relay again: ski
-// rental, which rents (relays) until the rent paid would have bought the
-// connection, and so never pays more than twice what the better of the two
-// would have cost. Without it, a process with more clients than
+// rental, which rents (relays) until the rent paid is about what buying
+// (dialing) costs, and so pays at most about twice what the better of the
+// two would have, whether the shortage lasts or not. Without it, a process with more clients than
 // connections (a cold start, clients spread anew by a reload or a kill)
 // relayed a share of its requests for as long as its siblings' connections
 // went idle between their own requests: at a cold start under the fast
