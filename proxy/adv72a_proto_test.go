@@ -1,11 +1,8 @@
 package proxy
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 )
@@ -42,38 +39,5 @@ func TestAdv72aH2CNeverDialsForRelays(t *testing.T) {
 	}
 	if st := client.node.Stats(); st.Created != 0 || conns.Load() != 1 {
 		t.Fatalf("h2c: client dialed %d, upstream accepted %d connections (%+v)", st.Created, conns.Load(), st)
-	}
-}
-
-// TestAdv72aSpokeH1DialsAfterTLSRelays: an https upstream offered h2 that
-// answers http/1.1 by ALPN: the client learns it from its relays, dials its
-// own connection after relaysPerTLSDial of them at most (plus the first,
-// which it could not yet know was HTTP/1.1), and then uses it.
-func TestAdv72aSpokeH1DialsAfterTLSRelays(t *testing.T) {
-	var accepted atomic.Int64
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			accepted.Add(1)
-		}
-	}
-	up.StartTLS() // http/1.1 only
-	t.Cleanup(up.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(up.Certificate())
-	ms := newFleet(t, 2, func(tr *Transport) {
-		tr.HTTP2 = true
-		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
-	})
-	owner, client := ms[0], ms[1]
-	warm(t, owner, up.URL)
-	for i := range relaysPerTLSDial + 6 {
-		if _, _, err := adv10Do(t, client.tr, "GET", up.URL, nil); err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-	}
-	st := client.node.Stats()
-	if st.Created != 1 || accepted.Load() != 2 || st.ReusedRemote > relaysPerTLSDial+1 {
-		t.Fatalf("%d requests: %d relayed, %d dialed; upstream accepted %d", relaysPerTLSDial+6, st.ReusedRemote, st.Created, accepted.Load())
 	}
 }

@@ -17,18 +17,22 @@ import (
 // TestRelaysPayForADial: a process whose requests keep finding only a
 // sibling's idle connection relays through it relaysPerDial times (over TLS
 // relaysPerTLSDial), then dials a connection of its own, which its later
-// requests reuse. A capped key and relays that do not come close together
-// dial nothing: the sibling's connection serves them all.
+// requests reuse. Over TLS with HTTP/2 offered, the upstream choosing
+// http/1.1, the process learns that from its first relay, which counts all
+// the same. A capped key and relays that do not come close together dial
+// nothing: the sibling's connection serves them all.
 func TestRelaysPayForADial(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		tls    bool
+		h2     bool // offered, by ALPN
 		capped bool
 		apart  time.Duration // between requests
 		relays int           // before the client dials; 0: it never does
 	}{
 		{name: "plain", relays: relaysPerDial},
 		{name: "tls", tls: true, relays: relaysPerTLSDial},
+		{name: "tls-h2-offered", tls: true, h2: true, relays: relaysPerTLSDial},
 		{name: "capped", capped: true},
 		{name: "apart", apart: relayWindow + 100*time.Millisecond},
 	} {
@@ -54,6 +58,7 @@ func TestRelaysPayForADial(t *testing.T) {
 					tr.MaxConnsPerKey = 2
 				}
 				tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+				tr.HTTP2 = tc.h2
 			})
 			owner, client := ms[0], ms[1]
 			warm(t, owner, up.URL)
