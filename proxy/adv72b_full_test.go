@@ -85,15 +85,19 @@ func TestAdv72bFullTableFreeSlotTaken(t *testing.T) {
 	client.tr.CloseIdleConnections()
 	waitFor(t, 3*time.Second, "the client's slot to free", func() bool { o, h := adv70Counted(client); return o == 0 && h == 0 })
 	// The slot goes back to the lane's free list a moment after the
-	// connection is counted out; still well within relayWindow.
+	// connection is counted out. The debt may have lapsed meanwhile on a
+	// loaded machine (relayWindow): within relaysPerDial more relays it is
+	// owed again, and the free slot must be taken by then.
 	time.Sleep(relayWindow / 4)
 	before := client.node.Stats()
-	if _, _, err := adv10Do(t, client.tr, "GET", up, nil); err != nil {
-		t.Fatal(err)
+	for i := 0; i <= relaysPerDial && client.node.Stats().Created == before.Created; i++ {
+		if _, _, err := adv10Do(t, client.tr, "GET", up, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	after := client.node.Stats()
-	if after.Created != before.Created+1 {
-		t.Fatalf("a request owing a dial, with a slot free again: dialed %d, relayed %d (want a dial)", after.Created-before.Created, after.ReusedRemote-before.ReusedRemote)
+	if after.Created != before.Created+1 || after.Evicted != 0 {
+		t.Fatalf("requests owing a dial, with a slot free again: dialed %d, relayed %d, evicted %d (want one dial)", after.Created-before.Created, after.ReusedRemote-before.ReusedRemote, after.Evicted)
 	}
 	if k := adv72bKeyStats(t, client, up); k.Live != 2 || k.Creating != 0 {
 		t.Fatalf("key of up after the dial: %+v", k)
