@@ -6,12 +6,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestRelaysPayForADial: a process whose requests keep finding only a
@@ -96,28 +93,5 @@ func TestRelaysPayForADial(t *testing.T) {
 				t.Fatalf("after the dial, 5 requests: %d on the client's own connection, %d relayed in all", st.ReusedLocal, st.ReusedRemote)
 			}
 		})
-	}
-}
-
-// TestRelaysOweNoEviction: a dial that relays have paid for is only a
-// preference. In a process whose table is full, the request takes the
-// sibling's idle connection, as before, rather than retire the process's
-// idle connection to another upstream to make room for its own.
-func TestRelaysOweNoEviction(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 32, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
-	owner, client := newMember(t, spec, nil), newMember(t, spec, nil)
-	up, other := discardUpstream(t), discardUpstream(t)
-	if _, _, err := adv10Do(t, client.tr, "GET", other.URL, nil); err != nil {
-		t.Fatal(err)
-	}
-	warm(t, owner, up.URL)
-	const requests = relaysPerDial + 3
-	for i := range requests {
-		if _, _, err := adv10Do(t, client.tr, "GET", up.URL, nil); err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-	}
-	if st := client.node.Stats(); st.ReusedRemote != requests || st.Created != 1 || st.Evicted != 0 {
-		t.Fatalf("%d requests: %d relayed; the client dialed %d connections in all and evicted %d", requests, st.ReusedRemote, st.Created, st.Evicted)
 	}
 }
