@@ -155,8 +155,9 @@ type NodeStats struct {
 	// through siblings (see owesDial). Other requests dial only when none
 	// of the fleet's connections has room (but for those that prefer a
 	// connection of their own: a large body, an unreplayable request), so
-	// the fleet holds at most as many as the load keeps busy at once, plus
-	// these until they or the siblings' idle connections time out.
+	// the fleet holds about as many as the load keeps busy at once (one
+	// between two exchanges counts as busy), plus these until they or the
+	// siblings' idle connections time out.
 	RelayDials uint64
 	// UpstreamRefused counts new connections of a capped upstream that it
 	// closed at once, before answering their first request, while it still
