@@ -52,11 +52,11 @@ func testDrainRacesLease(t *testing.T, local bool) {
 			}
 		}},
 		{"sweep", false, func(owner *member, oc *owned) {
-			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+			oc.idle.Store(sinceStart(time.Now().Add(-2 * time.Minute)))
 			owner.node.sweepOnce()
 		}},
 		{"take finds it expired", false, func(owner *member, oc *owned) {
-			oc.idle.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+			oc.idle.Store(sinceStart(time.Now().Add(-2 * time.Minute)))
 		}},
 	}
 	for _, useTLS := range []bool{false, true} {

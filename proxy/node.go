@@ -406,7 +406,10 @@ type owned struct {
 	c     *conn
 	s     *connSettings
 	state atomic.Uint32
-	idle  atomic.Int64 // unix nanos the conn last went idle
+	// idle is when the conn last went idle, as sinceStart: the monotonic
+	// clock, which a step of the wall clock does not move, and the one
+	// HTTP/2 connections' idleAt is in, which evictIdle compares it with.
+	idle atomic.Int64
 }
 
 // Connection states. A user takes an idle conn with one CAS; the sweep
@@ -437,6 +440,7 @@ func (oc *owned) expired(now time.Time) bool {
 
 // expired reports whether c, idle since idle (nanoseconds since the Unix
 // epoch), is past s's limits at now.
+// idle is when c went idle, as sinceStart.
 func (s *connSettings) expired(c *conn, now time.Time, idle int64) bool {
 	if s.maxRequests > 0 && c.requests >= s.maxRequests {
 		return true
@@ -444,7 +448,7 @@ func (s *connSettings) expired(c *conn, now time.Time, idle int64) bool {
 	if s.maxLifetime > 0 && now.Sub(c.created) >= s.maxLifetime {
 		return true
 	}
-	if s.idleTimeout > 0 && now.UnixNano()-idle >= int64(s.idleTimeout) {
+	if s.idleTimeout > 0 && sinceStart(now)-idle >= int64(s.idleTimeout) {
 		return true
 	}
 	return false
@@ -522,7 +526,7 @@ func (n *Node) install(id orbitpool.ResourceID, key orbitpool.Key, c *conn, s *c
 		}
 	}
 	oc.state.Store(stBusy)
-	oc.idle.Store(time.Now().UnixNano())
+	oc.idle.Store(sinceStart(time.Now()))
 	// Close closes what is in the slots once nothing can be added.
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
@@ -703,7 +707,7 @@ func (n *Node) takeFor(oc *owned, exec *orbitpool.Execution) bool {
 	taken, unfit := oc.take(now, n.log)
 	switch {
 	case taken:
-		n.stats.idleBeforeReuse.Add(max(now.UnixNano()-oc.idle.Load(), 0))
+		n.stats.idleBeforeReuse.Add(max(sinceStart(now)-oc.idle.Load(), 0))
 		n.stats.idleReuses.Add(1)
 		return true
 	case !unfit:
@@ -738,7 +742,7 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 				n.retireToward(oc, exec, lane, nil)
 				return
 			}
-			oc.idle.Store(now.UnixNano())
+			oc.idle.Store(sinceStart(now))
 			oc.state.Store(stIdle)
 			defer n.room.signal(roomWake{roomIdle, oc.key}) // once waiters have had it
 		}
@@ -809,7 +813,7 @@ func (n *Node) evictIdle() orbitpool.ResourceID {
 		since := int64(math.MaxInt64) // when it went idle, in sinceStart's terms
 		for i := range n.slots {
 			if c := n.slots[i].Load(); c != nil && c.state.Load() == stIdle {
-				if t := c.idle.Load() - processStart.UnixNano(); t < since {
+				if t := c.idle.Load(); t < since {
 					oc, since = c, t
 				}
 			}

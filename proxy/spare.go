@@ -53,7 +53,7 @@ const maxSparesPerKey = 32
 // is closing, nor beyond maxSparesPerKey, nor beyond max in all.
 func (sp *spares) put(key orbitpool.Key, c *conn, s *connSettings, max int) bool {
 	c.idleAt = time.Now()
-	if s.expired(c, c.idleAt, c.idleAt.UnixNano()) {
+	if s.expired(c, c.idleAt, sinceStart(c.idleAt)) {
 		return false
 	}
 	sp.mu.Lock()
@@ -99,7 +99,7 @@ func (sp *spares) take(key orbitpool.Key, log *zap.Logger, closed func()) (*conn
 // fit reports whether s may carry another exchange: within its limits, and
 // neither closed nor written to by its upstream while idle.
 func (s spare) fit(now time.Time, log *zap.Logger) bool {
-	return !s.s.expired(s.c, now, s.c.idleAt.UnixNano()) && s.c.idleAlive(log)
+	return !s.s.expired(s.c, now, sinceStart(s.c.idleAt)) && s.c.idleAlive(log)
 }
 
 // sweep closes the connections that are no longer fit; closed reports each.
