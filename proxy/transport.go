@@ -232,17 +232,17 @@ func (e *upstreamEntry) tookOwn() {
 }
 
 // owesDial reports whether this process has relayed enough of e's requests,
-// close enough together, that its next request that finds no idle
-// connection of its own should dial one rather than relay again: ski
-// rental, which rents (relays) until the rent paid is about what buying
-// (dialing) costs, and so pays at most about twice what the better of the
-// two would have, whether the shortage lasts or not. Without it, a process with more clients than
-// connections (a cold start, clients spread anew by a reload or a kill)
+// close enough together, that its next request that finds no idle connection
+// of its own should dial one rather than relay again: ski rental, which
+// rents (relays) until the rent paid is about what buying (dialing) costs,
+// and so pays at most about twice what the better of the two would have,
+// whether the shortage lasts or not. Without it, a process with more clients
+// than connections (a cold start, clients spread anew by a reload or a kill)
 // relayed a share of its requests for as long as its siblings' connections
-// went idle between their own requests: at a cold start under the fast
-// demo, the relays cost a tenth of the workers' CPU in the first second.
-// A capped key keeps its connections where the balancer puts them, and an
-// HTTP/2 one carries every process's streams; neither dials for this.
+// went idle between their own requests: at a cold start under the fast demo,
+// the relays cost a tenth of the workers' CPU in the first second. A capped
+// key keeps its connections where the balancer puts them, and an HTTP/2 one
+// carries every process's streams; neither dials for this.
 func (e *upstreamEntry) owesDial(capped bool) bool {
 	if capped || e.speaksH2() {
 		return false
