@@ -27,25 +27,12 @@ import (
 // one. Asserted, over many trials: E is served within its 1.5s deadline,
 // and R gets its response or a retry-safe error.
 func TestAdv71gH2EvictRaceKeepsOtherIdle(t *testing.T) {
-	h2 := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			w.WriteHeader(200)
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-			case <-time.After(5 * time.Second):
-			}
-			return
-		}
-		io.WriteString(w, "ok")
-	}, 8)
-	lURL := closingStreamUpstream(t, nil, false)
-	jURL := closingStreamUpstream(t, nil, false)
+	kURL, lURL, jURL := evictRaceUpstreams(t)
 	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
 	const trials = 80
 	raced := 0
 	for i := range trials {
-		failed, hit := adv71gEvictTrial(t, spec, h2.url, lURL, jURL, i)
+		failed, hit := adv71gEvictTrial(t, spec, kURL, lURL, jURL, i)
 		if hit {
 			raced++
 		}
@@ -60,26 +47,9 @@ func adv71gEvictTrial(t *testing.T, spec orbitpool.PoolSpec, kURL, lURL, jURL st
 	m := newMember(t, spec, nil)
 	defer m.pool.Close()
 	defer m.node.Close()
-	hk := &Transport{Node: m.node, H2C: true, HTTP2: true}
-	if _, body, err := roundTripWithin(hk, kURL+"/", 2*time.Second); err != nil || body != "ok" {
-		return fmt.Sprintf("X's first stream: %q %v", body, err), false
-	}
-	time.Sleep(2 * time.Millisecond)
-	hl := &Transport{Node: m.node, MaxConnsPerKey: 4}
-	if _, body, err := roundTripWithin(hl, lURL+"/", 2*time.Second); err != nil || body != "ok" {
-		return fmt.Sprintf("Y's request: %q %v", body, err), false
-	}
-	if st := m.node.Stats(); st.OpenConns != 2 {
-		return fmt.Sprintf("want a full table: %+v", st), false
-	}
-	var x *h2conn
-	for s := range m.node.h2slots {
-		if c := m.node.h2slots[s].Load(); c != nil {
-			x = c
-		}
-	}
-	if x == nil || !x.ended.Load() || x.active.Load() != 0 {
-		return "X is not an h2 connection with no stream", false
+	hk, x, err := fillWithIdleH2(m, kURL, lURL)
+	if err != nil {
+		return err.Error(), false
 	}
 	he := &Transport{Node: m.node, MaxConnsPerKey: 4}
 	rctx, rcancel := context.WithTimeout(context.Background(), 4*time.Second)
@@ -131,4 +101,49 @@ func adv71gEvictTrial(t *testing.T, spec orbitpool.PoolSpec, kURL, lURL, jURL st
 			eBody, eErr, x.isDraining(), rResp != nil, rErr, m.node.Stats()), hit
 	}
 	return "", hit
+}
+
+// evictRaceUpstreams starts the upstreams of the eviction race tests: K,
+// h2c, where a stream to /hold stays open (6s at most) and any other path
+// is answered "ok"; L and J, HTTP/1.1.
+func evictRaceUpstreams(t *testing.T) (kURL, lURL, jURL string) {
+	h2 := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-time.After(6 * time.Second):
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	}, 8)
+	return h2.url, closingStreamUpstream(t, nil, false), closingStreamUpstream(t, nil, false)
+}
+
+// fillWithIdleH2 fills m's table of two slots with X, an h2c connection to
+// kURL whose stream has ended (no stream: evictable), and Y, an idle
+// HTTP/1.1 connection to lURL that went idle after X. It returns the
+// transport of X's key, and X.
+func fillWithIdleH2(m *member, kURL, lURL string) (*Transport, *h2conn, error) {
+	hk := &Transport{Node: m.node, H2C: true, HTTP2: true}
+	if _, body, err := roundTripWithin(hk, kURL+"/", 2*time.Second); err != nil || body != "ok" {
+		return nil, nil, fmt.Errorf("X's first stream: %q %v", body, err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	hl := &Transport{Node: m.node, MaxConnsPerKey: 4}
+	if _, body, err := roundTripWithin(hl, lURL+"/", 2*time.Second); err != nil || body != "ok" {
+		return nil, nil, fmt.Errorf("Y's request: %q %v", body, err)
+	}
+	var x *h2conn
+	for s := range m.node.h2slots {
+		if c := m.node.h2slots[s].Load(); c != nil {
+			x = c
+		}
+	}
+	if st := m.node.Stats(); st.OpenConns != 2 || x == nil || !x.ended.Load() || x.active.Load() != 0 {
+		return nil, nil, fmt.Errorf("want a full table with X, an h2c connection with no stream: %+v", st)
+	}
+	return hk, x, nil
 }

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -26,39 +25,12 @@ import (
 // request takes as it is chosen is passed over for the next (claimIdle).
 // Asserted: E is served within 2s, and R's stream runs.
 func TestAdv71gH2EvictTakenStreamStrandsEvictor(t *testing.T) {
-	h2 := newH2CServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			w.WriteHeader(200)
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-			case <-time.After(6 * time.Second):
-			}
-			return
-		}
-		io.WriteString(w, "ok")
-	}, 8)
-	lURL := closingStreamUpstream(t, nil, false)
-	jURL := closingStreamUpstream(t, nil, false)
+	kURL, lURL, jURL := evictRaceUpstreams(t)
 	spec := orbitpool.PoolSpec{Lanes: 1, Keys: 16, ResourcesPerLane: 2}
 	m := newMember(t, spec, nil)
-	hk := &Transport{Node: m.node, H2C: true, HTTP2: true}
-	if _, body, err := roundTripWithin(hk, h2.url+"/", 2*time.Second); err != nil || body != "ok" {
-		t.Fatalf("X's first stream: %q %v", body, err)
-	}
-	time.Sleep(2 * time.Millisecond)
-	hl := &Transport{Node: m.node, MaxConnsPerKey: 4}
-	if _, body, err := roundTripWithin(hl, lURL+"/", 2*time.Second); err != nil || body != "ok" {
-		t.Fatalf("Y's request: %q %v", body, err)
-	}
-	var x *h2conn
-	for s := range m.node.h2slots {
-		if c := m.node.h2slots[s].Load(); c != nil {
-			x = c
-		}
-	}
-	if st := m.node.Stats(); st.OpenConns != 2 || x == nil || !x.ended.Load() || x.active.Load() != 0 {
-		t.Fatalf("want a full table with X, an h2c connection with no stream: %+v", st)
+	hk, x, err := fillWithIdleH2(m, kURL, lURL)
+	if err != nil {
+		t.Fatal(err)
 	}
 	x.mu.Lock()
 	locked := true
@@ -85,7 +57,7 @@ func TestAdv71gH2EvictTakenStreamStrandsEvictor(t *testing.T) {
 	rCh := make(chan *http.Response, 1)
 	rErr := make(chan error, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(rctx, "GET", h2.url+"/hold", nil)
+		req, _ := http.NewRequestWithContext(rctx, "GET", kURL+"/hold", nil)
 		resp, err := hk.RoundTrip(req)
 		rCh <- resp
 		rErr <- err
