@@ -44,6 +44,9 @@ func adv73aAnswer(seen *sync.Map) adv10Answer {
 			// 101 to a request that asked for no upgrade, then what
 			// would read as the next response.
 			fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: evil\r\nConnection: Upgrade\r\n\r\n%s", smuggled)
+		case strings.HasPrefix(req.URL.Path, "/chunk"):
+			// A chunked body with a trailer, then a response.
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n%x\r\n%s\r\n0\r\nX-T: v\r\n\r\n%s", len(body), body, smuggled)
 		case strings.HasPrefix(req.URL.Path, "/head204"):
 			fmt.Fprintf(c, "HTTP/1.1 204 No Content\r\n\r\n%s", smuggled)
 		default:
@@ -53,7 +56,7 @@ func adv73aAnswer(seen *sync.Map) adv10Answer {
 	}
 }
 
-var adv73aPaths = []string{"/ok", "/stray", "/ok", "/long", "/ok", "/big", "/hints", "/ok", "/bogus101", "/ok", "/head204", "/ok"}
+var adv73aPaths = []string{"/ok", "/stray", "/ok", "/long", "/ok", "/big", "/hints", "/ok", "/bogus101", "/ok", "/head204", "/ok", "/chunk", "/ok"}
 
 // adv73aDo sends one request with id and checks what comes back: a final
 // 200 must carry its own id, never another's or the smuggled bytes.

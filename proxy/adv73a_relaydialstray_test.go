@@ -17,7 +17,7 @@ import (
 // Every 200 must carry its own request's answer; relay dials must have
 // happened (else the test proves nothing about them).
 func TestAdv73aRelayDialsWithStrayBytes(t *testing.T) {
-	hostile := []string{"/hints", "/stray", "/long", "/big"}
+	hostile := []string{"/hints", "/stray", "/long", "/big", "/chunk"}
 	for _, withTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", withTLS), func(t *testing.T) {
 			every := 5 // requests per hostile answer
