@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -26,14 +28,17 @@ import (
 func TestAdv73aKillStormPostsAtMostOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		tls  bool
 		conf func(*Transport)
 	}{
-		{"capped", func(tr *Transport) { tr.MaxConnsPerKey = 2 }},
-		{"uncapped-relay-unreplayable", func(tr *Transport) { tr.RelayUnreplayable = true }},
+		{"capped", false, func(tr *Transport) { tr.MaxConnsPerKey = 2 }},
+		{"uncapped-relay-unreplayable", false, func(tr *Transport) { tr.RelayUnreplayable = true }},
+		{"tls-capped", true, func(tr *Transport) { tr.MaxConnsPerKey = 2 }},
+		{"tls-uncapped-relay-unreplayable", true, func(tr *Transport) { tr.RelayUnreplayable = true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var seen sync.Map // X-Id -> *atomic.Int32
-			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				id := r.Header.Get("X-Id")
 				v, _ := seen.LoadOrStore(id, new(atomic.Int32))
 				v.(*atomic.Int32).Add(1)
@@ -41,10 +46,22 @@ func TestAdv73aKillStormPostsAtMostOnce(t *testing.T) {
 				time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 				io.WriteString(w, "id="+id)
 			}))
+			conf := tc.conf
+			if tc.tls {
+				up.StartTLS()
+				roots := x509.NewCertPool()
+				roots.AddCert(up.Certificate())
+				conf = func(tr *Transport) {
+					tc.conf(tr)
+					tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+				}
+			} else {
+				up.Start()
+			}
 			t.Cleanup(up.Close)
 			spec := testSpec
 			spec.Path = filepath.Join(t.TempDir(), "seg")
-			client := newMember(t, spec, tc.conf)
+			client := newMember(t, spec, conf)
 
 			var (
 				mu      sync.Mutex
@@ -87,7 +104,7 @@ func TestAdv73aKillStormPostsAtMostOnce(t *testing.T) {
 			}
 			for round := range 6 {
 				client.tr.CloseIdleConnections()
-				owner := newMember(t, spec, tc.conf)
+				owner := newMember(t, spec, conf)
 				var wg sync.WaitGroup
 				for range 2 {
 					wg.Add(1)
