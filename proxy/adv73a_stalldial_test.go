@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestAdv73aOwedDialStallsWhileSiblingIdle: a TLS upstream accepts new TCP
+// connections but no longer completes a handshake (an overloaded upstream,
+// a full accept backlog behind a load balancer); its one established
+// connection, the owner's, still serves. A sibling relays through it
+// relaysPerTLSDial times; its next request owes a dial. Without the debt it
+// would go through the owner's idle connection, as every request before it
+// did; with it, a dial that hangs in the handshake must not cost the request
+// its deadline while that idle connection could serve it: the request is
+// served within its 2s deadline (the default dial timeout is longer).
+func TestAdv73aOwedDialStallsWhileSiblingIdle(t *testing.T) {
+	url, roots, accepted := adv73aStallingTLSUpstream(t)
+	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} })
+	owner, client := ms[0], ms[1]
+	warm(t, owner, url)
+	for i := range relaysPerTLSDial {
+		if _, _, err := adv10Do(t, client.tr, "GET", url, nil); err != nil {
+			t.Fatalf("relay %d: %v", i, err)
+		}
+	}
+	if st := client.node.Stats(); st.ReusedRemote != relaysPerTLSDial {
+		t.Fatalf("setup: %+v", st)
+	}
+	ctx, cancel := contextWithTimeout(2 * time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	start := time.Now()
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("after %v, with the owner's connection idle all along: %v (client %+v, upstream accepted %d)", time.Since(start).Round(time.Millisecond), err, client.node.Stats(), accepted.Load())
+	}
+	drain(resp)
+}
+
+// adv73aStallingTLSUpstream is a TLS upstream whose first connection serves
+// 200 "ok" to every request and whose later connections never handshake.
+func adv73aStallingTLSUpstream(t *testing.T) (string, *x509.CertPool, *atomic.Int32) {
+	ts := httptest.NewUnstartedServer(nil)
+	ts.StartTLS()
+	cert := ts.TLS.Certificates
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	ts.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	serveConns(t, ln, func(c net.Conn, id int) {
+		accepted.Add(1)
+		if id > 1 {
+			// No handshake: hold the connection until the test ends.
+			io.Copy(io.Discard, c)
+			return
+		}
+		tc := tls.Server(c, &tls.Config{Certificates: cert})
+		br := bufio.NewReader(tc)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	return "https://" + ln.Addr().String() + "/", roots, &accepted
+}
+
+func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
+
+// TestAdv73aOwedDialWaitsBehindStalledDial: as
+// TestAdv73aOwedDialStallsWhileSiblingIdle, with MaxDialingPerKey 1 (a
+// dial limit, not a cap on connections, so relays still pay for dials):
+// one request owing a dial hangs in the handshake (its deadline 4s); a
+// second one, deadline 1s, must not wait behind that dial while the
+// owner's connection is idle: it is served.
+func TestAdv73aOwedDialWaitsBehindStalledDial(t *testing.T) {
+	url, roots, accepted := adv73aStallingTLSUpstream(t)
+	ms := newFleet(t, 2, func(tr *Transport) {
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		tr.MaxDialingPerKey = 1
+	})
+	owner, client := ms[0], ms[1]
+	warm(t, owner, url)
+	for i := range relaysPerTLSDial {
+		if _, _, err := adv10Do(t, client.tr, "GET", url, nil); err != nil {
+			t.Fatalf("relay %d: %v", i, err)
+		}
+	}
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := contextWithTimeout(4 * time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := client.tr.RoundTrip(req)
+		if err == nil {
+			drain(resp)
+		}
+		first <- err
+	}()
+	waitFor(t, 2*time.Second, "the owed dial", func() bool { return accepted.Load() >= 2 })
+	ctx, cancel := contextWithTimeout(time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := client.tr.RoundTrip(req)
+	if err != nil {
+		t.Errorf("the second request, with the owner's connection idle and a dial of the key hanging: %v (client %+v)", err, client.node.Stats())
+	} else {
+		drain(resp)
+	}
+	<-first
+}
