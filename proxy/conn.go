@@ -55,6 +55,10 @@ type conn struct {
 	// records that (see Node.holdRefused).
 	full    func() bool
 	refused atomic.Bool
+	// relayPaid marks a connection dialed where a sibling's could have
+	// served its first request (see upstreamEntry.owesDial). Set before
+	// its first exchange.
+	relayPaid bool
 }
 
 const (

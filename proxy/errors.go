@@ -87,7 +87,9 @@ type Error struct {
 
 	// idleClosed marks a reused connection that closed before sending any
 	// response byte: the upstream probably timed it out as we sent. net/http
-	// sends a replayable request again in that case, and so does Transport.
+	// sends a replayable request again in that case, and so does Transport;
+	// also after a new connection dialed where a sibling's could have
+	// served the request (conn.relayPaid).
 	idleClosed bool
 	// counted marks a RetrySafe decided by the count of bytes written
 	// while the request writer may still have been writing: a write under

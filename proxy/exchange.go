@@ -860,15 +860,16 @@ func (x *exchange) readError(err error, gotByte bool) error {
 		// A new connection to a capped upstream that closed it at once,
 		// while it still holds connections closed here, was refused: a
 		// replayable request goes again once there is room (see
-		// refused.go), as after a reused connection's close. One closed
-		// later, or with nothing of ours held there, is any failed
-		// request, sent once, as net/http does.
+		// refused.go), as after a reused connection's close. So does
+		// one on a connection a sibling's could have spared
+		// (relayPaid). One closed later, or with nothing of ours held
+		// there, is any failed request, sent once, as net/http does.
 		refused := !x.reused && x.o.leg == nil && c.full != nil &&
 			time.Since(c.created) < refusedWithin && c.full()
 		if refused {
 			c.refused.Store(true)
 		}
-		return &Error{Op: "read", RetrySafe: nothing, counted: true, idleClosed: x.reused || refused,
+		return &Error{Op: "read", RetrySafe: nothing, counted: true, idleClosed: x.reused || refused || c.relayPaid,
 			Err: fmt.Errorf("%w: closed before any response byte: %w", ErrConnBroken, err)}
 	}
 	if isIOError(err) {

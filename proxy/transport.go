@@ -809,7 +809,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// request relays again rather than retire one of this
 				// process's connections. (One that must not go through
 				// a sibling makes room, as below.)
-				policy, fallback = fallback, nil
+				policy, fallback, relaysPaid = fallback, nil, false
 				continue
 			}
 			if errors.Is(err, orbitpool.ErrFull) {
@@ -991,7 +991,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				kc.dialEnds()
 				n.dropPermit(plan.Permit)
 				if fallback != nil && ctx.Err() == nil {
-					policy, fallback = fallback, nil
+					policy, fallback, relaysPaid = fallback, nil, false
 					continue
 				}
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
@@ -1012,7 +1012,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 						n.dropPermit(plan.Permit)
 					}
 				}()
-				return t.dialer.dial(ctx, &e.u, func(a netip.AddrPort) { n.sawRemote(e.key, kc, a) })
+				dctx := ctx
+				if relaysPaid {
+					var cancel context.CancelFunc
+					dctx, cancel = paidDialContext(ctx)
+					defer cancel()
+				}
+				return t.dialer.dial(dctx, &e.u, func(a netip.AddrPort) { n.sawRemote(e.key, kc, a) })
 			}()
 			if err != nil {
 				if n.dialRefused(e.key, kc, dialStart, err) {
@@ -1021,11 +1027,16 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					n.dropPermit(plan.Permit)
 				}
 				if fallback != nil && ctx.Err() == nil {
-					policy, fallback = fallback, nil
+					policy, fallback, relaysPaid = fallback, nil, false
 					continue
 				}
 				return nil, err
 			}
+			// Its first request could have gone through a sibling: if
+			// the upstream closes it before answering, a replayable one
+			// goes again (see Error.idleClosed), as after a reused
+			// connection's close, and finds the sibling's connection.
+			c.relayPaid = relaysPaid
 			h2 := h2Wanted(&e.u, c)
 			e.sawProto(h2)
 			if h2 {
@@ -1046,6 +1057,19 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return nil, &Error{Op: "acquire", RetrySafe: true, Err: fmt.Errorf("unknown plan kind %v", plan.Kind)}
 		}
 	}
+}
+
+// paidDialContext bounds a dial that relays paid for (see
+// upstreamEntry.owesDial) to half the time the request has left, if it has
+// a deadline: the sibling whose connection it relayed through can still
+// serve it if the dial hangs (an upstream that accepts and never completes
+// a TLS handshake), as it could have served it at once.
+func paidDialContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, time.Until(d)/2)
 }
 
 // pool registers c, an HTTP/1.1 connection to key with settings s, under
