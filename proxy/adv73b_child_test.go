@@ -48,7 +48,7 @@ func TestAdv73bChild(t *testing.T) {
 		os.Exit(1)
 	}
 	tr := &Transport{Node: nd, MaxConnsPerKey: budget,
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, H2C: os.Getenv("ORBIT_H2C") != ""}
 	say("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
@@ -94,10 +94,11 @@ type adv73bChild struct {
 
 // startAdv73bChild starts a member process on seg with MaxConnsPerKey
 // budget; it is killed and reaped when t ends, whatever the outcome.
-func startAdv73bChild(t *testing.T, seg string, budget int) *adv73bChild {
+func startAdv73bChild(t *testing.T, seg string, budget int, env ...string) *adv73bChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestAdv73bChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), adv73bEnv+"=1", "ORBIT_SEG="+seg, fmt.Sprintf("ORBIT_BUDGET=%d", budget))
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
