@@ -48,7 +48,7 @@ func TestAdv73bChild(t *testing.T) {
 		os.Exit(1)
 	}
 	tr := &Transport{Node: nd, MaxConnsPerKey: budget,
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, H2C: os.Getenv("ORBIT_H2C") != ""}
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, H2C: os.Getenv("ORBIT_H2C") != "", HTTP2: os.Getenv("ORBIT_HTTP2") != ""}
 	say("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {

@@ -32,6 +32,7 @@ type adv73bStallListener struct {
 	stashed, stashedEnded  atomic.Int64
 	wg                     sync.WaitGroup
 	firstServed, lastEnded atomic.Int64 // unix ns
+	servedTotal            atomic.Int64
 }
 
 func adv73bMax(p *atomic.Int64, n int64) {
@@ -63,6 +64,7 @@ func (l *adv73bStallListener) Accept() (net.Conn, error) {
 			continue
 		}
 		adv73bMax(&l.servedPeak, l.served.Add(1))
+		l.servedTotal.Add(1)
 		l.firstServed.CompareAndSwap(0, time.Now().UnixNano())
 		return &countedConn{Conn: c, closed: func() { l.open.Add(-1); l.served.Add(-1) }}, nil
 	}
