@@ -28,6 +28,7 @@ const adv73bEnv = "ORBIT_ADV73B_CHILD"
 //
 //	fire K URL   start K concurrent GETs of URL, not waiting for them -> fired
 //	warm K URL   K concurrent GETs of URL, waiting for them -> warmed N
+//	loop K URL   K goroutines sending GETs of URL until killed -> looping
 //	exit
 func TestAdv73bChild(t *testing.T) {
 	if os.Getenv(adv73bEnv) == "" {
@@ -37,7 +38,8 @@ func TestAdv73bChild(t *testing.T) {
 	spec := testSpec
 	spec.Path = os.Getenv("ORBIT_SEG")
 	budget, _ := strconv.Atoi(os.Getenv("ORBIT_BUDGET"))
-	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
+	hold, _ := time.ParseDuration(os.Getenv("ORBIT_HOLD"))
+	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: hold})
 	if err != nil {
 		say("error %v", err)
 		os.Exit(1)
@@ -75,6 +77,21 @@ func TestAdv73bChild(t *testing.T) {
 			}
 			wg.Wait()
 			say("warmed %d", nd.Stats().OpenConns)
+		case "loop":
+			// loop K URL: K goroutines sending GETs of URL until killed.
+			k, _ := strconv.Atoi(f[1])
+			for range k {
+				go func() {
+					for {
+						req, _ := http.NewRequest("GET", f[2], nil)
+						if resp, err := tr.RoundTrip(req); err == nil {
+							io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+						}
+					}
+				}()
+			}
+			say("looping")
 		case "exit":
 			nd.Close()
 			p.Close()
