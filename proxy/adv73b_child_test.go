@@ -37,6 +37,9 @@ func TestAdv73bChild(t *testing.T) {
 	say := func(f string, a ...any) { fmt.Printf("adv73b "+f+"\n", a...) }
 	spec := testSpec
 	spec.Path = os.Getenv("ORBIT_SEG")
+	if l, err := strconv.Atoi(os.Getenv("ORBIT_LANES")); err == nil {
+		spec.Lanes = l
+	}
 	budget, _ := strconv.Atoi(os.Getenv("ORBIT_BUDGET"))
 	hold, _ := time.ParseDuration(os.Getenv("ORBIT_HOLD"))
 	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: hold})
