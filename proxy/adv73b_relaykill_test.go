@@ -56,6 +56,8 @@ func (l *adv73bLedger) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	io.Copy(io.Discard, r.Body)
+	ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+	time.Sleep(time.Duration(ms) * time.Millisecond)
 	io.WriteString(w, "ok")
 }
 
@@ -99,7 +101,7 @@ func TestAdv73bOwnerKilledUnderRelayedPosts(t *testing.T) {
 	counts := func() (int64, int64, int64) { return sopen.Load(), speak.Load(), stotal.Load() }
 	seg := filepath.Join(t.TempDir(), "seg")
 	owner := startAdv73bChild(t, seg, C)
-	owner.send(t, "warm "+strconv.Itoa(C)+" "+srv.URL+"/?id=warm")
+	owner.send(t, "warm "+strconv.Itoa(C)+" "+srv.URL+"/?id=warm&ms=100")
 	if got := owner.expect(t, "warmed"); got != strconv.Itoa(C) {
 		t.Fatalf("owner made %s connections, want %d", got, C)
 	}
