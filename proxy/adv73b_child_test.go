@@ -18,22 +18,19 @@ import (
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
-// adv73bEnv makes TestAdv73bChild act as a fleet member process whose
-// requests the parent steers line by line (stdin), answering "adv73b ..."
-// lines on stdout. Without it the test does nothing.
+// adv73bEnv makes the test binary a fleet member process (see TestMain)
+// whose requests the parent steers line by line (stdin), answering
+// "adv73b ..." lines on stdout.
 const adv73bEnv = "ORBIT_ADV73B_CHILD"
 
-// TestAdv73bChild is not a test: it is the body of the child processes of
-// the adv73b multi-process tests.
+// runAdv73bChild is the body of the child processes of the adv73b
+// multi-process tests.
 //
 //	fire K URL   start K concurrent GETs of URL, not waiting for them -> fired
 //	warm K URL   K concurrent GETs of URL, waiting for them -> warmed N
 //	loop K URL   K goroutines sending GETs of URL until killed -> looping
 //	exit
-func TestAdv73bChild(t *testing.T) {
-	if os.Getenv(adv73bEnv) == "" {
-		t.Skip("child body only")
-	}
+func runAdv73bChild() int {
 	say := func(f string, a ...any) { fmt.Printf("adv73b "+f+"\n", a...) }
 	spec := testSpec
 	spec.Path = os.Getenv("ORBIT_SEG")
@@ -45,12 +42,12 @@ func TestAdv73bChild(t *testing.T) {
 	p, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: hold})
 	if err != nil {
 		say("error %v", err)
-		os.Exit(1)
+		return 1
 	}
 	nd, err := NewNode(p, NodeOptions{SweepInterval: 50 * time.Millisecond})
 	if err != nil {
 		say("error %v", err)
-		os.Exit(1)
+		return 1
 	}
 	tr := &Transport{Node: nd, MaxConnsPerKey: budget,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, H2C: os.Getenv("ORBIT_H2C") != "", HTTP2: os.Getenv("ORBIT_HTTP2") != ""}
@@ -98,12 +95,12 @@ func TestAdv73bChild(t *testing.T) {
 		case "exit":
 			nd.Close()
 			p.Close()
-			os.Exit(0)
+			return 0
 		}
 	}
 	nd.Close()
 	p.Close()
-	os.Exit(0)
+	return 0
 }
 
 type adv73bChild struct {
@@ -116,7 +113,7 @@ type adv73bChild struct {
 // budget; it is killed and reaped when t ends, whatever the outcome.
 func startAdv73bChild(t *testing.T, seg string, budget int, env ...string) *adv73bChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAdv73bChild$", "-test.count=1")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), adv73bEnv+"=1", "ORBIT_SEG="+seg, fmt.Sprintf("ORBIT_BUDGET=%d", budget))
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr

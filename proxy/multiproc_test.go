@@ -41,6 +41,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
+	if os.Getenv(adv73bEnv) != "" {
+		os.Exit(runAdv73bChild())
+	}
 	os.Exit(m.Run())
 }
 
