@@ -2,12 +2,12 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +20,7 @@ import (
 
 // adv73bEnv makes the test binary a fleet member process (see TestMain)
 // whose requests the parent steers line by line (stdin), answering
-// "adv73b ..." lines on stdout.
+// lines on stdout.
 const adv73bEnv = "ORBIT_ADV73B_CHILD"
 
 // runAdv73bChild is the body of the child processes of the adv73b
@@ -31,7 +31,7 @@ const adv73bEnv = "ORBIT_ADV73B_CHILD"
 //	loop K URL   K goroutines sending GETs of URL until killed -> looping
 //	exit
 func runAdv73bChild() int {
-	say := func(f string, a ...any) { fmt.Printf("adv73b "+f+"\n", a...) }
+	say := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 	spec := testSpec
 	spec.Path = os.Getenv("ORBIT_SEG")
 	if l, err := strconv.Atoi(os.Getenv("ORBIT_LANES")); err == nil {
@@ -103,79 +103,56 @@ func runAdv73bChild() int {
 	return 0
 }
 
-type adv73bChild struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
-}
-
-// startAdv73bChild starts a member process on seg with MaxConnsPerKey
-// budget; it is killed and reaped when t ends, whatever the outcome.
-func startAdv73bChild(t *testing.T, seg string, budget int, env ...string) *adv73bChild {
+// startAdv73bChild starts a member process (see runAdv73bChild) on seg
+// with MaxConnsPerKey budget and env.
+func startAdv73bChild(t *testing.T, seg string, budget int, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), adv73bEnv+"=1", "ORBIT_SEG="+seg, fmt.Sprintf("ORBIT_BUDGET=%d", budget))
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &adv73bChild{cmd: cmd, in: in, lines: make(chan string, 64)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if l, ok := strings.CutPrefix(sc.Text(), "adv73b "); ok {
-				c.lines <- l
-			}
-		}
-		close(c.lines)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	c.expect(t, "ready")
-	return c
-}
-
-func (c *adv73bChild) send(t *testing.T, line string) {
-	t.Helper()
-	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (c *adv73bChild) expect(t *testing.T, prefix string) string {
-	t.Helper()
-	select {
-	case l, ok := <-c.lines:
-		if !ok {
-			t.Fatalf("child exited while waiting for %q", prefix)
-		}
-		if !strings.HasPrefix(l, prefix) {
-			t.Fatalf("child said %q, want %q", l, prefix)
-		}
-		return strings.TrimSpace(strings.TrimPrefix(l, prefix))
-	case <-time.After(20 * time.Second):
-		t.Fatalf("child silent while waiting for %q", prefix)
-	}
-	return ""
+	return spawnChild(t, append([]string{adv73bEnv + "=1", "ORBIT_SEG=" + seg, fmt.Sprintf("ORBIT_BUDGET=%d", budget)}, env...)...)
 }
 
 // kill SIGKILLs the child and waits until it is reaped (its sockets closed
 // by the kernel).
-func (c *adv73bChild) kill(t *testing.T) {
+func (c *child) kill(t *testing.T) {
 	t.Helper()
 	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	c.cmd.Wait()
+}
+
+// adv73bResult is how one of adv73bSender's requests ended.
+type adv73bResult struct {
+	id  string
+	err error
+	at  time.Time
+}
+
+// adv73bSender returns send, which starts a request through tr to url with
+// id and the query q (body, if not nil, of length bytes, without GetBody:
+// not replayable), and the channel where each ends: an error unless it was
+// answered "ok".
+func adv73bSender(t *testing.T, ctx context.Context, tr *Transport, url string) (send func(method, id, q string, body io.Reader, length int64), results <-chan adv73bResult) {
+	ch := make(chan adv73bResult, 16)
+	return func(method, id, q string, body io.Reader, length int64) {
+		req, err := http.NewRequestWithContext(ctx, method, url+"/?id="+id+q, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body != nil {
+			req.Body = io.NopCloser(body)
+			req.ContentLength = length
+		}
+		go func() {
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				var b []byte
+				b, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && string(b) != "ok" {
+					err = fmt.Errorf("status %d body %q", resp.StatusCode, b)
+				}
+			}
+			ch <- adv73bResult{id, err, time.Now()}
+		}()
+	}, ch
 }

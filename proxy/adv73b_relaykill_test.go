@@ -110,36 +110,9 @@ func TestAdv73bOwnerKilledUnderRelayedPosts(t *testing.T) {
 	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond},
 		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = C })
 
-	type result struct {
-		id  string
-		err error
-		at  time.Time
-	}
-	results := make(chan result, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	send := func(method, id, q string, body io.Reader, length int64) {
-		req, err := http.NewRequestWithContext(ctx, method, srv.URL+"/?id="+id+q, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if body != nil {
-			req.Body = io.NopCloser(body) // no GetBody: not replayable
-			req.ContentLength = length
-		}
-		go func() {
-			resp, err := me.tr.RoundTrip(req)
-			if err == nil {
-				var b []byte
-				b, err = io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if err == nil && string(b) != "ok" {
-					err = fmt.Errorf("status %d body %q", resp.StatusCode, b)
-				}
-			}
-			results <- result{id, err, time.Now()}
-		}()
-	}
+	send, results := adv73bSender(t, ctx, me.tr, srv.URL)
 	send("POST", "p1", "&block=1", strings.NewReader(strings.Repeat("a", 1024)), 1024)
 	send("POST", "p2", "&block=1", strings.NewReader(strings.Repeat("b", 100<<10)), 100<<10)
 	pr, pw := io.Pipe()
@@ -177,7 +150,7 @@ func TestAdv73bOwnerKilledUnderRelayedPosts(t *testing.T) {
 	}()
 
 	for range 7 {
-		var r result
+		var r adv73bResult
 		select {
 		case r = <-results:
 		case <-time.After(8 * time.Second):

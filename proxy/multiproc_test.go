@@ -265,9 +265,17 @@ type child struct {
 
 func startChild(t *testing.T, seg, upstream string, n, budget int) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "ORBIT_SEG="+seg, "ORBIT_UPSTREAM="+upstream,
+	return spawnChild(t, childEnv+"=1", "ORBIT_SEG="+seg, "ORBIT_UPSTREAM="+upstream,
 		fmt.Sprintf("ORBIT_N=%d", n), fmt.Sprintf("ORBIT_BUDGET=%d", budget))
+}
+
+// spawnChild starts the test binary as a child process with env (which
+// TestMain reads to run it as one), waits for its "ready", and kills and
+// reaps it when t ends, whatever the outcome.
+func spawnChild(t *testing.T, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
