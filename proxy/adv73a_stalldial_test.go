@@ -22,7 +22,7 @@ import (
 // would go through the owner's idle connection, as every request before it
 // did; with it, a dial that hangs in the handshake must not cost the request
 // its deadline while that idle connection could serve it: the request is
-// served within its 2s deadline (the default dial timeout is longer).
+// served within its deadline (the default dial timeout is longer).
 func TestAdv73aOwedDialStallsWhileSiblingIdle(t *testing.T) {
 	url, roots, accepted := adv73aStallingTLSUpstream(t)
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} })
@@ -36,7 +36,9 @@ func TestAdv73aOwedDialStallsWhileSiblingIdle(t *testing.T) {
 	if st := client.node.Stats(); st.ReusedRemote != relaysPerTLSDial {
 		t.Fatalf("setup: %+v", st)
 	}
-	ctx, cancel := contextWithTimeout(2 * time.Second)
+	// Its deadline is short enough that the relays after it still come
+	// within relayWindow of the ones before.
+	ctx, cancel := contextWithTimeout(600 * time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
 	start := time.Now()
@@ -45,6 +47,28 @@ func TestAdv73aOwedDialStallsWhileSiblingIdle(t *testing.T) {
 		t.Fatalf("after %v, with the owner's connection idle all along: %v (client %+v, upstream accepted %d)", time.Since(start).Round(time.Millisecond), err, client.node.Stats(), accepted.Load())
 	}
 	drain(resp)
+	// The dial was tried, and the relays that paid for it are spent: the
+	// next requests relay at once, and none dials again until as many
+	// relays have paid for another (without that, each would wait half its
+	// time in a dial that hangs).
+	dialed := accepted.Load()
+	for i := range relaysPerTLSDial - 1 {
+		ctx, cancel := contextWithTimeout(2 * time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		start := time.Now()
+		resp, err := client.tr.RoundTrip(req)
+		d := time.Since(start)
+		if err == nil {
+			drain(resp)
+		}
+		cancel()
+		if err != nil || d > 500*time.Millisecond {
+			t.Fatalf("request %d after the failed paid dial: %v after %v; want it relayed at once", i, err, d.Round(time.Millisecond))
+		}
+	}
+	if n := accepted.Load(); n != dialed {
+		t.Fatalf("the upstream accepted %d connections after the failed paid dial; want none until the relays pay for another", n-dialed)
+	}
 }
 
 // adv73aStallingTLSUpstream is a TLS upstream whose first connection serves
