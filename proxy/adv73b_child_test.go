@@ -156,3 +156,17 @@ func adv73bSender(t *testing.T, ctx context.Context, tr *Transport, url string) 
 		}()
 	}, ch
 }
+
+// adv73bMember joins the fleet on seg (lanes lanes, or testSpec's if 0) as
+// the children run: as the Caddy module does (DefaultReclaimHold 1s;
+// shorter here), a dead process's share stays held a while, and longer
+// while the upstream still holds its connections.
+func adv73bMember(t *testing.T, seg string, lanes int, conf func(*Transport)) *member {
+	spec := testSpec
+	spec.Path = seg
+	if lanes > 0 {
+		spec.Lanes = lanes
+	}
+	return newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond},
+		NodeOptions{SweepInterval: 50 * time.Millisecond}, conf)
+}

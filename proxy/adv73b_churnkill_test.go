@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv73bRandomKillsUnderChurn: cap 4 of an HTTP/1.1 key. In each of 5
@@ -41,10 +39,7 @@ func TestAdv73bRandomKillsUnderChurn(t *testing.T) {
 		io.WriteString(w, "ok")
 	}))
 	seg := filepath.Join(t.TempDir(), "seg")
-	spec := testSpec
-	spec.Path = seg
-	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = C })
+	me := adv73bMember(t, seg, 0, func(tr *Transport) { tr.MaxConnsPerKey = C })
 	get := func(ms int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // adv73bStallListener counts the upstream's open TCP connections (its view
@@ -99,19 +97,11 @@ func TestAdv73bKilledInDialHoldingPermits(t *testing.T) {
 	})
 	seg := filepath.Join(t.TempDir(), "seg")
 	dead := startAdv73bChild(t, seg, C)
-	spec := testSpec
-	spec.Path = seg
 	conf := func(tr *Transport) {
 		tr.MaxConnsPerKey = C
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} // the child's: one key
 	}
-	// As the Caddy module runs (DefaultReclaimHold 1s; shorter here): a
-	// dead process's share stays held, and longer while the upstream
-	// still holds its connections (SetLingering).
-	popts := orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond}
-	nopts := NodeOptions{SweepInterval: 50 * time.Millisecond}
-	a := newMemberPoolOpts(t, spec, popts, nopts, conf)
-	b := newMemberPoolOpts(t, spec, popts, nopts, conf)
+	a, b := adv73bMember(t, seg, 0, conf), adv73bMember(t, seg, 0, conf)
 
 	dead.send(t, "fire "+strconv.Itoa(C)+" "+srv.URL+"/?ms=10")
 	dead.expect(t, "fired")

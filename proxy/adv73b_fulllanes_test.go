@@ -37,11 +37,7 @@ func TestAdv73bJoinFullTableAfterKillMidChurn(t *testing.T) {
 		io.WriteString(w, "ok")
 	}))
 	seg := filepath.Join(t.TempDir(), "seg")
-	spec := testSpec
-	spec.Path = seg
-	spec.Lanes = 3
-	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = C })
+	me := adv73bMember(t, seg, 3, func(tr *Transport) { tr.MaxConnsPerKey = C })
 	env := []string{"ORBIT_LANES=3", "ORBIT_HOLD=200ms"}
 	url := srv.URL + "/?ms=4"
 	c1 := startAdv73bChild(t, seg, C, env...)

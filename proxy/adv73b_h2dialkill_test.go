@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv73bH2DialerKilledMidHandshake: an https upstream speaking HTTP/2,
@@ -41,17 +39,12 @@ func TestAdv73bH2DialerKilledMidHandshake(t *testing.T) {
 	})
 	seg := filepath.Join(t.TempDir(), "seg")
 	dead := startAdv73bChild(t, seg, 1, "ORBIT_HTTP2=1")
-	spec := testSpec
-	spec.Path = seg
 	conf := func(tr *Transport) {
 		tr.MaxConnsPerKey = 1
 		tr.HTTP2 = true
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} // the child's: one key
 	}
-	popts := orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond}
-	nopts := NodeOptions{SweepInterval: 50 * time.Millisecond}
-	a := newMemberPoolOpts(t, spec, popts, nopts, conf)
-	b := newMemberPoolOpts(t, spec, popts, nopts, conf)
+	a, b := adv73bMember(t, seg, 0, conf), adv73bMember(t, seg, 0, conf)
 
 	dead.send(t, "fire 3 "+srv.URL+"/")
 	dead.expect(t, "fired")

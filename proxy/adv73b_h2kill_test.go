@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv73bH2OwnerKilledUnderSiblingStreams: an h2c upstream, cap 1. A
@@ -53,10 +51,7 @@ func TestAdv73bH2OwnerKilledUnderSiblingStreams(t *testing.T) {
 	if got := owner.expect(t, "warmed"); got != "1" {
 		t.Fatalf("owner made %s connections, want 1", got)
 	}
-	spec := testSpec
-	spec.Path = seg
-	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = 1; tr.H2C = true })
+	me := adv73bMember(t, seg, 0, func(tr *Transport) { tr.MaxConnsPerKey = 1; tr.H2C = true })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // adv73bLedger is an upstream that counts each request id's arrivals (at
@@ -105,10 +103,7 @@ func TestAdv73bOwnerKilledUnderRelayedPosts(t *testing.T) {
 	if got := owner.expect(t, "warmed"); got != strconv.Itoa(C) {
 		t.Fatalf("owner made %s connections, want %d", got, C)
 	}
-	spec := testSpec
-	spec.Path = seg
-	me := newMemberPoolOpts(t, spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond, ReclaimHold: 200 * time.Millisecond},
-		NodeOptions{SweepInterval: 50 * time.Millisecond}, func(tr *Transport) { tr.MaxConnsPerKey = C })
+	me := adv73bMember(t, seg, 0, func(tr *Transport) { tr.MaxConnsPerKey = C })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
