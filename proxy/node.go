@@ -438,9 +438,8 @@ func (oc *owned) expired(now time.Time) bool {
 	return oc.s.expired(oc.c, now, oc.idle.Load())
 }
 
-// expired reports whether c, idle since idle (nanoseconds since the Unix
-// epoch), is past s's limits at now.
-// idle is when c went idle, as sinceStart.
+// expired reports whether c, idle since idle (as sinceStart), is past s's
+// limits at now.
 func (s *connSettings) expired(c *conn, now time.Time, idle int64) bool {
 	if s.maxRequests > 0 && c.requests >= s.maxRequests {
 		return true

@@ -224,8 +224,8 @@ func (e *upstreamEntry) relayedAt(now int64) {
 func (e *upstreamEntry) relayed() { e.relayedAt(sinceStart(time.Now())) }
 
 // tookOwn counts a connection of e's that this process took as its own
-// (dialed, or adopted from its spares), or a dial the relays paid for that
-// failed: the relays are paid.
+// (dialed, or adopted from its spares), or a dial that the relays paid for,
+// tried: the relays are paid.
 func (e *upstreamEntry) tookOwn() {
 	if e.relays.Load() != 0 {
 		e.relays.Store(0)
@@ -970,6 +970,13 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			} else {
 				kc.dialBegins()
 			}
+			if relaysPaid {
+				// The relays have bought this dial, whether it connects
+				// or not: else, after one that failed, every request
+				// would dial again (and wait, if the upstream's
+				// handshakes hang).
+				e.tookOwn()
+			}
 			if err := claimVerdict(ctx, near); err != nil {
 				kc.dialEnds()
 				n.dropPermit(plan.Permit)
@@ -992,12 +999,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				kc.dialEnds()
 				n.dropPermit(plan.Permit)
 				if fallback != nil && ctx.Err() == nil {
-					policy, fallback = fallback, nil
-					if relaysPaid {
-						// Spent all the same (see below).
-						e.tookOwn()
-						relaysPaid = false
-					}
+					policy, fallback, relaysPaid = fallback, nil, false
 					continue
 				}
 				return nil, &Error{Op: "dial", RetrySafe: true, Err: ErrNotAdmitted}
@@ -1033,14 +1035,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 					n.dropPermit(plan.Permit)
 				}
 				if fallback != nil && ctx.Err() == nil {
-					policy, fallback = fallback, nil
-					if relaysPaid {
-						// The relays that paid for the dial are spent:
-						// else every request after them would dial again
-						// (and wait, if the upstream's handshakes hang).
-						e.tookOwn()
-						relaysPaid = false
-					}
+					policy, fallback, relaysPaid = fallback, nil, false
 					continue
 				}
 				return nil, err
