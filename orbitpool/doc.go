@@ -145,6 +145,15 @@
 // costs the lanes with room, not the fleet; its own lane's bit spares the
 // walk of its own list when it is full.
 //
+// A process whose lane has no free slot can use only a sibling's resource,
+// and cannot wait in the key's queue for one without holding up younger
+// waiters that could create. It watches the key instead ([Pool.WatchRoom]):
+// a third mask names the lanes watching, and an owner giving back a unit of
+// a watched key adds to the key's room count and rings the watching lanes,
+// whose dispatchers wake the watches the count has passed. A watch takes no
+// ticket; with no lane watching, giving a unit back costs one more load of
+// the line the other masks are on.
+//
 // # Lanes
 //
 // A segment has at most MaxLanes (256) lanes; the default spec has

@@ -152,12 +152,14 @@ func (p *Pool) internKey(k Key) (keyRef, error) {
 func (p *Pool) resetKeyEntry(idx int) {
 	s := p.seg
 	atomic.StoreUint64(s.u64(s.keyOff(idx)+kfUnclaimed), 0)
+	atomic.StoreUint64(s.u64(s.keyOff(idx)+kfRoomSeq), 0)
 	for l := range p.l.nlanes {
 		clear(s.data[s.statOff(l, idx) : s.statOff(l, idx)+statSize])
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)+8), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, idx)+qHeldOff), 0)
 		atomic.AndUint64(s.u64(s.roomOff(idx, l)), 0)
+		atomic.AndUint64(s.u64(s.watchOff(idx, l)), 0)
 	}
 }
 

@@ -92,6 +92,7 @@ type Pool struct {
 	free   []int32
 
 	waiters waiterTable
+	watches roomWatches
 
 	reconcileMu sync.Mutex
 	seen        []seenReservation // ReservationTimeout bookkeeping, per slot and bit
@@ -255,6 +256,7 @@ func (p *Pool) Close() error {
 	futexWake(p.seg.u32(p.seg.laneOff(p.lane) + lnDoorbell)) // even if the sleeping flag lies
 	<-p.finished
 	p.waiters.closeAll(p)
+	p.watches.closeAll()
 	// A caller's Reconcile may have passed its closed check already: let it
 	// finish before the lane goes, for once the lane is released it may be
 	// another process's, whose record a late healOwnLane would overwrite.
@@ -367,6 +369,7 @@ func (p *Pool) clearLane(l int) (cleared []int) {
 		waiters := uint64(min(atomic.SwapUint32(s.u32(s.waitOff(l, k)), 0), 1<<16))
 		atomic.AndUint64(s.u64(s.maskOff(k, l)), ^laneBit(l))
 		atomic.AndUint64(s.u64(s.roomOff(k, l)), ^laneBit(l))
+		atomic.AndUint64(s.u64(s.watchOff(k, l)), ^laneBit(l))
 		q := atomic.SwapUint64(s.u64(s.queueOff(l, k)), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, k)+8), 0)
 		atomic.StoreUint64(s.u64(s.queueOff(l, k)+qHeldOff), 0)
@@ -693,7 +696,7 @@ func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint
 }
 
 // unitBack is setRoom and wake for one unit of this lane's, the hot path of
-// Complete: with at most 64 lanes, both masks are one word of one line. It
+// Complete: with at most 64 lanes, the masks are one word each of one line. It
 // reports whether the unit went to a waiter of this process.
 func (p *Pool) unitBack(k int) (handed bool) {
 	if p.l.maskWords != 1 {
@@ -704,6 +707,9 @@ func (p *Pool) unitBack(k int) (handed bool) {
 	room, bit := p.seg.u64(off+8), laneBit(p.lane)
 	if atomic.LoadUint64(room)&bit == 0 {
 		atomic.OrUint64(room, bit)
+	}
+	if atomic.LoadUint64(p.seg.u64(off+16)) != 0 {
+		p.roomCame(k)
 	}
 	return atomic.LoadUint64(p.seg.u64(off)) != 0 && p.grant(k, 1, p.lane)
 }
@@ -717,6 +723,7 @@ func (p *Pool) setRoom(l, k int) {
 	if atomic.LoadUint64(w)&laneBit(l) == 0 {
 		atomic.OrUint64(w, laneBit(l))
 	}
+	p.roomCame(k)
 }
 
 // dispatch is the one goroutine per process that sleeps on the lane's
@@ -734,6 +741,7 @@ func (p *Pool) dispatch() {
 			return
 		default:
 		}
+		p.watches.deliver(p)
 		if p.waiters.deliverAll(p) {
 			// Let the goroutines just woken run on this thread now,
 			// rather than after another thread is woken to run them

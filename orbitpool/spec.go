@@ -112,7 +112,7 @@ func SegmentSize(spec PoolSpec) int64 {
 const (
 	headerSize = 4096
 	laneSize   = 128
-	keySize    = 128
+	keySize    = 192
 	statSize   = 64
 	slotSize   = 128
 )

@@ -98,11 +98,16 @@ const (
 	kfHi     = 8
 	kfLo     = 16
 	kfTicket = 24 // the last waiter ticket handed out for this key
-	kfMasks  = 32 // maskWords words of lanes with waiters, then maskWords of lanes that may have room
+	// kfMasks starts three masks of maskWords words each: lanes with
+	// waiters, lanes that may have room, and lanes watching for room (see
+	// WatchRoom).
+	kfMasks = 32
 
 	// kfUnclaimed counts units that came back while every waiter had a
 	// unit on its way (see Pool.grant and waiterTable.eligible).
-	kfUnclaimed = kfMasks + 2*MaxLanes/8
+	kfUnclaimed = kfMasks + 3*MaxLanes/8
+	// kfRoomSeq counts units that came back while a lane watched for room.
+	kfRoomSeq = kfUnclaimed + 8
 )
 
 // A lane's queue word for one key is its part of the key's fleet-wide queue:
@@ -207,11 +212,14 @@ func (s *segment) laneNext(l, k int) (next uint32, q uint64, ok bool) {
 // compared in 32 bits, which holds while no waiter waits through 2^31 others.
 func ticketBefore(a, b uint32) bool { return int32(a-b) < 0 }
 
-// maskOff and roomOff address the word of key k's waiter and room masks that
-// holds lane l's bit.
+// maskOff, roomOff and watchOff address the word of key k's waiter, room
+// and watch masks that holds lane l's bit.
 func (s *segment) maskOff(k, l int) int { return s.keyOff(k) + kfMasks + 8*(l>>6) }
 func (s *segment) roomOff(k, l int) int {
 	return s.keyOff(k) + kfMasks + 8*(s.l.maskWords+l>>6)
+}
+func (s *segment) watchOff(k, l int) int {
+	return s.keyOff(k) + kfMasks + 8*(2*s.l.maskWords+l>>6)
 }
 func laneBit(l int) uint64 { return 1 << (l & 63) }
 

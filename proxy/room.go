@@ -87,6 +87,9 @@ type roomWait struct {
 	// it, unless the idle connection is of its key.
 	stuck bool
 	w     *roomWaiter
+	// fleet watches its key for room on a sibling's connection, once
+	// it paused (nil for a request that may not use one).
+	fleet *orbitpool.RoomWatch
 }
 
 // asking records that w asks the pool now.

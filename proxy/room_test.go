@@ -188,6 +188,60 @@ func TestFullPauseWokenByRoom(t *testing.T) {
 	}
 }
 
+// TestFullPauseWokenBySiblingsRoom: a process whose table is full of busy
+// connections waits for its sibling's connection of its upstream, and is
+// woken when that connection goes idle in the sibling (orbitpool.RoomWatch),
+// not when its pause ends. Each pause is a minute here: without the wake the
+// request would be served only once its pause was cut short at its deadline.
+func TestFullPauseWokenBySiblingsRoom(t *testing.T) {
+	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
+	conf := func(tr *Transport) {
+		tr.MaxConnsPerKey = 8 // waits in the table, never outside it
+		tr.fullPauseBase = time.Minute
+	}
+	a, b := newMember(t, spec, conf), newMember(t, spec, conf)
+	step := make(chan struct{}) // ends one stream of url's
+	defer close(step)
+	url := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		if req.URL.Path != "/stream" {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return true
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+		<-step
+		io.WriteString(c, "0\r\n\r\n")
+		return true
+	})
+	release := make(chan struct{})
+	defer close(release)
+	holdStreams(t, b, closingStreamUpstream(t, release, false), 1) // b's one slot, busy
+	for round := range 3 {
+		// a's connection of url, busy.
+		held := holdStreams(t, a, url, 1)[0]
+		done := make(chan error, 1)
+		go func() {
+			_, body, err := roundTripWithin(b.tr, url+"/", 10*time.Second)
+			if err == nil && body != "ok" {
+				err = fmt.Errorf("body %q", body)
+			}
+			done <- err
+		}()
+		waitFor(t, 5*time.Second, "b's request to pause for room", func() bool { return b.node.room.n.Load() == 1 })
+		start := time.Now()
+		step <- struct{}{}
+		drain(held)
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: b's paused request: %v; want it served through a's connection", round, err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("round %d: b's request served %v after a's connection went idle; want at once", round, d)
+		}
+	}
+	if s := b.node.Stats(); s.Created != 1 || s.ReusedRemote < 3 {
+		t.Fatalf("b's stats %+v: want every request through a's connection", s)
+	}
+}
+
 // closingStreamUpstream answers /stream with a chunked body that ends once
 // release is closed, on a connection it then closes if closeAfter (saying
 // so in the head), and anything else with "ok".

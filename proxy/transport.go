@@ -761,6 +761,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		if room.woken {
 			n.room.passOn(room.by)
 		}
+		if room.fleet != nil {
+			room.fleet.Close()
+		}
 	}()
 	near := t.nearWindow()
 	for {
@@ -846,6 +849,15 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// could dial.
 				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
 				room.stuck = !looked
+				if room.fleet == nil && t.mayRelay() {
+					// A sibling's connection of the key that gets room
+					// wakes it too (see orbitpool.RoomWatch): watched
+					// from now, so it asks again at once for one that
+					// came before.
+					if room.fleet, _ = n.pool.WatchRoom(e.key); room.fleet != nil {
+						continue
+					}
+				}
 				if t.fullPause(ctx, fullPauses, b, &room) {
 					full = err
 					fullPauses++
@@ -1100,6 +1112,13 @@ func (t *Transport) pool(key orbitpool.Key, kc *keyCap, permit *orbitpool.Creati
 	return oc, exec, nil
 }
 
+// mayRelay reports whether the transport's requests may go through a
+// sibling's connection: all but those of policy LocalOnly.
+func (t *Transport) mayRelay() bool {
+	_, localOnly := t.Policy.(orbitpool.LocalOnly)
+	return !localOnly
+}
+
 // mayGoUnpooled reports whether a request to e that finds the table full
 // may go on a connection outside it (see unpooled): one of a key under no
 // fleet-wide cap, which nothing must count, whose upstream has not been
@@ -1112,7 +1131,8 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // again, for the nth time: 5ms, doubling up to 80ms, a tenth more at most
 // at random (t.fullPauseBase, if set, every time). It waits as pause does,
 // woken early, oldest first, when one of this process's connections may
-// have made room (see roomWaiters).
+// have made room (see roomWaiters), or when a sibling's connection of its
+// key got room (w.fleet, if set).
 func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait) bool {
 	d := fullPauseBase << min(n, 4)
 	if t.fullPauseBase > 0 {
@@ -1133,7 +1153,12 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	if wake == nil {
 		return true // room may have come since it asked
 	}
-	ok := t.pause(ctx, d+rand.N(d/10), b, wake, t.Node.stop)
+	var fleet <-chan struct{}
+	if w.fleet != nil {
+		fleet = w.fleet.Ready()
+		defer w.fleet.Rearm() // before it asks again
+	}
+	ok := t.pause(ctx, d+rand.N(d/10), b, wake, fleet, t.Node.stop)
 	if ok {
 		select {
 		case <-wake:
@@ -1252,19 +1277,19 @@ func (t *Transport) awayBackoff(ctx context.Context, n int, b *exchangeBudget) b
 		return true
 	}
 	d := awayBackoffBase << min(n-1, 5)
-	return t.pause(ctx, d+rand.N(d/10), b, nil, nil)
+	return t.pause(ctx, d+rand.N(d/10), b, nil, nil, nil)
 }
 
 // pause waits d, holding none of b's workers, as a request waits for the
-// pool, or until wake (if not nil) is closed. It reports false, at once, if
-// the wait would come within the near-window of the request's deadline
-// (what follows could not start), or when ctx ends or stop (if not nil)
-// is closed. A wait that may be woken is cut short to end before that
+// pool, or until wake or also (either if not nil) is closed. It reports
+// false, at once, if the wait would come within the near-window of the
+// request's deadline (what follows could not start), or when ctx ends or
+// stop (if not nil) is closed. A wait that may be woken is cut short to end before that
 // window instead.
-func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake, stop <-chan struct{}) bool {
+func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake, also, stop <-chan struct{}) bool {
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl) - t.nearWindow()
-		if wake != nil {
+		if wake != nil || also != nil {
 			d = min(d, left)
 		}
 		if d <= 0 || left < d {
@@ -1278,6 +1303,8 @@ func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudge
 	case <-tm.C:
 		return true
 	case <-wake:
+		return true
+	case <-also:
 		return true
 	case <-ctx.Done():
 		return false
