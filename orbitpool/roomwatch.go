@@ -112,17 +112,25 @@ func (w *RoomWatch) Ready() <-chan struct{} {
 	return w.ch
 }
 
-// Rearm arms the watch again after Ready was closed: the caller asks Acquire
-// after Rearm and waits on the new Ready. It does nothing to an armed watch.
-func (w *RoomWatch) Rearm() {
+// Rearm arms the watch again after Ready was closed, and returns how many
+// units came back since it was last armed: the caller asks Acquire after
+// Rearm and waits on the new Ready. It does nothing to an armed watch, and
+// returns 0 for one that is over: its pool closed, or the key's entry went
+// to another key (whose room it would never see). Watch again then.
+func (w *RoomWatch) Rearm() (units uint64) {
 	t := &w.p.watches
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !w.done || t.closed {
-		return
+		return 0
 	}
-	w.seen = atomic.LoadUint64(w.p.seg.u64(w.p.seg.keyOff(w.idx) + kfRoomSeq))
+	if kw := t.keys[w.idx]; kw == nil || kw.gen != w.gen {
+		return 0
+	}
+	seq := atomic.LoadUint64(w.p.seg.u64(w.p.seg.keyOff(w.idx) + kfRoomSeq))
+	units, w.seen = seq-w.seen, seq
 	w.ch, w.done = make(chan struct{}), false
+	return units
 }
 
 // Close ends the watch. The key's watch bit goes with this process's last

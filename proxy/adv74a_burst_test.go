@@ -13,7 +13,7 @@ import (
 )
 
 // TestAdv74aOneDebtOneDial: ski rental buys one dial per relaysPerDial
-// relays (see owesDial: "its next request that finds no idle connection of
+// relays (see claimDial: "its next request that finds no idle connection of
 // its own should dial one"). The owner holds 16 idle connections; the client
 // relays relaysPerDial times and owes one dial; then a burst of 16
 // concurrent requests arrives, every one of which a sibling's idle
@@ -22,9 +22,9 @@ import (
 // connection for every request of the burst on the strength of one debt.
 // Each burst request takes 100ms upstream, so no relay of the burst ends
 // (and counts toward a new debt) before every request of it has decided.
-// Fails intermittently (1 to 3 runs in 10): the debt is read when each
-// request begins (owesDial) and spent only when one reaches its dial
-// (tookOwn), so requests that begin in between all dial.
+// It failed 1 to 3 runs in 10 when the debt was read as each request began
+// and spent only when one reached its dial: requests that began in between
+// all dialed (claimDial takes it now).
 func TestAdv74aOneDebtOneDial(t *testing.T) {
 	var accepted atomic.Int32
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -58,7 +58,7 @@ func TestAdv74aPaidDialRefusedByDialCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !ent.owesDial(false) {
+	if _, count := relayState(ent.relays.Load()); count < relaysPerDial {
 		t.Fatalf("setup: the client does not owe a dial")
 	}
 	before := accepted.Load()

@@ -56,7 +56,7 @@ type conn struct {
 	full    func() bool
 	refused atomic.Bool
 	// relayPaid marks a connection dialed where a sibling's could have
-	// served its first request (see upstreamEntry.owesDial). Set before
+	// served its first request (see upstreamEntry.claimDial). Set before
 	// its first exchange.
 	relayPaid bool
 }

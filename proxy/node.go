@@ -92,9 +92,10 @@ type Node struct {
 	h2wake  chan *h2conn             // to the follower (h2follow.go)
 	h2inst  h2Installs
 
-	stats  nodeCounters
-	spares spares
-	room   roomWaiters
+	stats     nodeCounters
+	spares    spares
+	room      roomWaiters
+	fleetRoom fleetRoom
 	// tableFullLogged is when tableFull last warned, in unix nanoseconds.
 	tableFullLogged atomic.Int64
 	// open and dialing count the upstream connections this process owns
@@ -102,6 +103,8 @@ type Node struct {
 	open, dialing atomic.Int64
 
 	stop     chan struct{}
+	stopCtx  context.Context // ends with stop (see dialContext)
+	stopped  context.CancelFunc
 	closed   chan struct{} // closed when Close has finished
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
@@ -152,7 +155,7 @@ type NodeStats struct {
 	DialsHeld uint64
 	// RelayDials counts connections of an uncapped HTTP/1.1 upstream this
 	// process dialed because it kept relaying the upstream's requests
-	// through siblings (see owesDial). Other requests dial only when none
+	// through siblings (see claimDial). Other requests dial only when none
 	// of the fleet's connections has room (but for those that prefer a
 	// connection of their own: a large body, an unreplayable request), so
 	// the fleet holds about as many as the load keeps busy at once (one
@@ -215,6 +218,7 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 		stop:    make(chan struct{}),
 		closed:  make(chan struct{}),
 	}
+	n.stopCtx, n.stopped = context.WithCancel(context.Background())
 	if n.sweep <= 0 {
 		n.sweep = time.Second
 	}
@@ -252,6 +256,16 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 	go n.sweeper()
 	go n.h2follower()
 	return n, nil
+}
+
+// dialContext is ctx for a dial of a connection for the table, ended when
+// the node closes too: a connection dialed after Close could not join the
+// table, and its request fails at once rather than when the dial gives up
+// (an upstream whose handshakes hang holds it until its deadline).
+func (n *Node) dialContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(n.stopCtx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // Pool is the pool the node was made for.
@@ -304,6 +318,7 @@ func (n *Node) Close() error {
 	}
 	n.isClosed = true
 	close(n.stop)
+	n.stopped()
 	n.closeMu.Unlock()
 	defer close(n.closed)
 	if n.srv != nil {
@@ -743,7 +758,9 @@ func (n *Node) finish(oc *owned, exec *orbitpool.Execution, o outcome) {
 			}
 			oc.idle.Store(sinceStart(now))
 			oc.state.Store(stIdle)
-			defer n.room.signal(roomWake{roomIdle, oc.key}) // once waiters have had it
+			// Once its key's waiters have had it: its key's oldest
+			// paused request reuses it, else the oldest may evict it.
+			defer n.room.signalKey(oc.key, 1, true)
 		}
 	case outcomeHijacked:
 		n.retire(oc)

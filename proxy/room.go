@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"container/list"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -87,9 +88,9 @@ type roomWait struct {
 	// it, unless the idle connection is of its key.
 	stuck bool
 	w     *roomWaiter
-	// fleet watches its key for room on a sibling's connection, once
-	// it paused (nil for a request that may not use one).
-	fleet *orbitpool.RoomWatch
+	// fleet watches its key for room on a sibling's connection (see
+	// fleetRoom), from the first time it found the table full.
+	fleet *fleetWatch
 }
 
 // asking records that w asks the pool now.
@@ -231,4 +232,91 @@ func (r *roomWaiters) wake(e *list.Element, wk roomWake) bool {
 	close(rw.wake)
 	r.take(rw)
 	return true
+}
+
+// fleetRoom watches, for the requests of this process paused for room, the
+// keys they wait on for room on a sibling's connection (orbitpool.RoomWatch),
+// one watch per key however many wait, and hands each unit that comes back
+// to the key's oldest paused request as a roomStream wake: a request that
+// cannot use it passes it on, so a unit wakes one request, not all.
+type fleetRoom struct {
+	mu   sync.Mutex
+	keys map[orbitpool.Key]*fleetWatch
+}
+
+type fleetWatch struct {
+	key  orbitpool.Key
+	refs int  // requests that watch through it
+	over bool // its watch ended early (see relay)
+	w    *orbitpool.RoomWatch
+	stop chan struct{}
+}
+
+// watch has key watched until the matching unwatch. It returns nil if the
+// key cannot be (the table has no entry for it).
+func (f *fleetRoom) watch(n *Node, key orbitpool.Key) *fleetWatch {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fw := f.keys[key]; fw != nil {
+		fw.refs++
+		return fw
+	}
+	w, err := n.pool.WatchRoom(key)
+	if err != nil {
+		return nil
+	}
+	if f.keys == nil {
+		f.keys = make(map[orbitpool.Key]*fleetWatch)
+	}
+	fw := &fleetWatch{key: key, refs: 1, w: w, stop: make(chan struct{})}
+	f.keys[key] = fw
+	go f.relay(n, fw)
+	return fw
+}
+
+// unwatch ends a watch that watch returned.
+func (f *fleetRoom) unwatch(fw *fleetWatch) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fw.refs--; fw.refs > 0 {
+		return
+	}
+	if f.keys[fw.key] == fw {
+		delete(f.keys, fw.key)
+	}
+	close(fw.stop)
+	fw.w.Close()
+}
+
+// ended reports whether fw's watch ended early: its requests watch again.
+func (f *fleetRoom) ended(fw *fleetWatch) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fw.over
+}
+
+// relay wakes key's paused requests, one per unit that came back, until the
+// watch ends. A watch that is over (the pool closed, or the key's entry went
+// to another key) wakes them all, for the next to find the table as it is
+// now and watch again.
+func (f *fleetRoom) relay(n *Node, fw *fleetWatch) {
+	for {
+		select {
+		case <-fw.w.Ready():
+		case <-fw.stop:
+			return
+		}
+		units := fw.w.Rearm() // before they ask again
+		if units == 0 {
+			f.mu.Lock()
+			fw.over = true
+			if f.keys[fw.key] == fw {
+				delete(f.keys, fw.key)
+			}
+			f.mu.Unlock()
+			n.room.signalKey(fw.key, math.MaxInt, false)
+			return
+		}
+		n.room.signalKey(fw.key, int(min(units, math.MaxInt32)), false)
+	}
 }

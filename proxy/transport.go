@@ -90,7 +90,7 @@ type Transport struct {
 	// (not replayable: a POST without an Idempotency-Key), which would fail
 	// where the stock transport's would not (unless RelayUnreplayable). So
 	// does, without MaxConnsPerKey, a request to an HTTP/1.1 upstream whose
-	// requests this process keeps relaying (see owesDial), except that a
+	// requests this process keeps relaying (see claimDial), except that a
 	// full table sends it through the sibling rather than make room. Under
 	// orbitpool.CreateBeforeRemote every request goes so. Under
 	// orbitpool.LocalOnly, MaxConnsPerKey is best left 0: a process whose
@@ -170,7 +170,7 @@ type upstreamEntry struct {
 	spokeH1 atomic.Bool
 	// relays counts this process's requests sent through a sibling's
 	// HTTP/1.1 connection since it last took one of its own, each within
-	// relayWindow of the one before (see owesDial): the count in its low
+	// relayWindow of the one before (see claimDial): the count in its low
 	// relayCountBits, and above them when the last was, in milliseconds
 	// since processStart. One word, so that concurrent relays neither
 	// lose counts nor reset each other's window.
@@ -185,7 +185,7 @@ const relayWindow = time.Second
 
 // Relays per dial: how many requests a process sends through a sibling's
 // connection, within relayWindow of each other, before its next one
-// dials a connection of its own instead (see owesDial). A relay costs the
+// dials a connection of its own instead (see claimDial). A relay costs the
 // fleet about 36µs of CPU more than the same exchange on a connection of
 // the process's own (BenchmarkThroughput, orbit-remote against
 // orbit-local), every time; a dial costs once, a TCP handshake, and over
@@ -224,17 +224,18 @@ func (e *upstreamEntry) relayedAt(now int64) {
 func (e *upstreamEntry) relayed() { e.relayedAt(sinceStart(time.Now())) }
 
 // tookOwn counts a connection of e's that this process took as its own
-// (dialed, or adopted from its spares), or a dial that the relays paid for,
-// tried: the relays are paid.
+// (dialed, or adopted from its spares): the relays are paid.
 func (e *upstreamEntry) tookOwn() {
 	if e.relays.Load() != 0 {
 		e.relays.Store(0)
 	}
 }
 
-// owesDial reports whether this process has relayed enough of e's requests,
+// claimDial reports whether this process has relayed enough of e's requests,
 // close enough together, that its next request that finds no idle connection
-// of its own should dial one rather than relay again: ski rental, which
+// of its own should dial one rather than relay again, and takes the relays
+// for the one request it reports true for: a burst of requests that find
+// them owed buys one dial with them, not one each. Ski rental, which
 // rents (relays) until the rent paid is about what buying (dialing) costs,
 // and so pays at most about twice what the better of the two would have,
 // whether the shortage lasts or not. Without it, a process with more clients
@@ -244,16 +245,38 @@ func (e *upstreamEntry) tookOwn() {
 // the relays cost a tenth of the workers' CPU in the first second. A capped
 // key keeps its connections where the balancer puts them, and an HTTP/2 one
 // carries every process's streams; neither dials for this.
-func (e *upstreamEntry) owesDial(capped bool) bool {
+func (e *upstreamEntry) claimDial(capped bool) bool {
 	if capped || e.speaksH2() {
 		return false
 	}
-	n := relaysPerDial
-	if e.u.Scheme == "https" {
-		n = relaysPerTLSDial
+	n := e.relaysPerDial()
+	w := e.relays.Load()
+	last, count := relayState(w)
+	return count >= uint64(n) && uint64(max(sinceStart(time.Now()), 0))/uint64(time.Millisecond) <= last+uint64(relayWindow/time.Millisecond) &&
+		e.relays.CompareAndSwap(w, 0)
+}
+
+// unclaimDial gives back the relays claimDial took, for a dial that was not
+// tried: the fleet had no creation budget for it, and its request went
+// through a sibling.
+func (e *upstreamEntry) unclaimDial() {
+	owed := uint64(e.relaysPerDial())
+	nowMs := uint64(max(sinceStart(time.Now()), 0) / int64(time.Millisecond))
+	for {
+		w := e.relays.Load()
+		last, count := relayState(w)
+		if count >= owed || e.relays.CompareAndSwap(w, max(nowMs, last)<<relayCountBits|owed) {
+			return
+		}
 	}
-	last, count := relayState(e.relays.Load())
-	return count >= uint64(n) && uint64(max(sinceStart(time.Now()), 0))/uint64(time.Millisecond) <= last+uint64(relayWindow/time.Millisecond)
+}
+
+// relaysPerDial is how many relays buy a dial to e.
+func (e *upstreamEntry) relaysPerDial() int {
+	if e.u.Scheme == "https" {
+		return relaysPerTLSDial
+	}
+	return relaysPerDial
 }
 
 // sawProto records what an https upstream offered h2 chose on a connection
@@ -732,7 +755,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 		switch {
 		case req.ContentLength >= largeBody || !t.RelayUnreplayable && !e.speaksH2() && !isReplayable(req):
 			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
-		case e.owesDial(t.MaxConnsPerKey > 0):
+		case e.claimDial(t.MaxConnsPerKey > 0):
 			fallback, policy = policy, orbitpool.CreateBeforeRemote{}
 			relaysPaid = true
 		}
@@ -762,7 +785,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			n.room.passOn(room.by)
 		}
 		if room.fleet != nil {
-			room.fleet.Close()
+			n.fleetRoom.unwatch(room.fleet)
 		}
 	}()
 	near := t.nearWindow()
@@ -849,12 +872,15 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// could dial.
 				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
 				room.stuck = !looked
-				if room.fleet == nil && t.mayRelay() {
+				if (room.fleet == nil || n.fleetRoom.ended(room.fleet)) && t.mayRelay() {
 					// A sibling's connection of the key that gets room
-					// wakes it too (see orbitpool.RoomWatch): watched
-					// from now, so it asks again at once for one that
-					// came before.
-					if room.fleet, _ = n.pool.WatchRoom(e.key); room.fleet != nil {
+					// wakes it too (see fleetRoom): watched from now,
+					// so it asks again at once for one that came
+					// before.
+					if room.fleet != nil {
+						n.fleetRoom.unwatch(room.fleet)
+					}
+					if room.fleet = n.fleetRoom.watch(n, e.key); room.fleet != nil {
 						continue
 					}
 				}
@@ -881,7 +907,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				plan.Execution.Complete()
 				// An HTTP/2 connection an eviction passed over for
 				// this request may be idle again.
-				n.room.signal(roomWake{roomIdle, e.key})
+				n.room.signalKey(e.key, 1, true)
 			}
 			if plan.Permit != nil {
 				n.dropPermit(plan.Permit) // wakes the next waiter
@@ -930,6 +956,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			return n.use(oc, plan.Execution, req, bufs, release, nil)
 
 		case orbitpool.PlanReuseRemote:
+			if relaysPaid {
+				// No budget for the dial: the next request tries it.
+				e.unclaimDial()
+				relaysPaid = false
+			}
 			if n.peers == nil {
 				return nil, &Error{Op: "lease", RetrySafe: true, Err: errors.New("remote plan on a pool without siblings")}
 			}
@@ -982,13 +1013,6 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 			} else {
 				kc.dialBegins()
 			}
-			if relaysPaid {
-				// The relays have bought this dial, whether it connects
-				// or not: else, after one that failed, every request
-				// would dial again (and wait, if the upstream's
-				// handshakes hang).
-				e.tookOwn()
-			}
 			if err := claimVerdict(ctx, near); err != nil {
 				kc.dialEnds()
 				n.dropPermit(plan.Permit)
@@ -1032,14 +1056,18 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 						n.dropPermit(plan.Permit)
 					}
 				}()
-				dctx := ctx
+				dctx, cancel := n.dialContext(ctx)
+				defer cancel()
 				if relaysPaid {
-					var cancel context.CancelFunc
-					dctx, cancel = paidDialContext(ctx)
+					dctx, cancel = paidDialContext(dctx)
 					defer cancel()
 				}
 				return t.dialer.dial(dctx, &e.u, func(a netip.AddrPort) { n.sawRemote(e.key, kc, a) })
 			}()
+			if err != nil && n.isStopped() {
+				n.dropPermit(plan.Permit)
+				return nil, &Error{Op: "dial", Err: ErrClosed}
+			}
 			if err != nil {
 				if n.dialRefused(e.key, kc, dialStart, err) {
 					n.holdRefusedUnit(e.key, kc, func() { n.dropPermit(plan.Permit) })
@@ -1080,7 +1108,7 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 }
 
 // paidDialContext bounds a dial that relays paid for (see
-// upstreamEntry.owesDial) to half the time the request has left, if it has
+// upstreamEntry.claimDial) to half the time the request has left, if it has
 // a deadline: the sibling whose connection it relayed through can still
 // serve it if the dial hangs (an upstream that accepts and never completes
 // a TLS handshake), as it could have served it at once.
@@ -1131,8 +1159,8 @@ func (t *Transport) mayGoUnpooled(e *upstreamEntry) bool {
 // again, for the nth time: 5ms, doubling up to 80ms, a tenth more at most
 // at random (t.fullPauseBase, if set, every time). It waits as pause does,
 // woken early, oldest first, when one of this process's connections may
-// have made room (see roomWaiters), or when a sibling's connection of its
-// key got room (w.fleet, if set).
+// have made room, or a sibling's connection of its key got room (see
+// roomWaiters).
 func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *roomWait) bool {
 	d := fullPauseBase << min(n, 4)
 	if t.fullPauseBase > 0 {
@@ -1153,12 +1181,7 @@ func (t *Transport) fullPause(ctx context.Context, n int, b *exchangeBudget, w *
 	if wake == nil {
 		return true // room may have come since it asked
 	}
-	var fleet <-chan struct{}
-	if w.fleet != nil {
-		fleet = w.fleet.Ready()
-		defer w.fleet.Rearm() // before it asks again
-	}
-	ok := t.pause(ctx, d+rand.N(d/10), b, wake, fleet, t.Node.stop)
+	ok := t.pause(ctx, d+rand.N(d/10), b, wake, t.Node.stop)
 	if ok {
 		select {
 		case <-wake:
@@ -1277,19 +1300,19 @@ func (t *Transport) awayBackoff(ctx context.Context, n int, b *exchangeBudget) b
 		return true
 	}
 	d := awayBackoffBase << min(n-1, 5)
-	return t.pause(ctx, d+rand.N(d/10), b, nil, nil, nil)
+	return t.pause(ctx, d+rand.N(d/10), b, nil, nil)
 }
 
 // pause waits d, holding none of b's workers, as a request waits for the
-// pool, or until wake or also (either if not nil) is closed. It reports
-// false, at once, if the wait would come within the near-window of the
-// request's deadline (what follows could not start), or when ctx ends or
-// stop (if not nil) is closed. A wait that may be woken is cut short to end before that
+// pool, or until wake (if not nil) is closed. It reports false, at once, if
+// the wait would come within the near-window of the request's deadline
+// (what follows could not start), or when ctx ends or stop (if not nil)
+// is closed. A wait that may be woken is cut short to end before that
 // window instead.
-func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake, also, stop <-chan struct{}) bool {
+func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudget, wake, stop <-chan struct{}) bool {
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl) - t.nearWindow()
-		if wake != nil || also != nil {
+		if wake != nil {
 			d = min(d, left)
 		}
 		if d <= 0 || left < d {
@@ -1303,8 +1326,6 @@ func (t *Transport) pause(ctx context.Context, d time.Duration, b *exchangeBudge
 	case <-tm.C:
 		return true
 	case <-wake:
-		return true
-	case <-also:
 		return true
 	case <-ctx.Done():
 		return false
