@@ -55,6 +55,7 @@ func mpRoleRoomWatcher(c *mpChildCtx) error {
 					if w != nil {
 						w.Close()
 					}
+					var err error
 					if w, err = p.WatchRoom(mpKeyRoom); err != nil {
 						c.fail("watch: %v", err)
 						return
