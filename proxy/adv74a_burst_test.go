@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -26,21 +24,14 @@ import (
 // and spent only when one reached its dial: requests that began in between
 // all dialed (claimDial takes it now).
 func TestAdv74aOneDebtOneDial(t *testing.T) {
-	var accepted atomic.Int32
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		if r.URL.Path == "/slow" {
 			time.Sleep(100 * time.Millisecond)
 		}
 		io.WriteString(w, "ok")
 	}))
-	up.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			accepted.Add(1)
-		}
-	}
-	up.Start()
-	t.Cleanup(up.Close)
+	accepted := func() int64 { _, _, n := counts(); return n }
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	owner := newMember(t, spec, nil)
@@ -73,10 +64,10 @@ func TestAdv74aOneDebtOneDial(t *testing.T) {
 	if st := client.node.Stats(); st.Created != 0 || st.ReusedRemote != relaysPerDial {
 		t.Fatalf("setup: client %+v", st)
 	}
-	before := accepted.Load()
+	before := accepted()
 	burst(client, 16)
 	st := client.node.Stats()
-	t.Logf("client after the burst: created %d, relay dials %d, relayed %d; upstream accepted %d new", st.Created, st.RelayDials, st.ReusedRemote-relaysPerDial, accepted.Load()-before)
+	t.Logf("client after the burst: created %d, relay dials %d, relayed %d; upstream accepted %d new", st.Created, st.RelayDials, st.ReusedRemote-relaysPerDial, accepted()-before)
 	if st.RelayDials > 1 || st.Created > 1 {
 		t.Errorf("one debt of %d relays bought %d dials (%d created) for a burst of 16 that the owner's 16 idle connections could serve", relaysPerDial, st.RelayDials, st.Created)
 	}

@@ -64,13 +64,7 @@ func TestAdv74aCloseMidRelayPost(t *testing.T) {
 				t.Fatalf("setup: the POST did not go through the owner: %+v", client.node.Stats())
 			}
 			start := time.Now()
-			if how == "close" {
-				client.node.Close()
-			} else {
-				ctx, cancel := contextWithTimeout(2 * time.Second)
-				client.node.Shutdown(ctx)
-				cancel()
-			}
+			client.leave(how)
 			var r res
 			select {
 			case r = <-done:

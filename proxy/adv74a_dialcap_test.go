@@ -2,10 +2,7 @@ package proxy
 
 import (
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,18 +21,11 @@ import (
 // pending besides the held permit; once the permit is given back, the
 // debt is still owed: the next request, still within relayWindow, dials.
 func TestAdv74aPaidDialRefusedByDialCap(t *testing.T) {
-	var accepted atomic.Int32
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up, counts := countingUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
 	}))
-	up.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			accepted.Add(1)
-		}
-	}
-	up.Start()
-	t.Cleanup(up.Close)
+	accepted := func() int64 { _, _, n := counts(); return n }
 	ms := newFleet(t, 3, func(tr *Transport) { tr.MaxDialingPerKey = 1 })
 	owner, client, holder := ms[0], ms[1], ms[2]
 	warm(t, owner, up.URL)
@@ -61,7 +51,7 @@ func TestAdv74aPaidDialRefusedByDialCap(t *testing.T) {
 	if _, count := relayState(ent.relays.Load()); count < relaysPerDial {
 		t.Fatalf("setup: the client does not owe a dial")
 	}
-	before := accepted.Load()
+	before := accepted()
 	for i := range 3 {
 		ctx, cancel := contextWithTimeout(time.Second)
 		req, _ := http.NewRequestWithContext(ctx, "GET", up.URL, nil)
@@ -77,7 +67,7 @@ func TestAdv74aPaidDialRefusedByDialCap(t *testing.T) {
 			t.Errorf("request %d took %v with the owner's connection idle", i, took.Round(time.Millisecond))
 		}
 	}
-	if n := accepted.Load() - before; n != 0 {
+	if n := accepted() - before; n != 0 {
 		t.Errorf("the upstream accepted %d connections while the key's one dial unit was held", n)
 	}
 	k := adv72bKeyStats(t, client, up.URL)

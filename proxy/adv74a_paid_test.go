@@ -131,13 +131,7 @@ func adv74aCloseMidPaidDial(t *testing.T, how string) {
 	waitFor(t, 3*time.Second, "the paid dial", func() bool { return u.accepted.Load() >= 2 })
 	time.Sleep(50 * time.Millisecond)
 	closed := time.Now()
-	if how == "close" {
-		client.node.Close()
-	} else {
-		ctx, cancel := contextWithTimeout(2 * time.Second)
-		client.node.Shutdown(ctx)
-		cancel()
-	}
+	client.leave(how)
 	var r res
 	select {
 	case r = <-done:

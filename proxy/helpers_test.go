@@ -163,6 +163,18 @@ func newMemberPoolOpts(t testing.TB, spec orbitpool.PoolSpec, popts orbitpool.Op
 	return &member{pool: p, node: nd, tr: tr}
 }
 
+// leave closes m's node: at once ("close"), or draining first for at most
+// 2s ("shutdown").
+func (m *member) leave(how string) {
+	if how == "close" {
+		m.node.Close()
+		return
+	}
+	ctx, cancel := contextWithTimeout(2 * time.Second)
+	defer cancel()
+	m.node.Shutdown(ctx)
+}
+
 // dieAsKilled ends m as a killed process ends: every stream to its server
 // closes unannounced, then its lane leaves the table.
 func (m *member) dieAsKilled() {
