@@ -95,3 +95,36 @@ func TestRelaysPayForADial(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedPaidDialsBackOff: an upstream whose established connection
+// serves and whose new ones hang in the TLS handshake. Each dial the relays
+// pay for fails, and doubles the relays the next must wait for: over 250
+// requests, each served through the sibling's connection, the process tries
+// 3 dials (after 32, 64 and 128 relays), not one per 32; a dial that
+// connects forgets the failures.
+func TestFailedPaidDialsBackOff(t *testing.T) {
+	u := newAdv74aStallUpstream(t)
+	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: u.roots} })
+	owner, client := ms[0], ms[1]
+	warm(t, owner, u.url)
+	for i := range 250 {
+		if _, _, err := roundTripWithin(client.tr, u.url, 200*time.Millisecond); err != nil {
+			t.Fatalf("request %d: %v; want it served through the sibling's connection", i, err)
+		}
+	}
+	if tries := u.accepted.Load() - 1; tries != 3 {
+		t.Fatalf("%d paid dials tried in 250 requests; want 3 (after 32, 64 and 128 relays)", tries)
+	}
+	req, _ := http.NewRequest("GET", u.url, nil)
+	e, err := client.tr.upstream(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.relaysOwed(); got != relaysPerTLSDial<<3 {
+		t.Fatalf("relays owed after 3 failed dials: %d, want %d", got, relaysPerTLSDial<<3)
+	}
+	e.tookOwn()
+	if got := e.relaysOwed(); got != relaysPerTLSDial {
+		t.Fatalf("relays owed after a connection of its own: %d, want %d", got, relaysPerTLSDial)
+	}
+}

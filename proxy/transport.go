@@ -175,6 +175,9 @@ type upstreamEntry struct {
 	// since processStart. One word, so that concurrent relays neither
 	// lose counts nor reset each other's window.
 	relays atomic.Uint64
+	// paidFails counts the dials relays paid for (see claimDial) that
+	// failed since this process last connected to e.
+	paidFails atomic.Uint32
 }
 
 // relayWindow is how close together relays must come to add up (see
@@ -224,10 +227,14 @@ func (e *upstreamEntry) relayedAt(now int64) {
 func (e *upstreamEntry) relayed() { e.relayedAt(sinceStart(time.Now())) }
 
 // tookOwn counts a connection of e's that this process took as its own
-// (dialed, or adopted from its spares): the relays are paid.
+// (dialed, or adopted from its spares): the relays are paid, and a failed
+// paid dial before it forgotten.
 func (e *upstreamEntry) tookOwn() {
 	if e.relays.Load() != 0 {
 		e.relays.Store(0)
+	}
+	if e.paidFails.Load() != 0 {
+		e.paidFails.Store(0)
 	}
 }
 
@@ -249,7 +256,7 @@ func (e *upstreamEntry) claimDial(capped bool) bool {
 	if capped || e.speaksH2() {
 		return false
 	}
-	n := e.relaysPerDial()
+	n := e.relaysOwed()
 	w := e.relays.Load()
 	last, count := relayState(w)
 	return count >= uint64(n) && uint64(max(sinceStart(time.Now()), 0))/uint64(time.Millisecond) <= last+uint64(relayWindow/time.Millisecond) &&
@@ -260,7 +267,7 @@ func (e *upstreamEntry) claimDial(capped bool) bool {
 // tried: the fleet had no creation budget for it, and its request went
 // through a sibling.
 func (e *upstreamEntry) unclaimDial() {
-	owed := uint64(e.relaysPerDial())
+	owed := uint64(e.relaysOwed())
 	nowMs := uint64(max(sinceStart(time.Now()), 0) / int64(time.Millisecond))
 	for {
 		w := e.relays.Load()
@@ -271,13 +278,23 @@ func (e *upstreamEntry) unclaimDial() {
 	}
 }
 
-// relaysPerDial is how many relays buy a dial to e.
-func (e *upstreamEntry) relaysPerDial() int {
+// relaysOwed is how many relays buy a dial to e: relaysPerDial (or
+// relaysPerTLSDial), doubled for each paid dial that failed since the last
+// connected, up to maxPaidBackoff times. An upstream whose new connections
+// fail (refused, or a handshake that hangs) while its established ones
+// serve costs the requests that try it ever fewer of them, and half their
+// time each for a hung handshake, rather than one in every few.
+func (e *upstreamEntry) relaysOwed() int {
+	n := relaysPerDial
 	if e.u.Scheme == "https" {
-		return relaysPerTLSDial
+		n = relaysPerTLSDial
 	}
-	return relaysPerDial
+	return n << min(e.paidFails.Load(), maxPaidBackoff)
 }
+
+// maxPaidBackoff bounds relaysOwed's doublings: 256 relays over plain
+// HTTP, 2048 over TLS.
+const maxPaidBackoff = 6
 
 // sawProto records what an https upstream offered h2 chose on a connection
 // this process dialed or used through a sibling: a process that only ever
@@ -1069,6 +1086,9 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				return nil, &Error{Op: "dial", Err: ErrClosed}
 			}
 			if err != nil {
+				if relaysPaid {
+					e.paidFails.Add(1)
+				}
 				if n.dialRefused(e.key, kc, dialStart, err) {
 					n.holdRefusedUnit(e.key, kc, func() { n.dropPermit(plan.Permit) })
 				} else {
