@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/orbitproxy/orbit/orbitpool"
+)
+
+// TestAdv74bPausedWatchAcrossKeyRecycle: b's table (one slot) is busy, so
+// its request to U pauses (a minute) with a fleet watch on U. No process has
+// a connection of U yet, so U's key entry is idle; with two key entries, a's
+// request to another upstream V takes U's entry (collected), and, once a's
+// connection of V is gone, a's request to U takes it back in a new life. a's
+// connection of U then goes idle: room on a sibling's connection of U. b's
+// paused request must be woken and served through it at once, not at the end
+// of its pause (its deadline).
+func TestAdv74bPausedWatchAcrossKeyRecycle(t *testing.T) { pausedWatch(t, true) }
+
+// TestAdv74bPausedWatchNoRecycle is the control: the same without V, so U's
+// entry stays; it shows the wake itself works.
+func TestAdv74bPausedWatchNoRecycle(t *testing.T) { pausedWatch(t, false) }
+
+func pausedWatch(t *testing.T, recycle bool) {
+	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 2, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
+	conf := func(tr *Transport) {
+		tr.MaxConnsPerKey = 8
+		tr.fullPauseBase = time.Minute
+	}
+	a, b := newMember(t, spec, conf), newMember(t, spec, conf)
+	release := make(chan struct{})
+	defer close(release)
+	holdStreams(t, b, closingStreamUpstream(t, release, false), 1) // b's one slot, busy (key X)
+
+	u := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	v := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+		return false
+	})
+
+	type result struct {
+		err  error
+		body string
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, body, err := roundTripWithin(b.tr, u+"/", 6*time.Second)
+		done <- result{err, body, time.Since(start)}
+	}()
+	waitFor(t, 5*time.Second, "b's request to pause for room", func() bool { return b.node.room.n.Load() == 1 })
+
+	// a's request to V: U's idle entry is collected for V.
+	if !recycle {
+		v = u
+	}
+	if _, body, err := roundTripWithin(a.tr, v+"/", 3*time.Second); err != nil || body != "ok" {
+		t.Fatalf("a's request to V: %q %v", body, err)
+	}
+	// V's connection closes (Connection: close) and leaves the table.
+	time.Sleep(300 * time.Millisecond)
+	// a's request to U: V's idle entry is collected for U; a's connection
+	// of U stays, idle.
+	if _, body, err := roundTripWithin(a.tr, u+"/", 3*time.Second); err != nil || body != "ok" {
+		t.Fatalf("a's request to U: %q %v", body, err)
+	}
+	idleAt := time.Now()
+	r := <-done
+	if r.err != nil || r.body != "ok" {
+		t.Fatalf("b's paused request to U: body %q err %v after %v (%v after a's connection of U went idle); "+
+			"want it woken and served through a's connection", r.body, r.err, r.took, time.Since(idleAt))
+	}
+	if d := time.Since(idleAt); d > 2*time.Second {
+		t.Fatalf("b's paused request served %v after a's connection of U went idle; want at once", d)
+	}
+}
