@@ -151,8 +151,9 @@
 // a third mask names the lanes watching, and an owner giving back a unit of
 // a watched key adds to the key's room count and rings the watching lanes,
 // whose dispatchers wake the watches the count has passed. A watch takes no
-// ticket; with no lane watching, giving a unit back costs one more load of
-// the line the other masks are on.
+// ticket, but holds its key's entry as a waiter does: a watched entry is not
+// collected for another key. With no lane watching, giving a unit back costs
+// one more load of the line the other masks are on.
 //
 // # Lanes
 //

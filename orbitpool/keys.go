@@ -182,10 +182,10 @@ func (p *Pool) reviveKey(k Key) (keyRef, bool) {
 	return ref, true
 }
 
-// freeKeyEntry finds a key record no key holds, one with no waiter's mask bit
-// if it can: a bit on a record that is not live is a waiter of its earlier
-// life that has not yet found out, and a new key there would hand it its
-// units. The structure lock is held.
+// freeKeyEntry finds a key record no key holds, one with no waiter's or
+// watch's mask bit if it can: a bit on a record that is not live is a waiter
+// of its earlier life that has not yet found out, and a new key there would
+// hand it its units. The structure lock is held.
 func (p *Pool) freeKeyEntry() (int, bool) {
 	s := p.seg
 	found := -1
@@ -193,7 +193,7 @@ func (p *Pool) freeKeyEntry() (int, bool) {
 		if kState(atomic.LoadUint64(s.u64(s.keyOff(idx)+kfCtl))) == keyLive {
 			continue
 		}
-		if !p.queued(idx) {
+		if !p.awaited(idx) {
 			return idx, true
 		}
 		if found < 0 {
@@ -238,16 +238,36 @@ func (p *Pool) staleIndexEntry(e uint64) bool {
 	return idxTag(s.keyHash(k)) != e&^0xffffffff
 }
 
-// clearStrayWaiters clears key entry k's waiter mask bits of lanes that no
-// process holds (neither its record nor the kernel's lock says so), which
-// only a corrupt segment has (a lane's own bits are cleared as it leaves or
-// is reclaimed), and reports whether none is left: a stray bit would keep
-// the entry from being collected forever. The structure lock is held, so
-// no lane joins meanwhile.
+// awaited reports whether any process has a waiter or a watch (see WatchRoom)
+// on key entry k: a watch's process waits for the key's room as a waiter
+// does, and an entry given to another key under it would never wake it.
+func (p *Pool) awaited(k int) bool {
+	if p.queued(k) {
+		return true
+	}
+	for i := range p.l.maskWords {
+		if atomic.LoadUint64(p.seg.u64(p.seg.watchOff(k, 64*i))) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// clearStrayWaiters clears key entry k's waiter and watch mask bits of lanes
+// that no process holds (neither its record nor the kernel's lock says so),
+// which only a corrupt segment has (a lane's own bits are cleared as it
+// leaves or is reclaimed), and reports whether none is left: a stray bit
+// would keep the entry from being collected forever. The structure lock is
+// held, so no lane joins meanwhile.
 func (p *Pool) clearStrayWaiters(k int) bool {
 	s := p.seg
-	for i := range p.l.maskWords {
-		w := s.u64(s.keyOff(k) + kfMasks + 8*i)
+	for j := range 2 * p.l.maskWords {
+		// The waiter mask's words, then the watch mask's.
+		i, kind, w := j, "waiter", s.u64(s.maskOff(k, 64*j))
+		if j >= p.l.maskWords {
+			i, kind = j-p.l.maskWords, "watch"
+			w = s.u64(s.watchOff(k, 64*i))
+		}
 		for m := atomic.LoadUint64(w); m != 0; m &= m - 1 {
 			l := i*64 + trailingZeros(m)
 			if l < p.l.nlanes {
@@ -261,33 +281,34 @@ func (p *Pool) clearStrayWaiters(k int) bool {
 			atomic.AndUint64(w, ^laneBit(l))
 			if f := p.opts.OnError; f != nil {
 				// Not under the structure lock, which f may want.
-				go f(fmt.Errorf("orbitpool: key entry %d had a waiter bit for lane %d, which no process holds; cleared: %w", k, l, ErrCorrupt))
+				go f(fmt.Errorf("orbitpool: key entry %d had a %s bit for lane %d, which no process holds; cleared: %w", k, kind, l, ErrCorrupt))
 			}
 		}
 	}
-	return !p.queued(k)
+	return !p.awaited(k)
 }
 
-// collectKeys turns entries with no resources, claims or waiters into
-// tombstones, so a long-lived fleet that has seen many upstreams can name new
-// ones. It runs only when the table is full. The structure lock is held.
+// collectKeys turns entries with no resources, claims, waiters or watches
+// into tombstones, so a long-lived fleet that has seen many upstreams can
+// name new ones. It runs only when the table is full. The structure lock is
+// held.
 func (p *Pool) collectKeys() int {
 	s, freed := p.seg, 0
 	for idx := range p.l.nkeys {
 		off := s.keyOff(idx)
 		c := atomic.LoadUint64(s.u64(off + kfCtl))
-		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.queued(idx) && !p.clearStrayWaiters(idx) {
+		if kState(c) != keyLive || kTotal(c) != 0 || kCreating(c) != 0 || p.awaited(idx) && !p.clearStrayWaiters(idx) {
 			continue
 		}
 		tomb := keyCtl(kGen(c), keyTomb)
 		if !atomic.CompareAndSwapUint64(s.u64(off+kfCtl), c, tomb) {
 			continue
 		}
-		// A waiter sets its mask bit and then reads the control word; so
-		// mark first and read the mask after: either the waiter sees the
-		// tombstone and looks the key up again, or this sees its bit and
-		// leaves the entry to it.
-		if p.queued(idx) {
+		// A waiter or a watch sets its mask bit and then reads the
+		// control word; so mark first and read the masks after: either
+		// the waiter sees the tombstone and looks the key up again, or
+		// this sees its bit and leaves the entry to it.
+		if p.awaited(idx) {
 			atomic.CompareAndSwapUint64(s.u64(off+kfCtl), tomb, c)
 			continue
 		}

@@ -709,7 +709,7 @@ func (p *Pool) unitBack(k int) (handed bool) {
 		atomic.OrUint64(room, bit)
 	}
 	if atomic.LoadUint64(p.seg.u64(off+16)) != 0 {
-		p.roomCame(k)
+		p.roomCame(p.lane, k)
 	}
 	return atomic.LoadUint64(p.seg.u64(off)) != 0 && p.grant(k, 1, p.lane)
 }
@@ -723,7 +723,7 @@ func (p *Pool) setRoom(l, k int) {
 	if atomic.LoadUint64(w)&laneBit(l) == 0 {
 		atomic.OrUint64(w, laneBit(l))
 	}
-	p.roomCame(k)
+	p.roomCame(l, k)
 }
 
 // dispatch is the one goroutine per process that sleeps on the lane's

@@ -124,7 +124,7 @@ func (w *RoomWatch) Rearm() (units uint64) {
 	if !w.done || t.closed {
 		return 0
 	}
-	if kw := t.keys[w.idx]; kw == nil || kw.gen != w.gen {
+	if kw := t.keys[w.idx]; kw == nil || kw.gen != w.gen || !w.live() {
 		return 0
 	}
 	seq := atomic.LoadUint64(w.p.seg.u64(w.p.seg.keyOff(w.idx) + kfRoomSeq))
@@ -159,6 +159,14 @@ func (w *RoomWatch) Close() {
 	}
 }
 
+// live reports whether the watch's key entry is still in the life it was
+// armed in. A watched entry is not collected (see Pool.awaited), so only a
+// corrupt segment ends its life under it.
+func (w *RoomWatch) live() bool {
+	c := atomic.LoadUint64(w.p.seg.u64(w.p.seg.keyOff(w.idx) + kfCtl))
+	return kState(c) == keyLive && kGen(c) == w.gen
+}
+
 func (w *RoomWatch) fire() {
 	if !w.done {
 		w.done = true
@@ -178,7 +186,7 @@ func (t *roomWatches) deliver(p *Pool) {
 	for k, kw := range t.keys {
 		seq := atomic.LoadUint64(s.u64(s.keyOff(k) + kfRoomSeq))
 		for _, w := range kw.ws {
-			if w.seen != seq {
+			if w.seen != seq || !w.live() {
 				w.fire()
 			}
 		}
@@ -199,15 +207,16 @@ func (t *roomWatches) closeAll() {
 }
 
 // roomCame tells the processes watching key entry k for room (see
-// WatchRoom) that a unit of it came back: its caller has made the unit
-// visible, and set the room bit of its lane.
-func (p *Pool) roomCame(k int) {
+// WatchRoom) that a unit of lane l's resource of it came back: its caller
+// has made the unit visible, and set l's room bit. Lane l's own process is
+// not told: its units are its own to tell.
+func (p *Pool) roomCame(l, k int) {
 	s := p.seg
 	watched := false
 	for i := range p.l.maskWords {
 		m := atomic.LoadUint64(s.u64(s.watchOff(k, 64*i)))
-		if i == p.lane>>6 {
-			m &^= laneBit(p.lane) // this process's own units are its own to tell
+		if i == l>>6 {
+			m &^= laneBit(l)
 		}
 		if watched = m != 0; watched {
 			break
@@ -219,8 +228,8 @@ func (p *Pool) roomCame(k int) {
 	atomic.AddUint64(s.u64(s.keyOff(k)+kfRoomSeq), 1)
 	for i := range p.l.maskWords {
 		for m := atomic.LoadUint64(s.u64(s.watchOff(k, 64*i))); m != 0; m &= m - 1 {
-			if l := i*64 + trailingZeros(m); l != p.lane && l < p.l.nlanes {
-				p.ring(l)
+			if w := i*64 + trailingZeros(m); w != l && w < p.l.nlanes {
+				p.ring(w)
 			}
 		}
 	}

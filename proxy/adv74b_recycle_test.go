@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -12,18 +13,19 @@ import (
 	"github.com/orbitproxy/orbit/orbitpool"
 )
 
-// TestAdv74bPausedWatchAcrossKeyRecycle: b's table (one slot) is busy, so
+// TestAdv74bPausedWatchHoldsItsKeyEntry: b's table (one slot) is busy, so
 // its request to U pauses (a minute) with a fleet watch on U. No process has
 // a connection of U yet, so U's key entry is idle; with two key entries, a's
-// request to another upstream V takes U's entry (collected), and, once a's
-// connection of V is gone, a's request to U takes it back in a new life. a's
-// connection of U then goes idle: room on a sibling's connection of U. b's
-// paused request must be woken and served through it at once, not at the end
-// of its pause (its deadline).
-func TestAdv74bPausedWatchAcrossKeyRecycle(t *testing.T) { pausedWatch(t, true) }
+// request to another upstream V finds none for V: U's is not collected while
+// b's request watches it (given to V, the watch would never be woken by U's
+// room again), and a's request fails by its deadline, retry-safe, with the
+// table's error. a's request to U then leaves a's connection of U idle: room
+// on a sibling's connection of U. b's paused request must be woken and
+// served through it at once, not at the end of its pause (its deadline).
+func TestAdv74bPausedWatchHoldsItsKeyEntry(t *testing.T) { pausedWatch(t, true) }
 
-// TestAdv74bPausedWatchNoRecycle is the control: the same without V, so U's
-// entry stays; it shows the wake itself works.
+// TestAdv74bPausedWatchNoRecycle is the control: the same without V; it
+// shows the wake itself works.
 func TestAdv74bPausedWatchNoRecycle(t *testing.T) { pausedWatch(t, false) }
 
 func pausedWatch(t *testing.T, recycle bool) {
@@ -59,17 +61,19 @@ func pausedWatch(t *testing.T, recycle bool) {
 	}()
 	waitFor(t, 5*time.Second, "b's request to pause for room", func() bool { return b.node.room.n.Load() == 1 })
 
-	// a's request to V: U's idle entry is collected for V.
-	if !recycle {
-		v = u
+	if recycle {
+		// a's request to V: U's idle entry is watched, so not V's.
+		start := time.Now()
+		_, _, err := roundTripWithin(a.tr, v+"/", time.Second)
+		var pe *Error
+		if !errors.Is(err, orbitpool.ErrFull) || !errors.As(err, &pe) || !pe.RetrySafe {
+			t.Fatalf("a's request to V with every key entry held: %v; want the table's error, retry-safe", err)
+		}
+		if d := time.Since(start); d > 1500*time.Millisecond {
+			t.Fatalf("a's request to V ended %v after it began; its deadline was 1s", d)
+		}
 	}
-	if _, body, err := roundTripWithin(a.tr, v+"/", 3*time.Second); err != nil || body != "ok" {
-		t.Fatalf("a's request to V: %q %v", body, err)
-	}
-	// V's connection closes (Connection: close) and leaves the table.
-	time.Sleep(300 * time.Millisecond)
-	// a's request to U: V's idle entry is collected for U; a's connection
-	// of U stays, idle.
+	// a's request to U: a's connection of U stays, idle.
 	if _, body, err := roundTripWithin(a.tr, u+"/", 3*time.Second); err != nil || body != "ok" {
 		t.Fatalf("a's request to U: %q %v", body, err)
 	}
