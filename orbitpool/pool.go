@@ -708,7 +708,7 @@ func (p *Pool) unitBack(k int) (handed bool) {
 	if atomic.LoadUint64(room)&bit == 0 {
 		atomic.OrUint64(room, bit)
 	}
-	if atomic.LoadUint64(p.seg.u64(off+16)) != 0 {
+	if atomic.LoadUint64(p.seg.u64(off+16)) != 0 { // the watch mask
 		p.roomCame(p.lane, k)
 	}
 	return atomic.LoadUint64(p.seg.u64(off)) != 0 && p.grant(k, 1, p.lane)

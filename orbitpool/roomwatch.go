@@ -71,9 +71,9 @@ func (t *roomWatches) add(p *Pool, ref keyRef) (*RoomWatch, error) {
 	}
 	kw := t.keys[ref.idx]
 	if kw != nil && kw.gen != ref.gen {
-		// The entry went to another key under the old key's watches:
-		// they can only be woken by the timer of their caller now, so
-		// wake them to look the key up again.
+		// The entry went to another key under the old key's watches,
+		// which only a corrupt segment does (see Pool.awaited): they
+		// would never be woken, so wake them to look the key up again.
 		for _, w := range kw.ws {
 			w.fire()
 		}
@@ -115,8 +115,8 @@ func (w *RoomWatch) Ready() <-chan struct{} {
 // Rearm arms the watch again after Ready was closed, and returns how many
 // units came back since it was last armed: the caller asks Acquire after
 // Rearm and waits on the new Ready. It does nothing to an armed watch, and
-// returns 0 for one that is over: its pool closed, or the key's entry went
-// to another key (whose room it would never see). Watch again then.
+// returns 0 for one that is over: its pool closed, or its key's entry ended
+// its life under it (a corrupt segment). Watch again then.
 func (w *RoomWatch) Rearm() (units uint64) {
 	t := &w.p.watches
 	t.mu.Lock()

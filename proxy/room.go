@@ -296,9 +296,9 @@ func (f *fleetRoom) ended(fw *fleetWatch) bool {
 }
 
 // relay wakes key's paused requests, one per unit that came back, until the
-// watch ends. A watch that is over (the pool closed, or the key's entry went
-// to another key) wakes them all, for the next to find the table as it is
-// now and watch again.
+// watch ends. A watch that is over (the pool closed, or a corrupt segment
+// ended its key entry's life) wakes them all, for the next to find the
+// table as it is now and watch again.
 func (f *fleetRoom) relay(n *Node, fw *fleetWatch) {
 	for {
 		select {
