@@ -191,32 +191,3 @@ func spin(n int) {
 		_ = rand.N(2)
 	}
 }
-
-// TestRoomWatchOfADeadProcess: a process that dies watching leaves its bit in
-// the key's watch mask; the survivor that reclaims its lane clears it, so
-// units given back after are not counted for nobody.
-func TestRoomWatchOfADeadProcess(t *testing.T) {
-	ps := openShared(t, small, 2)
-	a, b := ps[0], ps[1]
-	k := Key{4, 4}
-	if _, err := a.Register(k, 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.WatchRoom(k); err != nil {
-		t.Fatal(err)
-	}
-	ref, err := a.internKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, lane := a.seg, b.lane
-	simulateDeath(b)
-	waitFor(t, func() bool {
-		return atomic.LoadUint64(s.u64(s.watchOff(ref.idx, lane))) == 0
-	})
-	before := atomic.LoadUint64(s.u64(s.keyOff(ref.idx) + kfRoomSeq))
-	useLocalOnce(t, a, k).Complete()
-	if atomic.LoadUint64(s.u64(s.keyOff(ref.idx)+kfRoomSeq)) != before {
-		t.Fatal("a unit given back counted for a dead process's watch")
-	}
-}

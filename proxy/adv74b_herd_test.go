@@ -6,13 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv74bHerdServedInTurn: b's table (one slot) is busy, and six of its
@@ -23,15 +20,7 @@ import (
 // served within its deadline, well before its pause would end; and, once
 // served, no paused request and no fleet watch is left in b.
 func TestAdv74bHerdServedInTurn(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
-	conf := func(tr *Transport) {
-		tr.MaxConnsPerKey = 8
-		tr.fullPauseBase = time.Minute
-	}
-	a, b := newMember(t, spec, conf), newMember(t, spec, conf)
-	release := make(chan struct{})
-	defer close(release)
-	holdStreams(t, b, closingStreamUpstream(t, release, false), 1) // b's one slot, busy
+	a, b := fullTablePair(t, 4)
 
 	step := make(chan struct{})
 	var stepOnce sync.Once

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -29,15 +28,7 @@ func TestAdv74bPausedWatchHoldsItsKeyEntry(t *testing.T) { pausedWatch(t, true) 
 func TestAdv74bPausedWatchNoRecycle(t *testing.T) { pausedWatch(t, false) }
 
 func pausedWatch(t *testing.T, recycle bool) {
-	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 2, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
-	conf := func(tr *Transport) {
-		tr.MaxConnsPerKey = 8
-		tr.fullPauseBase = time.Minute
-	}
-	a, b := newMember(t, spec, conf), newMember(t, spec, conf)
-	release := make(chan struct{})
-	defer close(release)
-	holdStreams(t, b, closingStreamUpstream(t, release, false), 1) // b's one slot, busy (key X)
+	a, b := fullTablePair(t, 2)
 
 	u := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

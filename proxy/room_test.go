@@ -194,12 +194,7 @@ func TestFullPauseWokenByRoom(t *testing.T) {
 // not when its pause ends. Each pause is a minute here: without the wake the
 // request would be served only once its pause was cut short at its deadline.
 func TestFullPauseWokenBySiblingsRoom(t *testing.T) {
-	spec := orbitpool.PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
-	conf := func(tr *Transport) {
-		tr.MaxConnsPerKey = 8 // waits in the table, never outside it
-		tr.fullPauseBase = time.Minute
-	}
-	a, b := newMember(t, spec, conf), newMember(t, spec, conf)
+	a, b := fullTablePair(t, 4)
 	step := make(chan struct{}) // ends one stream of url's
 	defer close(step)
 	url := rawUpstream(t, func(c net.Conn, _ *bufio.Reader, req *http.Request) bool {
@@ -212,9 +207,6 @@ func TestFullPauseWokenBySiblingsRoom(t *testing.T) {
 		io.WriteString(c, "0\r\n\r\n")
 		return true
 	})
-	release := make(chan struct{})
-	defer close(release)
-	holdStreams(t, b, closingStreamUpstream(t, release, false), 1) // b's one slot, busy
 	for round := range 3 {
 		// a's connection of url, busy.
 		held := holdStreams(t, a, url, 1)[0]
@@ -240,6 +232,24 @@ func TestFullPauseWokenBySiblingsRoom(t *testing.T) {
 	if s := b.node.Stats(); s.Created != 1 || s.ReusedRemote < 3 {
 		t.Fatalf("b's stats %+v: want every request through a's connection", s)
 	}
+}
+
+// fullTablePair opens two members of a fleet with the given number of key
+// entries, one connection slot each, whose requests wait in the table for
+// room (never outside it) and pause a minute at a time: only a wake serves
+// them in time. b's one slot is held busy until the test ends.
+func fullTablePair(t *testing.T, keys int) (a, b *member) {
+	spec := orbitpool.PoolSpec{Lanes: 2, Keys: keys, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
+	conf := func(tr *Transport) {
+		tr.MaxConnsPerKey = 8
+		tr.fullPauseBase = time.Minute
+	}
+	a, b = newMember(t, spec, conf), newMember(t, spec, conf)
+	release := make(chan struct{})
+	u := closingStreamUpstream(t, release, false)
+	t.Cleanup(func() { close(release) }) // before the upstream's cleanup
+	holdStreams(t, b, u, 1)
+	return a, b
 }
 
 // closingStreamUpstream answers /stream with a chunked body that ends once
