@@ -45,18 +45,7 @@ type keyWatches struct {
 // when done: a watch left open costs every process giving back a unit of the
 // key a doorbell.
 func (p *Pool) WatchRoom(key Key) (*RoomWatch, error) {
-	for range maxKeyRetries {
-		ref, err := p.internKey(key)
-		if err != nil {
-			return nil, err
-		}
-		w, err := p.watches.add(p, ref)
-		if err == errKeyGone {
-			continue
-		}
-		return w, err
-	}
-	return nil, errKeyChurn(key)
+	return onKey(p, key, func(ref keyRef) (*RoomWatch, error) { return p.watches.add(p, ref) })
 }
 
 func (t *roomWatches) add(p *Pool, ref keyRef) (*RoomWatch, error) {

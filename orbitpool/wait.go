@@ -423,18 +423,25 @@ func (p *Pool) Watch(key Key) (*Readiness, error) {
 }
 
 func (p *Pool) register(key Key) (*waiter, error) {
+	return onKey(p, key, func(ref keyRef) (*waiter, error) { return p.waiters.register(p, ref) })
+}
+
+// onKey runs f on key's entry, naming the key if needed, and again on its
+// next entry while f finds the entry gone to another key (errKeyGone).
+func onKey[T any](p *Pool, key Key, f func(keyRef) (T, error)) (T, error) {
+	var zero T
 	for range maxKeyRetries {
 		ref, err := p.internKey(key)
 		if err != nil {
-			return nil, err
+			return zero, err
 		}
-		w, err := p.waiters.register(p, ref)
+		v, err := f(ref)
 		if err == errKeyGone {
 			continue
 		}
-		return w, err
+		return v, err
 	}
-	return nil, errKeyChurn(key)
+	return zero, errKeyChurn(key)
 }
 
 // Ready is closed when the caller should re-check.
