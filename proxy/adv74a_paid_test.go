@@ -217,17 +217,18 @@ func TestAdv74aPaidDialsFleetDialCap(t *testing.T) {
 }
 
 // TestAdv74aPaidDialShortDeadline: a request owing a dial with a short
-// deadline (150ms): the paid dial hangs in the handshake for half of it,
+// deadline (400ms): the paid dial hangs in the handshake for half of it,
 // and the owner's idle connection could serve it all along. Properties: it
 // ends by its deadline plus a grace, and it is served (a relay after the
-// paid dial's half-time still has 75ms on loopback).
+// paid dial's half-time still has 200ms on loopback, enough on a loaded
+// machine under -race).
 func TestAdv74aPaidDialShortDeadline(t *testing.T) {
 	u := newAdv74aStallUpstream(t)
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: u.roots} })
 	owner, client := ms[0], ms[1]
 	warm(t, owner, u.url)
 	adv74aOwe(t, client, u.url)
-	const d = 150 * time.Millisecond
+	const d = 400 * time.Millisecond
 	ctx, cancel := contextWithTimeout(d)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", u.url, nil)
