@@ -101,7 +101,7 @@ func mpRoleRoomWatcher(c *mpChildCtx) error {
 // TestMultiProcessRoomWatch: watcher processes wait on a key whose only
 // resource, the parent's, is busy for a millisecond and idle for an instant,
 // over and over. Every wait of theirs ends with a wake, never by outlasting
-// half a second while units come back that fast: no wake is lost across
+// a second while units come back that fast: no wake is lost across
 // processes. A watcher SIGKILLed with its watches armed leaves its bit in
 // the key's watch mask only until its lane is reclaimed; the units the
 // parent gives back after that are not counted for it.
@@ -110,9 +110,9 @@ func TestMultiProcessRoomWatch(t *testing.T) {
 	if _, err := p.Register(mpKeyRoom, 1); err != nil {
 		t.Fatal(err)
 	}
-	// The watchers' dispatchers wake by themselves only every second:
-	// within half a second, only a ring wakes a watch.
-	args := mpArgs{Spec: spec, Reconcile: time.Second, ResTimeout: 100 * time.Millisecond, Dur: 500 * time.Millisecond}
+	// The watchers' dispatchers wake by themselves only every 2s: within
+	// a second, only a ring wakes a watch.
+	args := mpArgs{Spec: spec, Reconcile: 2 * time.Second, ResTimeout: 100 * time.Millisecond, Dur: time.Second}
 	watcher := mpStart(t, "room-watcher", args)
 	victim := mpStart(t, "room-watcher", args)
 	watcher.expect("ready", 10*time.Second)
