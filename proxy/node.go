@@ -102,9 +102,10 @@ type Node struct {
 	// and is dialing: what a dial's admission sees as in flight.
 	open, dialing atomic.Int64
 
-	stop     chan struct{}
-	stopCtx  context.Context // ends with stop (see dialContext)
+	// stopCtx ends when Close begins (see dialContext); stop is its Done.
+	stopCtx  context.Context
 	stopped  context.CancelFunc
+	stop     <-chan struct{}
 	closed   chan struct{} // closed when Close has finished
 	wg       sync.WaitGroup
 	closeMu  sync.Mutex
@@ -215,10 +216,10 @@ func NewNode(pool *orbitpool.Pool, opts NodeOptions) (*Node, error) {
 
 		h2slots: make([]atomic.Pointer[h2conn], spec.ResourcesPerLane),
 		h2wake:  make(chan *h2conn, h2WakeQueue),
-		stop:    make(chan struct{}),
 		closed:  make(chan struct{}),
 	}
 	n.stopCtx, n.stopped = context.WithCancel(context.Background())
+	n.stop = n.stopCtx.Done()
 	if n.sweep <= 0 {
 		n.sweep = time.Second
 	}
@@ -317,7 +318,6 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.isClosed = true
-	close(n.stop)
 	n.stopped()
 	n.closeMu.Unlock()
 	defer close(n.closed)
