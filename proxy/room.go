@@ -252,32 +252,46 @@ type fleetWatch struct {
 	stop chan struct{}
 }
 
-// watch has key watched until the matching unwatch. It returns nil if the
-// key cannot be (the table has no entry for it).
-func (f *fleetRoom) watch(n *Node, key orbitpool.Key) *fleetWatch {
+// watch has key watched for a request until the matching unwatch, and
+// returns its watch: old, the one it had, unless that ended early (see
+// relay); else one this process's requests of key share, or nil if key
+// cannot be watched (the table has no entry for it). armed reports a watch
+// armed just now, which cannot have seen room that came before: its request
+// asks the pool again at once.
+func (f *fleetRoom) watch(n *Node, key orbitpool.Key, old *fleetWatch) (fw *fleetWatch, armed bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if fw := f.keys[key]; fw != nil {
+	if old != nil {
+		if !old.over {
+			return old, false
+		}
+		f.unwatchLocked(old)
+	}
+	if fw = f.keys[key]; fw != nil {
 		fw.refs++
-		return fw
+		return fw, false
 	}
 	w, err := n.pool.WatchRoom(key)
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	if f.keys == nil {
 		f.keys = make(map[orbitpool.Key]*fleetWatch)
 	}
-	fw := &fleetWatch{key: key, refs: 1, w: w, stop: make(chan struct{})}
+	fw = &fleetWatch{key: key, refs: 1, w: w, stop: make(chan struct{})}
 	f.keys[key] = fw
 	go f.relay(n, fw)
-	return fw
+	return fw, true
 }
 
 // unwatch ends a watch that watch returned.
 func (f *fleetRoom) unwatch(fw *fleetWatch) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.unwatchLocked(fw)
+}
+
+func (f *fleetRoom) unwatchLocked(fw *fleetWatch) {
 	if fw.refs--; fw.refs > 0 {
 		return
 	}
@@ -286,13 +300,6 @@ func (f *fleetRoom) unwatch(fw *fleetWatch) {
 	}
 	close(fw.stop)
 	fw.w.Close()
-}
-
-// ended reports whether fw's watch ended early: its requests watch again.
-func (f *fleetRoom) ended(fw *fleetWatch) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return fw.over
 }
 
 // relay wakes key's paused requests, one per unit that came back, until the

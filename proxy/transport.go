@@ -208,7 +208,7 @@ func relayState(w uint64) (lastMs, count uint64) {
 // relayedAt counts a request sent through a sibling's connection at now
 // (sinceStart).
 func (e *upstreamEntry) relayedAt(now int64) {
-	nowMs := uint64(max(now, 0) / int64(time.Millisecond))
+	nowMs := sinceStartMs(now)
 	for {
 		w := e.relays.Load()
 		last, n := relayState(w)
@@ -225,6 +225,9 @@ func (e *upstreamEntry) relayedAt(now int64) {
 }
 
 func (e *upstreamEntry) relayed() { e.relayedAt(sinceStart(time.Now())) }
+
+// sinceStartMs is now (sinceStart) in the milliseconds relays counts in.
+func sinceStartMs(now int64) uint64 { return uint64(max(now, 0) / int64(time.Millisecond)) }
 
 // tookOwn counts a connection of e's that this process took as its own
 // (dialed, or adopted from its spares): the relays are paid, and a failed
@@ -259,7 +262,7 @@ func (e *upstreamEntry) claimDial(capped bool) bool {
 	n := e.relaysOwed()
 	w := e.relays.Load()
 	last, count := relayState(w)
-	return count >= uint64(n) && uint64(max(sinceStart(time.Now()), 0))/uint64(time.Millisecond) <= last+uint64(relayWindow/time.Millisecond) &&
+	return count >= uint64(n) && sinceStartMs(sinceStart(time.Now())) <= last+uint64(relayWindow/time.Millisecond) &&
 		e.relays.CompareAndSwap(w, 0)
 }
 
@@ -268,7 +271,7 @@ func (e *upstreamEntry) claimDial(capped bool) bool {
 // through a sibling.
 func (e *upstreamEntry) unclaimDial() {
 	owed := uint64(e.relaysOwed())
-	nowMs := uint64(max(sinceStart(time.Now()), 0) / int64(time.Millisecond))
+	nowMs := sinceStartMs(sinceStart(time.Now()))
 	for {
 		w := e.relays.Load()
 		last, count := relayState(w)
@@ -889,15 +892,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				// could dial.
 				n.tableFull(err, "requests to a capped or HTTP/2 upstream wait for room or a connection of theirs")
 				room.stuck = !looked
-				if (room.fleet == nil || n.fleetRoom.ended(room.fleet)) && t.mayRelay() {
+				if t.mayRelay() {
 					// A sibling's connection of the key that gets room
-					// wakes it too (see fleetRoom): watched from now,
-					// so it asks again at once for one that came
-					// before.
-					if room.fleet != nil {
-						n.fleetRoom.unwatch(room.fleet)
-					}
-					if room.fleet = n.fleetRoom.watch(n, e.key); room.fleet != nil {
+					// wakes it too (see fleetRoom).
+					var armed bool
+					if room.fleet, armed = n.fleetRoom.watch(n, e.key, room.fleet); armed {
 						continue
 					}
 				}
@@ -1081,11 +1080,11 @@ func (t *Transport) once(req *http.Request, e *upstreamEntry, b *exchangeBudget,
 				}
 				return t.dialer.dial(dctx, &e.u, func(a netip.AddrPort) { n.sawRemote(e.key, kc, a) })
 			}()
-			if err != nil && n.isStopped() {
-				n.dropPermit(plan.Permit)
-				return nil, &Error{Op: "dial", Err: ErrClosed}
-			}
 			if err != nil {
+				if n.isStopped() {
+					n.dropPermit(plan.Permit)
+					return nil, &Error{Op: "dial", Err: ErrClosed}
+				}
 				if relaysPaid {
 					e.paidFails.Add(1)
 				}
