@@ -1,15 +1,9 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -24,7 +18,8 @@ import (
 // its deadline while that idle connection could serve it: the request is
 // served within its deadline (the default dial timeout is longer).
 func TestAdv73aOwedDialStallsWhileSiblingIdle(t *testing.T) {
-	url, roots, accepted := adv73aStallingTLSUpstream(t)
+	u := newStallingTLSUpstream(t)
+	url, roots, accepted := u.url, u.roots, &u.accepted
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: roots} })
 	owner, client := ms[0], ms[1]
 	warm(t, owner, url)
@@ -71,41 +66,6 @@ func TestAdv73aOwedDialStallsWhileSiblingIdle(t *testing.T) {
 	}
 }
 
-// adv73aStallingTLSUpstream is a TLS upstream whose first connection serves
-// 200 "ok" to every request and whose later connections never handshake.
-func adv73aStallingTLSUpstream(t *testing.T) (string, *x509.CertPool, *atomic.Int32) {
-	ts := httptest.NewUnstartedServer(nil)
-	ts.StartTLS()
-	cert := ts.TLS.Certificates
-	roots := x509.NewCertPool()
-	roots.AddCert(ts.Certificate())
-	ts.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var accepted atomic.Int32
-	serveConns(t, ln, func(c net.Conn, id int) {
-		accepted.Add(1)
-		if id > 1 {
-			// No handshake: hold the connection until the test ends.
-			io.Copy(io.Discard, c)
-			return
-		}
-		tc := tls.Server(c, &tls.Config{Certificates: cert})
-		br := bufio.NewReader(tc)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, req.Body)
-			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
-	return "https://" + ln.Addr().String() + "/", roots, &accepted
-}
-
 func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }
@@ -117,7 +77,8 @@ func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 // second one, deadline 1s, must not wait behind that dial while the
 // owner's connection is idle: it is served.
 func TestAdv73aOwedDialWaitsBehindStalledDial(t *testing.T) {
-	url, roots, accepted := adv73aStallingTLSUpstream(t)
+	u := newStallingTLSUpstream(t)
+	url, roots, accepted := u.url, u.roots, &u.accepted
 	ms := newFleet(t, 2, func(tr *Transport) {
 		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
 		tr.MaxDialingPerKey = 1

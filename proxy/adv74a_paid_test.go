@@ -1,13 +1,8 @@
 package proxy
 
 import (
-	"bufio"
 	"crypto/tls"
-	"crypto/x509"
-	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,57 +10,6 @@ import (
 	"testing"
 	"time"
 )
-
-// adv74aStallUpstream is a TLS upstream whose first connection serves 200
-// "ok" to every request and whose later connections never handshake; it
-// counts the stalled connections open at once (each one a dial in flight
-// somewhere in the fleet) and the most ever open together.
-type adv74aStallUpstream struct {
-	url      string
-	roots    *x509.CertPool
-	accepted atomic.Int32
-	cur, max atomic.Int32
-}
-
-func newAdv74aStallUpstream(t *testing.T) *adv74aStallUpstream {
-	ts := httptest.NewUnstartedServer(nil)
-	ts.StartTLS()
-	cert := ts.TLS.Certificates
-	u := &adv74aStallUpstream{roots: x509.NewCertPool()}
-	u.roots.AddCert(ts.Certificate())
-	ts.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveConns(t, ln, func(c net.Conn, id int) {
-		u.accepted.Add(1)
-		if id > 1 {
-			n := u.cur.Add(1)
-			for {
-				m := u.max.Load()
-				if n <= m || u.max.CompareAndSwap(m, n) {
-					break
-				}
-			}
-			io.Copy(io.Discard, c)
-			u.cur.Add(-1)
-			return
-		}
-		tc := tls.Server(c, &tls.Config{Certificates: cert})
-		br := bufio.NewReader(tc)
-		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, req.Body)
-			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
-	u.url = "https://" + ln.Addr().String() + "/"
-	return u
-}
 
 // adv74aOwe makes m owe a dial of u's key: relaysPerTLSDial relays through
 // the owner's connection.
@@ -108,7 +52,7 @@ func TestAdv74aCloseMidPaidDial(t *testing.T) {
 }
 
 func adv74aCloseMidPaidDial(t *testing.T, how string) {
-	u := newAdv74aStallUpstream(t)
+	u := newStallingTLSUpstream(t)
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: u.roots} })
 	owner, client := ms[0], ms[1]
 	warm(t, owner, u.url)
@@ -164,7 +108,7 @@ func adv74aCloseMidPaidDial(t *testing.T, how string) {
 // waiting, pending or in use, and every process's counts match what it
 // holds.
 func TestAdv74aPaidDialsFleetDialCap(t *testing.T) {
-	u := newAdv74aStallUpstream(t)
+	u := newStallingTLSUpstream(t)
 	ms := newFleet(t, 3, func(tr *Transport) {
 		tr.TLSClientConfig = &tls.Config{RootCAs: u.roots}
 		tr.MaxDialingPerKey = 1
@@ -223,7 +167,7 @@ func TestAdv74aPaidDialsFleetDialCap(t *testing.T) {
 // paid dial's half-time still has 200ms on loopback, enough on a loaded
 // machine under -race).
 func TestAdv74aPaidDialShortDeadline(t *testing.T) {
-	u := newAdv74aStallUpstream(t)
+	u := newStallingTLSUpstream(t)
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: u.roots} })
 	owner, client := ms[0], ms[1]
 	warm(t, owner, u.url)
@@ -256,7 +200,7 @@ func TestAdv74aPaidDialShortDeadline(t *testing.T) {
 // counts settle: nothing dialing, creating, waiting or in use, n.open what
 // it holds, no stalled handshake left open.
 func TestAdv74aOwnerDiesMidPaidDial(t *testing.T) {
-	u := newAdv74aStallUpstream(t)
+	u := newStallingTLSUpstream(t)
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: u.roots} })
 	owner, client := ms[0], ms[1]
 	warm(t, owner, u.url)

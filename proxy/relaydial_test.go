@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -103,7 +105,7 @@ func TestRelaysPayForADial(t *testing.T) {
 // 3 dials (after 32, 64 and 128 relays), not one per 32; a dial that
 // connects forgets the failures.
 func TestFailedPaidDialsBackOff(t *testing.T) {
-	u := newAdv74aStallUpstream(t)
+	u := newStallingTLSUpstream(t)
 	ms := newFleet(t, 2, func(tr *Transport) { tr.TLSClientConfig = &tls.Config{RootCAs: u.roots} })
 	owner, client := ms[0], ms[1]
 	warm(t, owner, u.url)
@@ -127,4 +129,55 @@ func TestFailedPaidDialsBackOff(t *testing.T) {
 	if got := e.relaysOwed(); got != relaysPerTLSDial {
 		t.Fatalf("relays owed after a connection of its own: %d, want %d", got, relaysPerTLSDial)
 	}
+}
+
+// stallingTLSUpstream is a TLS upstream whose first connection serves 200
+// "ok" to every request and whose later connections never handshake; it
+// counts the stalled connections open at once (each one a dial in flight
+// somewhere in the fleet) and the most ever open together.
+type stallingTLSUpstream struct {
+	url      string
+	roots    *x509.CertPool
+	accepted atomic.Int32
+	cur, max atomic.Int32
+}
+
+func newStallingTLSUpstream(t *testing.T) *stallingTLSUpstream {
+	ts := httptest.NewUnstartedServer(nil)
+	ts.StartTLS()
+	cert := ts.TLS.Certificates
+	u := &stallingTLSUpstream{roots: x509.NewCertPool()}
+	u.roots.AddCert(ts.Certificate())
+	ts.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveConns(t, ln, func(c net.Conn, id int) {
+		u.accepted.Add(1)
+		if id > 1 {
+			n := u.cur.Add(1)
+			for {
+				m := u.max.Load()
+				if n <= m || u.max.CompareAndSwap(m, n) {
+					break
+				}
+			}
+			io.Copy(io.Discard, c)
+			u.cur.Add(-1)
+			return
+		}
+		tc := tls.Server(c, &tls.Config{Certificates: cert})
+		br := bufio.NewReader(tc)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	u.url = "https://" + ln.Addr().String() + "/"
+	return u
 }
