@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -160,7 +161,7 @@ func (s *server) serve() error {
 			continue
 		}
 		if !s.track(c, true) {
-			lastWord(c, leavingFrame, time.Now().Add(leavingWriteWait))
+			lastWord(c, leavingFrame)
 			c.Close()
 			return ErrClosed
 		}
@@ -199,10 +200,6 @@ func (s *server) track(c net.Conn, add bool) bool {
 	return true
 }
 
-// leavingWriteWait bounds the writes of the refusal a server leaves on its
-// streams with no exchange as it closes (see close), all of them together.
-const leavingWriteWait = 10 * time.Millisecond
-
 // leavingFrame is that refusal.
 var leavingFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectClosing, msg: errOwnerLeaving.Error()})
 
@@ -215,11 +212,25 @@ const idleCapGrace = 100 * time.Millisecond
 var idleCapFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code: rejectOverload,
 	msg: "owner busy: too many idle streams from one peer"})
 
-// lastWord writes frame to c, the last thing c carries before it closes,
-// waiting no later than deadline for a peer that does not read.
-func lastWord(c net.Conn, frame []byte, deadline time.Time) {
-	c.SetWriteDeadline(deadline)
-	c.Write(frame)
+// lastWord writes frame to c, the last thing c carries before it closes, if
+// the socket takes it at once. It waits for nothing: not for room in a
+// stream whose peer reads nothing, not for a write blocked there (the fd is
+// written directly, without the Conn's write lock), and not on a clock,
+// which a close slowed by a loaded machine would run out for every stream
+// after the first. A frame this small goes whole into a unix stream or not
+// at all, so it cannot land inside another writer's frame either.
+func lastWord(c net.Conn, frame []byte) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		unix.Write(int(fd), frame)
+	})
 }
 
 // refuseQueued accepts the streams queued on the socket, without blocking,
@@ -261,10 +272,9 @@ func (s *server) close() error {
 	// none) just closes: the request may have reached the upstream.
 	s.refuseQueued()
 	err := s.ln.Close()
-	by := time.Now().Add(leavingWriteWait) // for all of them: the lock is held
 	for c, busy := range s.conns {
 		if !busy {
-			lastWord(c, leavingFrame, by)
+			lastWord(c, leavingFrame)
 		}
 		c.Close()
 	}
@@ -336,7 +346,7 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 				// owner's streams (see close), rather than be lost with
 				// the stream, which would leave the peer unable to tell
 				// whether it was acted on.
-				lastWord(nc, idleCapFrame, time.Now().Add(leavingWriteWait))
+				lastWord(nc, idleCapFrame)
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
 				// The peer left, we are closing, or the stream sat idle.
 			default:
@@ -404,11 +414,6 @@ func (s *server) reject(nc net.Conn, lr *limitReader, br *bufio.Reader, bw *bufi
 	return body != nil && err == nil
 }
 
-// refuseHeadWait bounds the write of refuseHead's error frame: a peer that
-// does not read it costs the owner no more than that before the stream
-// closes.
-const refuseHeadWait = 10 * time.Millisecond
-
 // refuseHead tells the peer, in an error frame, why its request head was
 // refused (over the header limit, or not a request), before the stream
 // closes under the rest of it. Without it a sibling whose write fails as the
@@ -422,7 +427,7 @@ const refuseHeadWait = 10 * time.Millisecond
 // headRefused) tells a sibling whose write went through that the stream
 // ends here, unlike other refusals.
 func refuseHead(nc net.Conn, err error) {
-	lastWord(nc, appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}), time.Now().Add(refuseHeadWait))
+	lastWord(nc, appendResponseFrame(nil, responseFrame{typ: frameError, code: errCode(err), msg: err.Error()}))
 }
 
 // readBodyWithHead reads the short body that a frame without
