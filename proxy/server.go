@@ -270,6 +270,15 @@ func (s *server) close() error {
 	// closing it would reset. A peer drops a stream once refused as
 	// closing. A stream carrying an exchange (a drain that timed out, or
 	// none) just closes: the request may have reached the upstream.
+	//
+	// The socket's name goes first: a sibling's dial that queued after
+	// refuseQueued had looked would be reset by the close, before any
+	// refusal, and its request lost. Unnamed, the socket takes no new
+	// dial (those fail, as to an owner gone, and go elsewhere).
+	s.ln.SetUnlinkOnClose(false)
+	if err := os.Remove(s.ln.Addr().String()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("socket not removed", zap.Error(err))
+	}
 	s.refuseQueued()
 	err := s.ln.Close()
 	for c, busy := range s.conns {
