@@ -61,11 +61,20 @@ func (p *peers) get(ctx context.Context, lane int, owner orbitpool.Incarnation) 
 		c := list[len(list)-1]
 		p.idle[lane] = list[:len(list)-1]
 		p.mu.Unlock()
-		// No liveness probe: a write to a unix stream whose owner has gone
-		// fails at once with EPIPE, before any byte is taken, and that is
-		// retry-safe; a probe would only cost a syscall per request.
+		// Whatever came on the stream while it sat idle would be read as
+		// the next exchange's answer: it is looked for (one non-blocking
+		// peek), as before reusing an upstream connection. Usually it is
+		// the refusal an owner leaves as it closes, and the stream goes
+		// before the request is sent rather than after.
 		if c.peerOwner == owner && time.Since(c.idleAt) < peerIdleTimeout && !c.closed.Load() {
-			return c, nil
+			sample, err := c.idleCheck()
+			if err == nil {
+				return c, nil
+			}
+			if errors.Is(err, errUnsolicited) && !isRefusalFrame(sample) && p.log != nil {
+				p.log.Warn("closing stream to sibling: it sent bytes nobody asked for",
+					zap.Int("lane", lane), zap.ByteString("starting_with", sample))
+			}
 		}
 		c.close()
 		p.mu.Lock()
@@ -78,6 +87,12 @@ func (p *peers) get(ctx context.Context, lane int, owner orbitpool.Incarnation) 
 	c := newConn(uc, uc)
 	c.peerOwner = owner
 	return c, nil
+}
+
+// isRefusalFrame reports whether b begins with a refusal frame, what an owner
+// leaves on a stream it closes (see server.close).
+func isRefusalFrame(b []byte) bool {
+	return len(b) >= 4 && b[0] == frameMagic0 && b[1] == frameMagic1 && b[2] == frameVersion && frameType(b[3]) == frameReject
 }
 
 func (p *peers) put(lane int, c *conn, o outcome) {
