@@ -49,6 +49,7 @@ func TestAdv75aOwnerLateExtraResponseNotReadAsNext(t *testing.T) {
 		conns []interface{ Close() error }
 	)
 	strayOut := make(chan struct{})
+	var strayOnce sync.Once // the first exchange only
 	t.Cleanup(func() {
 		ln.Close()
 		mu.Lock()
@@ -75,7 +76,7 @@ func TestAdv75aOwnerLateExtraResponseNotReadAsNext(t *testing.T) {
 				defer c.Close()
 				c.SetDeadline(time.Now().Add(10 * time.Second))
 				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
+				for {
 					f, err := readFrame(br, reqHeaderLen, decodeRequestFrame)
 					if err != nil {
 						return
@@ -98,14 +99,14 @@ func TestAdv75aOwnerLateExtraResponseNotReadAsNext(t *testing.T) {
 					out = append(out, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"...)
 					c.Write(out)
 					exec.Complete()
-					if n == 0 {
+					strayOnce.Do(func() {
 						time.Sleep(50 * time.Millisecond)
 						out = appendResponseFrame(nil, responseFrame{typ: frameAccept})
 						out = appendHead(out, 0)
 						out = append(out, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!"...)
 						c.Write(out)
 						close(strayOut)
-					}
+					})
 				}
 			}()
 		}
