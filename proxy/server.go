@@ -289,6 +289,7 @@ func (s *server) close() error {
 	}
 	s.mu.Unlock()
 	s.endLife()
+	s.watcher.cancelAll()
 	s.wg.Wait()
 	return err
 }

@@ -4,7 +4,10 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // watchDelay is how long an exchange runs before the owner starts watching
@@ -12,6 +15,10 @@ import (
 // watch (a goroutine and two deadline changes); a stalled or streaming one
 // is cancelled within about twice this much of its peer leaving.
 const watchDelay = 2 * time.Millisecond
+
+// hangUpEvery is how many of the watcher's ticks pass between its looks at
+// whether the peer of an exchange in its body phase has hung up.
+const hangUpEvery = 10
 
 // watchIdleExit is how long the watcher goroutine lingers with nothing to
 // watch before it exits.
@@ -61,6 +68,26 @@ func (w *watch) hasExpired() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.expired
+}
+
+// inBody reports whether the exchange reads the peer's body, when the
+// background read cannot run (it would take the body's bytes).
+func (w *watch) inBody() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fired && !w.quiet && !w.stopped
+}
+
+// hungUp cancels the exchange if its peer has closed the stream while it
+// sends the body. The writer that reads the body sees that only when it
+// reads again, which a writer blocked on an upstream that reads none of it
+// never does: the exchange would hold the upstream connection until its
+// deadline, or for good without one, where a local request's cancel closes
+// it at once.
+func (w *watch) hungUp() {
+	if w.nc != nil && w.inBody() && peerHungUp(w.nc) {
+		w.cancel()
+	}
 }
 
 func (w *watch) fire()      { w.set(&w.fired) }
@@ -128,11 +155,27 @@ func (l *watcher) remove(w *watch) {
 	w.stop()
 }
 
+// cancelAll ends every exchange under watch: the server is closing, and
+// closing their streams does not end one whose writer is blocked upstream.
+func (l *watcher) cancelAll() {
+	l.mu.Lock()
+	live := make([]*watch, 0, len(l.live))
+	for w := range l.live {
+		live = append(live, w)
+	}
+	l.mu.Unlock()
+	for _, w := range live {
+		w.cancel()
+	}
+}
+
 func (l *watcher) loop() {
 	t := time.NewTicker(watchDelay)
 	defer t.Stop()
 	var idle time.Time
+	tick := 0
 	for now := range t.C {
+		tick++
 		l.mu.Lock()
 		if len(l.live) == 0 {
 			if idle.IsZero() {
@@ -155,8 +198,11 @@ func (l *watcher) loop() {
 		l.mu.Unlock()
 		for _, w := range due {
 			w.fire()
-			if !w.deadline.IsZero() && now.After(w.deadline) {
+			switch {
+			case !w.deadline.IsZero() && now.After(w.deadline):
 				w.expire()
+			case tick%hangUpEvery == 0:
+				w.hungUp()
 			}
 		}
 	}
@@ -237,4 +283,25 @@ func (b *bodyDone) Close() error {
 	b.ended()
 	b.mu.Unlock()
 	return nil
+}
+
+// peerHungUp reports, without reading it, whether the peer has closed stream
+// nc: one non-blocking poll. A peer that only half-closed it (a tunnel's
+// end, after a 101) has not.
+func peerHungUp(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	hup := false
+	rc.Control(func(fd uintptr) {
+		fds := [1]unix.PollFd{{Fd: int32(fd)}} // POLLHUP and POLLERR come unasked
+		n, err := unix.Poll(fds[:], 0)
+		hup = err == nil && n > 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+	})
+	return hup
 }
