@@ -75,6 +75,7 @@ func (u *adv75bUpstream) dupPosts() []string {
 // upstream had seen the request.
 type adv75bLoad struct {
 	u       *adv75bUpstream
+	url     string
 	prefix  string
 	seq     atomic.Int64
 	sent    atomic.Int64
@@ -94,7 +95,13 @@ type adv75bFail struct {
 }
 
 func startAdv75bLoad(t testing.TB, u *adv75bUpstream, prefix string, timeout time.Duration, workers map[*member]int) *adv75bLoad {
-	l := &adv75bLoad{u: u, prefix: prefix, stopCh: make(chan struct{}), timeout: timeout}
+	return startAdv75bLoadURL(t, u, u.srv.URL, prefix, timeout, workers)
+}
+
+// startAdv75bLoadURL is startAdv75bLoad against url (u's handler behind
+// another server).
+func startAdv75bLoadURL(t testing.TB, u *adv75bUpstream, url, prefix string, timeout time.Duration, workers map[*member]int) *adv75bLoad {
+	l := &adv75bLoad{u: u, url: url, prefix: prefix, stopCh: make(chan struct{}), timeout: timeout}
 	for m, n := range workers {
 		for w := range n {
 			l.wg.Add(1)
@@ -122,7 +129,7 @@ func (l *adv75bLoad) worker(m *member, w int) {
 			rb = strings.NewReader(body)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-		req, _ := http.NewRequestWithContext(ctx, method, l.u.srv.URL+"/?q="+q, rb)
+		req, _ := http.NewRequestWithContext(ctx, method, l.url+"/?q="+q, rb)
 		if method == "POST" && i%4 == 0 {
 			// No GetBody: not replayable by net/http either.
 			req.GetBody = nil
