@@ -24,14 +24,31 @@ func TestAdv75bChurnMatrix(t *testing.T) {
 		for _, cap := range []int{1, 3} {
 			for _, drain := range []string{"spare", "short"} {
 				t.Run(fmt.Sprintf("%s/cap%d/%s", proto, cap, drain), func(t *testing.T) {
-					adv75bChurn(t, proto, cap, drain == "short")
+					adv75bChurn(t, proto, cap, drain == "short", testSpec.Lanes)
 				})
 			}
 		}
 	}
 }
 
-func adv75bChurn(t *testing.T, proto string, cap int, short bool) {
+// TestAdv75bChurnLaneReuse is the churn with a segment of five lanes: an
+// observer, two
+// stable members, and each joiner takes the lane the member before the
+// last left, so every lane (and socket path) is reused at once, with
+// siblings' idle streams and leases for its previous holder still about.
+func TestAdv75bChurnLaneReuse(t *testing.T) {
+	for _, proto := range []string{"h1", "h2c"} {
+		for _, cap := range []int{1, 3} {
+			for _, drain := range []string{"spare", "short"} {
+				t.Run(fmt.Sprintf("%s/cap%d/%s", proto, cap, drain), func(t *testing.T) {
+					adv75bChurn(t, proto, cap, drain == "short", 5)
+				})
+			}
+		}
+	}
+}
+
+func adv75bChurn(t *testing.T, proto string, cap int, short bool, lanes int) {
 	u := newAdv75bUpstream(t, nil)
 	url := u.srv.URL
 	if short {
@@ -44,6 +61,7 @@ func adv75bChurn(t *testing.T, proto string, cap int, short bool) {
 		url = h.url
 	}
 	spec := testSpec
+	spec.Lanes = lanes
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
 	if err != nil {
