@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"testing"
 	"time"
@@ -21,6 +24,20 @@ import (
 // deadline, and a quiet table after all close.
 func TestAdv75bChurnMatrix(t *testing.T) {
 	for _, proto := range []string{"h1", "h2c"} {
+		for _, cap := range []int{1, 3} {
+			for _, drain := range []string{"spare", "short"} {
+				t.Run(fmt.Sprintf("%s/cap%d/%s", proto, cap, drain), func(t *testing.T) {
+					adv75bChurn(t, proto, cap, drain == "short", testSpec.Lanes)
+				})
+			}
+		}
+	}
+}
+
+// TestAdv75bChurnTLS is the churn matrix over TLS: HTTP/2 by ALPN, and
+// HTTP/1.1.
+func TestAdv75bChurnTLS(t *testing.T) {
+	for _, proto := range []string{"h2tls", "h1tls"} {
 		for _, cap := range []int{1, 3} {
 			for _, drain := range []string{"spare", "short"} {
 				t.Run(fmt.Sprintf("%s/cap%d/%s", proto, cap, drain), func(t *testing.T) {
@@ -56,9 +73,19 @@ func adv75bChurn(t *testing.T, proto string, cap int, short bool, lanes int) {
 	} else {
 		u.delay = func() time.Duration { return 2 * time.Millisecond }
 	}
-	if proto == "h2c" {
+	var roots *x509.CertPool
+	switch proto {
+	case "h2c":
 		h := newH2CServer(t, u.srv.Config.Handler.ServeHTTP)
 		url = h.url
+	case "h2tls", "h1tls":
+		ts := httptest.NewUnstartedServer(u.srv.Config.Handler)
+		ts.EnableHTTP2 = proto == "h2tls"
+		ts.StartTLS()
+		t.Cleanup(ts.Close)
+		url = ts.URL
+		roots = x509.NewCertPool()
+		roots.AddCert(ts.Certificate())
 	}
 	spec := testSpec
 	spec.Lanes = lanes
@@ -71,6 +98,10 @@ func adv75bChurn(t *testing.T, proto string, cap int, short bool, lanes int) {
 	conf := func(tr *Transport) {
 		tr.MaxConnsPerKey = cap
 		tr.H2C = proto == "h2c"
+		if roots != nil {
+			tr.HTTP2 = proto == "h2tls"
+			tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+		}
 	}
 	join := func() *member {
 		m := newMember(t, spec, conf)

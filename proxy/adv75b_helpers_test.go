@@ -21,17 +21,42 @@ type adv75bUpstream struct {
 	mu    sync.Mutex
 	seen  map[string]int // q -> times the handler ran
 	posts map[string]int // POST q -> times its body was read whole
+	// postHeads counts, by q, the POST heads the handler saw: a POST's
+	// head at the upstream twice is a POST sent twice, whole body or not.
+	postHeads map[string]int
 	delay func() time.Duration
+	// slowRead, if set, is a pause after each 32 KiB of a request body.
+	slowRead time.Duration
 }
 
 func newAdv75bUpstream(t testing.TB, conf func(*httptest.Server)) *adv75bUpstream {
-	u := &adv75bUpstream{seen: map[string]int{}, posts: map[string]int{}}
+	u := &adv75bUpstream{seen: map[string]int{}, posts: map[string]int{}, postHeads: map[string]int{}}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query().Get("q")
 		u.mu.Lock()
 		u.seen[q]++
+		if r.Method == "POST" {
+			u.postHeads[q]++
+		}
 		u.mu.Unlock()
-		b, err := io.ReadAll(r.Body)
+		var b []byte
+		var err error
+		if u.slowRead > 0 {
+			buf := make([]byte, 32<<10)
+			for {
+				k, rerr := r.Body.Read(buf)
+				b = append(b, buf[:k]...)
+				if rerr != nil {
+					if rerr != io.EOF {
+						err = rerr
+					}
+					break
+				}
+				time.Sleep(u.slowRead)
+			}
+		} else {
+			b, err = io.ReadAll(r.Body)
+		}
 		if r.Method == "POST" && err == nil {
 			u.mu.Lock()
 			u.posts[q]++
@@ -64,6 +89,11 @@ func (u *adv75bUpstream) dupPosts() []string {
 	for b, n := range u.posts {
 		if n > 1 {
 			d = append(d, fmt.Sprintf("%s x%d", b, n))
+		}
+	}
+	for b, n := range u.postHeads {
+		if n > 1 {
+			d = append(d, fmt.Sprintf("%s head x%d (body whole x%d)", b, n, u.posts[b]))
 		}
 	}
 	sort.Strings(d)
