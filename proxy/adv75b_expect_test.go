@@ -21,15 +21,23 @@ import (
 // after Shutdown returned) a POST may fail, but none reaches the upstream
 // twice (head or body) and none waits past its deadline.
 func TestAdv75bShutdownWith100ContinuePending(t *testing.T) {
-	for _, short := range []bool{false, true} {
-		t.Run(map[bool]string{false: "spare", true: "short"}[short], func(t *testing.T) {
+	for _, proto := range []string{"h1", "h2c"} {
+		for _, short := range []bool{false, true} {
+			t.Run(proto+"/"+map[bool]string{false: "spare", true: "short"}[short], func(t *testing.T) { adv75bExpect(t, proto, short) })
+		}
+	}
+}
+
+func adv75bExpect(t *testing.T, proto string, short bool) {
+	{
+		{
 			gate := make(chan struct{})
 			var once sync.Once
 			open := func() { once.Do(func() { close(gate) }) }
 			t.Cleanup(open)
 			var mu sync.Mutex
 			heads, bodies := map[string]int{}, map[string]int{}
-			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				q := r.URL.Query().Get("q")
 				mu.Lock()
 				heads[q]++
@@ -49,18 +57,26 @@ func TestAdv75bShutdownWith100ContinuePending(t *testing.T) {
 				bodies[q]++
 				mu.Unlock()
 				io.WriteString(w, q+":"+string(b))
-			}))
-			t.Cleanup(up.Close)
+			})
+			url := ""
+			if proto == "h2c" {
+				url = newH2CServer(t, h).url
+			} else {
+				up := httptest.NewServer(h)
+				t.Cleanup(up.Close)
+				url = up.URL
+			}
 			owner, client := newFleetN(t, 2, func(tr *Transport) {
 				tr.MaxConnsPerKey = 3
 				tr.ExpectContinueTimeout = 30 * time.Second
+				tr.H2C = proto == "h2c"
 			})
 			var wg sync.WaitGroup
 			for range 3 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					req, _ := http.NewRequest("GET", up.URL+"/?q=warm", nil)
+					req, _ := http.NewRequest("GET", url+"/?q=warm", nil)
 					if resp, err := owner.tr.RoundTrip(req); err == nil {
 						drain(resp)
 					}
@@ -81,7 +97,7 @@ func TestAdv75bShutdownWith100ContinuePending(t *testing.T) {
 					body := strings.Repeat("y", 100<<10)
 					ctx, cancel := context.WithTimeout(context.Background(), deadline)
 					defer cancel()
-					req, _ := http.NewRequestWithContext(ctx, "POST", up.URL+"/?q="+q, strings.NewReader(body))
+					req, _ := http.NewRequestWithContext(ctx, "POST", url+"/?q="+q, strings.NewReader(body))
 					req.Header.Set("Expect", "100-continue")
 					start := time.Now()
 					resp, err := client.tr.RoundTrip(req)
@@ -147,6 +163,6 @@ func TestAdv75bShutdownWith100ContinuePending(t *testing.T) {
 					t.Errorf("POST %s reached the upstream %d times (body read %d times)", q, heads[q], bodies[q])
 				}
 			}
-		})
+		}
 	}
 }

@@ -24,7 +24,7 @@ type adv75bUpstream struct {
 	// postHeads counts, by q, the POST heads the handler saw: a POST's
 	// head at the upstream twice is a POST sent twice, whole body or not.
 	postHeads map[string]int
-	delay func() time.Duration
+	delay     func() time.Duration
 	// slowRead, if set, is a pause after each 32 KiB of a request body.
 	slowRead time.Duration
 }
