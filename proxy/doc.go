@@ -96,7 +96,18 @@
 // gone, and does not keep the stream. While a response is being produced the owner keeps a read
 // pending on the stream (after a short delay, so fast exchanges never pay for
 // it): if the peer goes, the exchange is cancelled and the upstream connection
-// closed rather than held. An owner that dies closes its streams, so a caller
+// closed rather than held. While the peer sends the body that read cannot
+// run, so every 20 ms a poll asks whether the peer has closed the stream: a
+// writer blocked on an upstream that reads none of the body is cancelled
+// then, as a local request's cancel closes its connection. A caller looks at
+// a pooled stream (one non-blocking peek) before it reuses it, as at an
+// upstream connection: anything that came on it while idle closes it.
+// An owner leaving (Node.Shutdown, Node.Close) first removes its socket's
+// name, so no sibling dials a stream the close would reset; it refuses,
+// unasked and retry-safe, the streams queued on the socket and those that
+// carry no exchange (each refusal one write that waits for nothing, so one
+// peer that reads nothing costs the others nothing), and cancels the
+// exchanges still running. An owner that dies closes its streams, so a caller
 // reading a response from it gets an error at once. A panic in an exchange's
 // goroutines (request writer, response reader, relay, tunnel) fails that
 // exchange and is logged with its stack; the process keeps serving, as
