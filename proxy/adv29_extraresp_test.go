@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,13 +16,24 @@ import (
 
 // TestAdv29OwnerExtraResponseNotReadAsNext: a buggy owner writes, after the
 // response to a sibling's request, a second answer (accept frame and
-// response) that nobody asked for, in the same write: what a late write of
-// an earlier exchange's goroutine would leave (TestH2Late1xxAfterErrorFrame
-// was one such). As net/http does on a reused connection ("Unsolicited
-// response received on idle HTTP channel"), the sibling must not keep a
-// stream with bytes pending, so that its next request never gets the
-// answer of another exchange.
+// response) that nobody asked for: what a late write of an earlier
+// exchange's goroutine would leave (TestH2Late1xxAfterErrorFrame was one
+// such). It comes in the same write, or a moment later, once the sibling
+// has put its stream back idle. As net/http does on a reused connection
+// ("Unsolicited response received on idle HTTP channel"), the sibling must
+// not keep or reuse a stream with bytes pending, so that its next request
+// never gets the answer of another exchange.
 func TestAdv29OwnerExtraResponseNotReadAsNext(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		name := "same-write"
+		if late {
+			name = "late"
+		}
+		t.Run(name, func(t *testing.T) { adv29ExtraResponse(t, late) })
+	}
+}
+
+func adv29ExtraResponse(t *testing.T, late bool) {
 	spec := testSpec
 	spec.Path = filepath.Join(t.TempDir(), "seg")
 	owner, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
@@ -42,17 +55,44 @@ func TestAdv29OwnerExtraResponseNotReadAsNext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	answer := func(body string) []byte {
+		out := appendResponseFrame(nil, responseFrame{typ: frameAccept})
+		out = appendHead(out, 0)
+		return append(out, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"+body...)
+	}
+	// The first exchange only gets the stray: one that a fresh stream's
+	// owner sent while the next request was already on its way would be in
+	// flight, which no check of an idle stream can see.
+	var strayOnce sync.Once
+	strayOut := make(chan struct{})
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go func() {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
 				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
 				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
+				for {
 					f, err := readFrame(br, reqHeaderLen, decodeRequestFrame)
 					if err != nil {
 						return
@@ -70,21 +110,35 @@ func TestAdv29OwnerExtraResponseNotReadAsNext(t *testing.T) {
 						return
 					}
 					io.Copy(io.Discard, req.Body)
-					out := appendResponseFrame(nil, responseFrame{typ: frameAccept})
-					out = appendHead(out, 0)
-					out = append(out, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"...)
-					if n == 0 {
-						out = appendResponseFrame(out, responseFrame{typ: frameAccept})
-						out = appendHead(out, 0)
-						out = append(out, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!"...)
+					out := answer("first")
+					stray := false
+					strayOnce.Do(func() { stray = true })
+					if stray && late {
+						c.Write(out)
+						out = nil
+						time.Sleep(50 * time.Millisecond)
+					}
+					if stray {
+						out = append(out, answer("EVIL!")...)
 					}
 					c.Write(out)
+					if stray {
+						close(strayOut)
+					}
 					exec.Complete()
 				}
-			}()
+			})
 		}
-	}()
-	for i, want := range []string{"first", "first"} {
+	})
+	for i := range 3 {
+		if i == 1 {
+			select {
+			case <-strayOut:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the stray answer was not written")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/", nil)
 		resp, err := client.tr.RoundTrip(req)
@@ -95,8 +149,8 @@ func TestAdv29OwnerExtraResponseNotReadAsNext(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		cancel()
-		if string(b) != want {
-			t.Fatalf("request %d got %q, the answer to another exchange (want %q)", i, b, want)
+		if string(b) != "first" {
+			t.Fatalf("request %d got %q, the answer to another exchange (want %q)", i, b, "first")
 		}
 	}
 }

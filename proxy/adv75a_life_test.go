@@ -26,36 +26,7 @@ func TestAdv75aOwnerCloseMidResponseBody(t *testing.T) {
 	const rest = 5000
 	for _, path := range []string{"/cl", "/chunked", "/close"} {
 		t.Run(path[1:], func(t *testing.T) {
-			release := make(chan struct{})
-			var released atomic.Bool
-			rel := func() {
-				if released.CompareAndSwap(false, true) {
-					close(release)
-				}
-			}
-			t.Cleanup(rel)
-			u := newAdv10Upstream(t, false, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
-				a := strings.Repeat("a", first)
-				b := strings.Repeat("b", rest)
-				switch req.URL.Path {
-				case "/cl":
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", first+rest, a)
-					<-release
-					io.WriteString(c, b)
-					return true
-				case "/chunked":
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", first, a)
-					<-release
-					fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", rest, b)
-					return true
-				case "/close":
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\n\r\n%s", a)
-					<-release
-					io.WriteString(c, b)
-					return false
-				}
-				return adv10Fresh(c, req, conn, n)
-			})
+			u, rel := adv75aHeldUpstream(t, first, rest, nil)
 			owner, client := remotePair(t, nil)
 			warm(t, owner, u.url("/warm"))
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -228,4 +199,46 @@ func TestAdv75aOwnerCloseMidRequestBody(t *testing.T) {
 	}
 	resp, body, err := adv10Do(t, client.tr, "GET", u.url("/next"), nil)
 	adv10CheckOwn(t, "GET after the owner closed", resp, body, err, "/next")
+}
+
+// adv75aHeldUpstream serves /cl, /chunked and /close with first bytes of a
+// body (of declared length, chunked, or to the connection's close), and the
+// rest bytes only once release is called (also at the test's end); other
+// paths go to other, if set, then to adv10Fresh.
+func adv75aHeldUpstream(t *testing.T, first, rest int, other func(c net.Conn, req *http.Request) (keep, handled bool)) (*adv10Upstream, func()) {
+	release := make(chan struct{})
+	var released atomic.Bool
+	rel := func() {
+		if released.CompareAndSwap(false, true) {
+			close(release)
+		}
+	}
+	t.Cleanup(rel)
+	a, b := strings.Repeat("a", first), strings.Repeat("b", rest)
+	u := newAdv10Upstream(t, false, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
+		switch req.URL.Path {
+		case "/cl":
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", first+rest, a)
+			<-release
+			io.WriteString(c, b)
+			return true
+		case "/chunked":
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", first, a)
+			<-release
+			fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", rest, b)
+			return true
+		case "/close":
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\n\r\n%s", a)
+			<-release
+			io.WriteString(c, b)
+			return false
+		}
+		if other != nil {
+			if keep, handled := other(c, req); handled {
+				return keep
+			}
+		}
+		return adv10Fresh(c, req, conn, n)
+	})
+	return u, rel
 }

@@ -25,49 +25,33 @@ func TestAdv75aOwnerShutdownMidExchangeCompletes(t *testing.T) {
 	const rest = 5000
 	for _, path := range []string{"/cl", "/chunked", "/close", "/upload"} {
 		t.Run(path[1:], func(t *testing.T) {
-			release := make(chan struct{})
-			var released atomic.Bool
-			rel := func() {
-				if released.CompareAndSwap(false, true) {
-					close(release)
-				}
-			}
-			t.Cleanup(rel)
 			arrived := make(chan struct{}, 4)
-			u := newAdv10Upstream(t, false, func(c net.Conn, br *bufio.Reader, req *http.Request, conn, n int) bool {
-				a := strings.Repeat("a", first)
-				b := strings.Repeat("b", rest)
-				switch req.URL.Path {
-				case "/cl":
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", first+rest, a)
-					<-release
-					io.WriteString(c, b)
-					return true
-				case "/chunked":
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", first, a)
-					<-release
-					fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", rest, b)
-					return true
-				case "/close":
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\n\r\n%s", a)
-					<-release
-					io.WriteString(c, b)
-					return false
-				case "/upload":
-					arrived <- struct{}{}
-					got, err := io.ReadAll(req.Body)
-					if err != nil {
-						return false
-					}
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d", len(fmt.Sprint(len(got))), len(got))
-					return true
+			u, rel := adv75aHeldUpstream(t, first, rest, func(c net.Conn, req *http.Request) (bool, bool) {
+				if req.URL.Path != "/upload" {
+					return false, false
 				}
-				return adv10Fresh(c, req, conn, n)
+				arrived <- struct{}{}
+				got, err := io.ReadAll(req.Body)
+				if err != nil {
+					return false, true
+				}
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d", len(fmt.Sprint(len(got))), len(got))
+				return true, true
 			})
 			owner, client := remotePair(t, nil)
 			warm(t, owner, u.url("/warm"))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
+			// The upload's body holds its rest back as the upstream
+			// holds a response's.
+			gate := make(chan struct{})
+			var gated atomic.Bool
+			open := func() {
+				if gated.CompareAndSwap(false, true) {
+					close(gate)
+				}
+			}
+			t.Cleanup(open)
 			shut := make(chan error, 1)
 			shutdown := func() {
 				go func() {
@@ -75,20 +59,11 @@ func TestAdv75aOwnerShutdownMidExchangeCompletes(t *testing.T) {
 					defer scancel()
 					shut <- owner.node.Shutdown(sctx)
 				}()
-				time.AfterFunc(300*time.Millisecond, rel)
+				time.AfterFunc(300*time.Millisecond, func() { rel(); open() })
 			}
 			var body []byte
 			var rerr error
 			if path == "/upload" {
-				gate := make(chan struct{})
-				var gated atomic.Bool
-				open := func() {
-					if gated.CompareAndSwap(false, true) {
-						close(gate)
-					}
-				}
-				t.Cleanup(open)
-				go func() { <-release; open() }()
 				req, _ := http.NewRequestWithContext(ctx, "POST", u.url(path), &adv75aGatedBody{
 					first: bytes.Repeat([]byte("f"), first), rest: bytes.Repeat([]byte("r"), rest), gate: gate, closed: make(chan struct{})})
 				req.ContentLength = first + rest
