@@ -6,14 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv71cReloadChurnNoFailedRequests: reloads under load. A stable
@@ -38,14 +35,8 @@ func TestAdv71cReloadChurnNoFailedRequests(t *testing.T) {
 		io.WriteString(w, r.Method+":"+string(b)+":"+r.URL.Query().Get("q"))
 	}))
 	defer up.Close()
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
+	spec, obs := observedSegment(t)
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = 3 }
-	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
 	stable := newMember(t, spec, conf)
 	old := newMember(t, spec, conf)
 

@@ -3,12 +3,9 @@ package proxy
 import (
 	"context"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bAbortedJoinDuringLeave: a key capped at one connection, owned
@@ -22,13 +19,7 @@ import (
 func TestAdv75bAbortedJoinDuringLeave(t *testing.T) {
 	u := newAdv75bUpstream(t, nil)
 	u.delay = func() time.Duration { return 10 * time.Millisecond }
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
-	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	spec, obs := observedSegment(t)
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = 1 }
 	old := newMember(t, spec, conf)
 	req, _ := http.NewRequest("GET", u.srv.URL+"/?q=own", nil)

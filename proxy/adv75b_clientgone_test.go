@@ -6,13 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bClientLeavesMidExchange: the member that sent requests through
@@ -49,13 +46,7 @@ func TestAdv75bClientLeavesMidExchange(t *testing.T) {
 				io.WriteString(w, "ok"+q)
 			}))
 			t.Cleanup(up.Close)
-			spec := testSpec
-			spec.Path = filepath.Join(t.TempDir(), "seg")
-			obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer obs.Close()
+			spec, obs := observedSegment(t)
 			conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
 			owner := newMember(t, spec, conf)
 			var wg sync.WaitGroup

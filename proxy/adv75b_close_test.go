@@ -3,12 +3,9 @@ package proxy
 import (
 	"context"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bLoseOwnerUnderLoad: a member that owns connections is lost
@@ -65,13 +62,7 @@ func TestAdv75bLoseOwnerUnderLoad(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			u := newAdv75bUpstream(t, nil)
 			u.delay = func() time.Duration { return 2 * time.Millisecond }
-			spec := testSpec
-			spec.Path = filepath.Join(t.TempDir(), "seg")
-			obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer obs.Close()
+			spec, obs := observedSegment(t)
 			conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
 			owner := newMember(t, spec, conf)
 			var wg sync.WaitGroup

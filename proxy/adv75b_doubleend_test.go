@@ -7,13 +7,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bConcurrentEndsKeepBudget: an owner of a capped key's two
@@ -52,13 +49,7 @@ func TestAdv75bConcurrentEndsKeepBudget(t *testing.T) {
 	}
 	up.Start()
 	t.Cleanup(up.Close)
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
-	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	spec, obs := observedSegment(t)
 	const cap = 2
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = cap }
 	ends := []func(m *member){

@@ -4,12 +4,9 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bIdleCloseUpstreamDuringReloads: the upstream closes idle
@@ -22,13 +19,7 @@ import (
 // report, no wrong answers, no POST twice.
 func TestAdv75bIdleCloseUpstreamDuringReloads(t *testing.T) {
 	u := newAdv75bUpstream(t, func(s *httptest.Server) { s.Config.IdleTimeout = 30 * time.Millisecond })
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
-	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	spec, obs := observedSegment(t)
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = 3 }
 	old := newMember(t, spec, conf)
 	for range 3 {

@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bNoDeadlineCallersNeverHang: callers whose requests carry no
@@ -25,13 +22,7 @@ import (
 func TestAdv75bNoDeadlineCallersNeverHang(t *testing.T) {
 	u := newAdv75bUpstream(t, nil)
 	u.delay = func() time.Duration { return 20 * time.Millisecond }
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
-	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	spec, obs := observedSegment(t)
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
 	join := func() *member {
 		m := newMember(t, spec, conf)

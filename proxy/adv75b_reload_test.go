@@ -3,13 +3,11 @@ package proxy
 import (
 	"context"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/orbitproxy/orbit/governor"
-	"github.com/orbitproxy/orbit/orbitpool"
 )
 
 // TestAdv75bRapidReloadTwoStable: ten reloads 50 ms apart (a new member
@@ -22,14 +20,8 @@ import (
 func TestAdv75bRapidReloadTwoStable(t *testing.T) {
 	u := newAdv75bUpstream(t, nil)
 	u.delay = func() time.Duration { return 3 * time.Millisecond }
-	spec := testSpec
-	spec.Path = filepath.Join(t.TempDir(), "seg")
+	spec, obs := observedSegment(t)
 	conf := func(tr *Transport) { tr.MaxConnsPerKey = 2 }
-	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
 	join := func() *member {
 		m := newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond,
 			Governor: governor.New(1, 1<<30), MaxLeaseWait: 2 * time.Second}, conf)

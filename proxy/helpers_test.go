@@ -131,6 +131,20 @@ func newFleet(t testing.TB, n int, conf func(*Transport)) []*member {
 	return ms
 }
 
+// observedSegment is a fresh segment's spec, and a pool on it that only
+// looks (a process reading the table), closed as the test ends.
+func observedSegment(t testing.TB) (orbitpool.PoolSpec, *orbitpool.Pool) {
+	t.Helper()
+	spec := testSpec
+	spec.Path = filepath.Join(t.TempDir(), "seg")
+	obs, err := orbitpool.Open(spec, orbitpool.Options{ReconcileInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { obs.Close() })
+	return spec, obs
+}
+
 func newMember(t testing.TB, spec orbitpool.PoolSpec, conf func(*Transport)) *member {
 	t.Helper()
 	return newMemberOpts(t, spec, NodeOptions{SweepInterval: 50 * time.Millisecond}, conf)
