@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -220,17 +219,11 @@ var idleCapFrame = appendResponseFrame(nil, responseFrame{typ: frameReject, code
 // after the first. A frame this small goes whole into a unix stream or not
 // at all, so it cannot land inside another writer's frame either.
 func lastWord(c net.Conn, frame []byte) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return
+	if rc := socketOf(c); rc != nil {
+		rc.Control(func(fd uintptr) {
+			unix.Write(int(fd), frame)
+		})
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	rc.Control(func(fd uintptr) {
-		unix.Write(int(fd), frame)
-	})
 }
 
 // refuseQueued accepts the streams queued on the socket, without blocking,

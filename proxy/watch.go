@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -289,12 +288,8 @@ func (b *bodyDone) Close() error {
 // nc: one non-blocking poll. A peer that only half-closed it (a tunnel's
 // end, after a 101) has not.
 func peerHungUp(nc net.Conn) bool {
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := socketOf(nc)
+	if rc == nil {
 		return false
 	}
 	hup := false
