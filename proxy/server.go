@@ -226,14 +226,18 @@ func lastWord(c net.Conn, frame []byte) {
 	}
 }
 
-// refuseQueued accepts the streams queued on the socket, without blocking,
-// and refuses and closes each.
+// refuseQueued shuts the socket to new streams, then accepts the streams
+// queued on it, without blocking, and refuses and closes each. A sibling's
+// dial is queued or refused (ECONNREFUSED: it goes elsewhere, as from an
+// owner gone) under the socket's lock, so no stream can queue after the
+// accepts have looked, to be reset by the close, its request lost.
 func (s *server) refuseQueued() {
 	rc, err := s.ln.SyscallConn()
 	if err != nil {
 		return
 	}
 	rc.Control(func(fd uintptr) {
+		unix.Shutdown(int(fd), unix.SHUT_RD)
 		for {
 			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
 			if err != nil {
@@ -264,10 +268,8 @@ func (s *server) close() error {
 	// closing. A stream carrying an exchange (a drain that timed out, or
 	// none) just closes: the request may have reached the upstream.
 	//
-	// The socket's name goes first: a sibling's dial that queued after
-	// refuseQueued had looked would be reset by the close, before any
-	// refusal, and its request lost. Unnamed, the socket takes no new
-	// dial (those fail, as to an owner gone, and go elsewhere).
+	// The socket's name goes first, so that new dials fail at once, and
+	// the close cannot remove a name another process has bound since.
 	s.ln.SetUnlinkOnClose(false)
 	if err := os.Remove(s.ln.Addr().String()); err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Warn("socket not removed", zap.Error(err))
