@@ -102,13 +102,14 @@
 // then, as a local request's cancel closes its connection. A caller looks at
 // a pooled stream (one non-blocking peek) before it reuses it, as at an
 // upstream connection: anything that came on it while idle closes it.
-// An owner leaving (Node.Shutdown, Node.Close) first removes its socket's
-// name, so no sibling dials a stream the close would reset; it refuses,
-// unasked and retry-safe, the streams queued on the socket and those that
-// carry no exchange (each refusal one write that waits for nothing, so one
-// peer that reads nothing costs the others nothing), and cancels the
-// exchanges still running. An owner that dies closes its streams, so a caller
-// reading a response from it gets an error at once. A panic in an exchange's
+// An owner leaving (Node.Shutdown, Node.Close) first shuts its socket to
+// new streams (a dial is refused at once), so none queues to be reset by
+// the close; it refuses, unasked and retry-safe, the streams queued on the
+// socket and those that carry no exchange (each refusal one write that
+// waits for nothing, so one peer that reads nothing costs the others
+// nothing), and cancels the exchanges still running. An owner that dies
+// closes its streams, so a caller reading a response from it gets an error
+// at once. A panic in an exchange's
 // goroutines (request writer, response reader, relay, tunnel) fails that
 // exchange and is logged with its stack; the process keeps serving, as
 // net/http's server does when a handler panics.
