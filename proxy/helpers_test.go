@@ -281,6 +281,19 @@ func pairWithIdleStream(t *testing.T, u *testUpstream) (owner, client *member) {
 	return owner, client
 }
 
+// idleStreamTo is client's one idle stream to owner.
+func idleStreamTo(t *testing.T, client, owner *member) *conn {
+	t.Helper()
+	p := client.node.peers
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	idle := p.idle[owner.pool.Lane()]
+	if len(idle) != 1 {
+		t.Fatalf("%d idle streams to the owner, want 1", len(idle))
+	}
+	return idle[0]
+}
+
 // serveConns accepts on ln until the test ends and runs handle for each
 // connection, numbered from 1 in the order accepted, in a goroutine of its
 // own; the connection is closed when handle returns. At cleanup it closes

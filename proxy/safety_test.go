@@ -848,30 +848,41 @@ func postNoReplay(t *testing.T, url string, n int) *http.Request {
 	return req
 }
 
-// TestDeadIdleStreamRetried: a request that meets a dead idle stream to a
-// sibling is sent again on a fresh plan, whatever its method and though its
-// body cannot be replayed: none of it was read. Issue 10, item 3.
+// TestDeadIdleStreamRetried: a POST whose body cannot be replayed, after its
+// sibling closed the idle stream to it. The look at the stream before reuse
+// finds it closed: the request goes once, on a fresh stream. One that breaks
+// under the write instead (after the look) is sent again on a fresh plan,
+// whatever its method and though its body cannot be replayed: none of it
+// was read. Issue 10, item 3.
 func TestDeadIdleStreamRetried(t *testing.T) {
-	u := newTestUpstream(t)
-	owner, client := pairWithIdleStream(t, u)
-	closePeerStreams(owner)
-	waitFor(t, time.Second, "the owner to drop the stream", func() bool {
-		owner.node.srv.mu.Lock()
-		defer owner.node.srv.mu.Unlock()
-		return len(owner.node.srv.conns) == 0
-	})
-	const size = 256 << 10
-	resp, err := client.tr.RoundTrip(postNoReplay(t, u.url("/sink"), size))
-	if err != nil {
-		t.Fatalf("POST after a dead idle stream: %v", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if want := fmt.Sprintf("%d", size); !strings.Contains(string(b), want) {
-		t.Fatalf("upstream saw %q, want %s bytes", b, want)
-	}
-	if s := client.node.Stats(); s.Retries != 1 || s.ReusedRemote != 3 {
-		t.Fatalf("stats %+v: want one retry, the GET and both attempts remote", s)
+	for _, underWrite := range []bool{false, true} {
+		u := newTestUpstream(t)
+		owner, client := pairWithIdleStream(t, u)
+		retries, remote := uint64(0), uint64(2) // the GET and the POST
+		if underWrite {
+			idleStreamTo(t, client, owner).cw.w = brokenWriter{}
+			retries, remote = 1, 3 // and the attempt that failed
+		} else {
+			closePeerStreams(owner)
+			waitFor(t, time.Second, "the owner to drop the stream", func() bool {
+				owner.node.srv.mu.Lock()
+				defer owner.node.srv.mu.Unlock()
+				return len(owner.node.srv.conns) == 0
+			})
+		}
+		const size = 256 << 10
+		resp, err := client.tr.RoundTrip(postNoReplay(t, u.url("/sink"), size))
+		if err != nil {
+			t.Fatalf("broken under the write %v: POST after a dead idle stream: %v", underWrite, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf("%d", size); !strings.Contains(string(b), want) {
+			t.Fatalf("broken under the write %v: upstream saw %q, want %s bytes", underWrite, b, want)
+		}
+		if s := client.node.Stats(); s.Retries != retries || s.ReusedRemote != remote {
+			t.Fatalf("broken under the write %v: stats %+v: want %d retries and %d remote attempts", underWrite, s, retries, remote)
+		}
 	}
 }
 

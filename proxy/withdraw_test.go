@@ -2,26 +2,27 @@ package proxy
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 )
 
+// brokenWriter fails every write, as a stream closed under it does.
+type brokenWriter struct{}
+
+func (brokenWriter) Write([]byte) (int, error) { return 0, net.ErrClosed }
+
 // TestUndeliveredLeaseFreesItsUnit: with one connection allowed, a
-// sibling's lease that cannot be delivered (its idle stream to the owner is
-// broken) is withdrawn, so the retry finds the connection free at once
+// sibling's lease that cannot be delivered (its idle stream to the owner
+// breaks under the write) is withdrawn, so the retry finds the connection free at once
 // rather than after the owner ages the reservation out (a second, by
 // default).
 func TestUndeliveredLeaseFreesItsUnit(t *testing.T) {
 	u := newTestUpstream(t)
 	owner, client := pairWithIdleStream(t, u)
-	p := client.node.peers
-	p.mu.Lock()
-	idle := p.idle[owner.pool.Lane()]
-	p.mu.Unlock()
-	if len(idle) != 1 {
-		t.Fatalf("%d idle streams to the owner, want 1", len(idle))
-	}
-	idle[0].nc.Close() // broken under the transport, which still takes it for idle
+	// The look before reuse sees nothing wrong, and the write of the lease
+	// fails, as on a stream closed under it.
+	idleStreamTo(t, client, owner).cw.w = brokenWriter{}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
