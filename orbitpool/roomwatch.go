@@ -197,15 +197,21 @@ func (t *roomWatches) closeAll() {
 
 // roomCame tells the processes watching key entry k for room (see
 // WatchRoom) that a unit of lane l's resource of it came back: its caller
-// has made the unit visible, and set l's room bit. Lane l's own process is
-// not told: its units are its own to tell.
+// has made the unit visible, and set l's room bit. A process giving back a
+// unit of its own resource does not tell itself: its units are its own to
+// tell. One that a sibling gives back there (a reservation withdrawn or
+// aged out) is told to lane l too, which would otherwise not know of it.
 func (p *Pool) roomCame(l, k int) {
 	s := p.seg
+	self := -1
+	if l == p.lane {
+		self = l
+	}
 	watched := false
 	for i := range p.l.maskWords {
 		m := atomic.LoadUint64(s.u64(s.watchOff(k, 64*i)))
-		if i == l>>6 {
-			m &^= laneBit(l)
+		if self >= 0 && i == self>>6 {
+			m &^= laneBit(self)
 		}
 		if watched = m != 0; watched {
 			break
@@ -217,7 +223,7 @@ func (p *Pool) roomCame(l, k int) {
 	atomic.AddUint64(s.u64(s.keyOff(k)+kfRoomSeq), 1)
 	for i := range p.l.maskWords {
 		for m := atomic.LoadUint64(s.u64(s.watchOff(k, 64*i))); m != 0; m &= m - 1 {
-			if w := i*64 + trailingZeros(m); w != l && w < p.l.nlanes {
+			if w := i*64 + trailingZeros(m); w != self && w < p.l.nlanes {
 				p.ring(w)
 			}
 		}

@@ -191,3 +191,30 @@ func spin(n int) {
 		_ = rand.N(2)
 	}
 }
+
+// TestWithdrawWakesOwnersWatch: a watches key K (its own requests wait for
+// room) and b reserves a's one resource of K, then withdraws: the unit comes
+// back on a's resource, but in b's process. Nothing but the watch tells a of
+// it, so a's watch must be woken.
+func TestWithdrawWakesOwnersWatch(t *testing.T) {
+	ps := openShared(t, PoolSpec{Lanes: 4, Keys: 4, ResourcesPerLane: 2}, 2)
+	a, b := ps[0], ps[1]
+	k := Key{0x75, 1}
+	id, err := a.Register(k, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wa, err := a.WatchRoom(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wa.Close()
+	l, err := b.Reserve(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Withdraw(l)
+	if !readyWithin(wa.Ready(), 2*time.Second) {
+		t.Fatal("a's watch not woken within 2s by the unit b withdrew on a's resource")
+	}
+}
