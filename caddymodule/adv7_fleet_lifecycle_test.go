@@ -142,7 +142,11 @@ func TestAdv7FleetCrashLoopBackoff(t *testing.T) {
 	if d := time.Since(first); d < 2500*time.Millisecond {
 		t.Errorf("%d restarts of a worker that kept dying took %s: no backoff", kills, d)
 	}
-	if n := f.adv7CountLog("worker started", `"worker":1`); n != kills+1 {
+	// The supervisor writes a worker's pid file before it logs the start,
+	// so the last start's line may trail the pid the loop saw.
+	started := func() int { return f.adv7CountLog("worker started", `"worker":1`) }
+	waitFor(t, 10*time.Second, "the log of worker 1's last start", func() bool { return started() >= kills+1 })
+	if n := started(); n != kills+1 {
 		t.Errorf("worker 1 was started %d times for %d kills", n, kills)
 	}
 	f.adv7WaitReplaced(1, 0, 20*time.Second)
