@@ -342,7 +342,7 @@ func TestAdv30RestartAfterSupervisorKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for g.adv7CountLog("orbit-fleet", "worker reloaded")+g.adv7CountLog("orbit-fleet", "reloading worker") < 2 && time.Now().Before(deadline) {
+	for g.adv7CountLog("orbit-fleet", "worker reloaded") < 2 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := g.adv7CountLog("orbit-fleet", "worker reloaded"); n != 2 {
