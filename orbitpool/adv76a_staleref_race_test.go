@@ -58,7 +58,7 @@ func TestAdv76aWatchRoomRaceAcrossKeys(t *testing.T) {
 	if n := spurious.Load(); n > 0 {
 		t.Errorf("%d spurious wake-ups; first: %s", n, *first.Load())
 	}
-	if armed.Load() < 100 {
+	if spurious.Load() == 0 && armed.Load() < 100 {
 		t.Errorf("only %d watches armed: the race was not exercised", armed.Load())
 	}
 }
