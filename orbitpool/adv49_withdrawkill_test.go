@@ -3,7 +3,6 @@ package orbitpool
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,7 +34,7 @@ func adv49RoleWithdrawKilled(c *mpChildCtx) error {
 	// Withdraw -> ungrant, verbatim, to the unit's return.
 	s := p.seg
 	off := s.slotOff(l.ID.Lane(), l.ID.Slot())
-	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*int(l.Bit)), l.Ticket, 0) {
+	if _, ok := p.claim(off, int(l.Bit), l.Ticket); !ok {
 		return fmt.Errorf("ticket gone")
 	}
 	if !p.dropReservation(off, l.ID.Generation(), 1<<l.Bit) {

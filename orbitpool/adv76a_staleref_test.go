@@ -29,8 +29,7 @@ func TestAdv76aStaleWatchRefSparesOtherKeysWatch(t *testing.T) {
 	}
 	// The one-entry table is full: naming B collects A (no resources, no
 	// waiters, no watches) and gives B the same entry, one generation on.
-	id, err := b.Register(kB, 1)
-	if err != nil {
+	if _, err := b.Register(kB, 1); err != nil {
 		t.Fatal(err)
 	}
 	refB, ok := a.lookupKey(kB)
@@ -77,5 +76,4 @@ func TestAdv76aStaleWatchRefSparesOtherKeysWatch(t *testing.T) {
 	if !readyWithin(wB.Ready(), 2*time.Second) {
 		t.Errorf("a's watch of B not woken by b's unit of B coming back")
 	}
-	_ = id
 }

@@ -1,49 +1,40 @@
 package orbitpool
 
 import (
+	"errors"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// TestAdv76aStalledWithdrawSparesNextLease: Withdraw (ungrant) and Accept
-// are two steps each: take the lease's ticket, then clear (or turn into a
-// use) the pending bit, validated only by the slot's generation and the bit.
-// Between the two the bit has no ticket; Reconcile ages such an orphan bit
-// after ReservationTimeout, and a new reservation in the same generation may
-// then take the same bit. The stalled second step must not act on that new
-// reservation: a lease nobody withdrew, that has not aged, must stay
-// acceptable, and its unit must stay counted.
-//
-// The steps are run here in that order (the statements of ungrant and
-// Accept, verbatim), as a process descheduled for longer than
-// ReservationTimeout between them would run them.
-func TestAdv76aStalledWithdrawSparesNextLease(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		second func(p *Pool, off int, gen uint64, bit uint64)
-	}{
-		{"withdraw", func(p *Pool, off int, gen, bit uint64) {
-			// ungrant, after its ticket CAS.
-			p.dropReservation(off, gen, bit)
-		}},
-		{"accept", func(p *Pool, off int, gen, bit uint64) {
-			// Accept, after its ticket CAS: the loop that turns the bit
-			// into a use.
-			s := p.seg
-			for {
-				w := atomic.LoadUint64(s.u64(off + slWord))
-				if wGen(w) != gen || w&bit == 0 {
-					return
-				}
-				if atomic.CompareAndSwapUint64(s.u64(off+slWord), w, w&^bit+useOne) {
-					return
-				}
-			}
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+func init() { mpMoreRoles["adv76a-claimer-killed"] = adv76aRoleClaimerKilled }
+
+// adv76aHoldClaim makes the next claim of this process (an Accept's or a
+// withdrawal's first step) run held up between its two steps.
+func adv76aHoldClaim(t *testing.T, held func()) {
+	t.Helper()
+	var once atomic.Bool
+	h := func() {
+		if once.CompareAndSwap(false, true) {
+			held()
+		}
+	}
+	testHookClaimed.Store(&h)
+	t.Cleanup(func() { testHookClaimed.Store(nil) })
+}
+
+// TestAdv76aStalledClaimSparesNextLease: Accept and Withdraw are two steps
+// each: take the lease's ticket, then turn its pending bit into a use or
+// clear it. A claimer held up between the two for longer than
+// ReservationTimeout (a descheduled process) must find its bit as it left
+// it: Reconcile must not age it, and no new reservation may take it, else
+// the second step acts on a newer lease: clears a live reservation nobody
+// withdrew, or accepts an aged one on the new one's unit. Once the claimer
+// finishes, the unit is where it says, and the next lease is good.
+func TestAdv76aStalledClaimSparesNextLease(t *testing.T) {
+	for _, name := range []string{"withdraw", "accept"} {
+		t.Run(name, func(t *testing.T) {
 			spec := PoolSpec{Lanes: 4, Keys: 2, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
 			timeout := 20 * time.Millisecond
 			open := opener(t, spec, Options{ReconcileInterval: time.Hour, ReservationTimeout: timeout})
@@ -56,59 +47,113 @@ func TestAdv76aStalledWithdrawSparesNextLease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := owner.seg
-			off := s.slotOff(id.Lane(), id.Slot())
-			gen := wGen(atomic.LoadUint64(s.u64(off + slWord)))
-			// First step of r1's Withdraw (or the owner's Accept): the ticket.
-			if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*int(l1.Bit)), l1.Ticket, 0) {
-				t.Fatal("setup: ticket not taken")
+			adv76aHoldClaim(t, func() {
+				for range 10 {
+					if err := owner.Reconcile(); err != nil {
+						t.Error(err)
+					}
+					time.Sleep(timeout / 2)
+				}
+				if n, _ := owner.Users(id); n != 1 {
+					t.Errorf("Reconcile aged out a reservation claimed %s ago by a live %s: %d users", 5*timeout, name, n)
+				}
+				if l2, err := r2.Reserve(id); !errors.Is(err, ErrBusy) {
+					t.Errorf("a new reservation while the claim was held: %+v, %v; want ErrBusy (the one unit is claimed)", l2, err)
+				}
+			})
+			if name == "withdraw" {
+				r1.Withdraw(l1)
+			} else {
+				e, err := owner.Accept(l1)
+				if err != nil {
+					t.Fatalf("Accept held up past the reservation timeout after it took the ticket: %v", err)
+				}
+				if n, _ := owner.Users(id); n != 1 {
+					t.Errorf("after the accept: %d users, want 1", n)
+				}
+				e.Complete()
 			}
-			// The owner ages the orphan bit.
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				if err := owner.Reconcile(); err != nil {
-					t.Fatal(err)
-				}
-				if n, _ := owner.Users(id); n == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("setup: orphan bit never aged")
-				}
-				time.Sleep(timeout / 2)
+			if n, _ := owner.Users(id); n != 0 {
+				t.Errorf("after the %s ended: %d users, want 0", name, n)
 			}
-			// A new reservation, in the same generation, takes the same bit.
+			adv76aNoTickets(t, owner, id)
 			l2, err := r2.Reserve(id)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("the next reservation: %v", err)
 			}
-			if l2.Bit != l1.Bit {
-				t.Fatalf("setup: new lease on bit %d, the stalled one's was %d", l2.Bit, l1.Bit)
+			e, err := owner.Accept(l2)
+			if err != nil {
+				t.Fatalf("Accept of the next lease: %v", err)
 			}
-			// The stalled second step.
-			p := r1
-			if tc.name == "accept" {
-				p = owner
-			}
-			tc.second(p, off, gen, 1<<l1.Bit)
-
-			w := atomic.LoadUint64(s.u64(off + slWord))
-			if wUse(w) == 0 && wPendN(w) == 0 {
-				t.Errorf("the stalled %s of a lease that had aged out cleared the bit of a new, live lease: the slot counts no unit for it (word %#x)", tc.name, w)
-			}
-			if tc.name == "withdraw" {
-				if e, err := owner.Accept(l2); err != nil {
-					t.Errorf("Accept of a live lease nobody withdrew, not aged: %v", err)
-				} else {
-					e.Complete()
-				}
-			} else {
-				if e, err := owner.Accept(l2); err != nil {
-					t.Errorf("Accept of a live lease whose bit a stalled Accept of another (aged) lease took as its own use: %v", err)
-				} else {
-					e.Complete()
-				}
-			}
+			e.Complete()
 		})
 	}
+}
+
+// adv76aNoTickets fails t if a ticket or a claim is left on id's slot.
+func adv76aNoTickets(t *testing.T, p *Pool, id ResourceID) {
+	t.Helper()
+	s := p.seg
+	off := s.slotOff(id.Lane(), id.Slot())
+	for b := range PendingReservations {
+		if tk := atomic.LoadUint64(s.u64(off + slTickets + 8*b)); tk != 0 {
+			t.Errorf("ticket %d of the slot is %#x after every reservation ended (claim: %v)", b, tk, isClaim(tk))
+		}
+	}
+}
+
+// adv76aRoleClaimerKilled reserves c.args.IDs[0], then withdraws it and
+// stops between the claim and the bit's release, to be killed there.
+func adv76aRoleClaimerKilled(c *mpChildCtx) error {
+	p, err := c.open()
+	if err != nil {
+		return err
+	}
+	l, err := p.Reserve(c.args.IDs[0])
+	if err != nil {
+		return err
+	}
+	h := func() {
+		c.send(mpMsg{Type: "claimed"})
+		time.Sleep(time.Minute)
+	}
+	testHookClaimed.Store(&h)
+	p.Withdraw(l)
+	return errors.New("not killed")
+}
+
+// TestAdv76aKilledClaimerFinished: a process killed between the two steps
+// of a withdrawal leaves its claim on the ticket and the bit set. The owner's
+// Reconcile, once the claimer's life is over, gives the unit back and frees
+// the ticket: the resource serves the next lease.
+func TestAdv76aKilledClaimerFinished(t *testing.T) {
+	spec := PoolSpec{Lanes: 4, Keys: 2, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
+	open := opener(t, spec, Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour})
+	owner := open()
+	id, err := owner.Register(Key{0xa76d, 2}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mpStart(t, "adv76a-claimer-killed", mpArgs{Spec: spec, IDs: []ResourceID{id}, Reconcile: time.Hour, ResTimeout: time.Hour, Lifetime: 30 * time.Second})
+	c.expect("claimed", 10*time.Second)
+	c.kill()
+	if n, _ := owner.Users(id); n != 1 {
+		t.Fatalf("setup: %d users with the claim held, want 1", n)
+	}
+	if err := owner.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := owner.Users(id); n != 0 {
+		t.Errorf("a dead claimer's reservation still holds its unit after Reconcile: %d users", n)
+	}
+	adv76aNoTickets(t, owner, id)
+	l, err := open().Reserve(id)
+	if err != nil {
+		t.Fatalf("a reservation after the dead claimer's was finished: %v", err)
+	}
+	e, err := owner.Accept(l)
+	if err != nil {
+		t.Fatalf("Accept after the dead claimer's was finished: %v", err)
+	}
+	e.Complete()
 }

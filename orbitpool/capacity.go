@@ -18,6 +18,12 @@ func grantHook(id ResourceID) {
 	}
 }
 
+// testHookClaimed, set only by tests, runs in Accept and in a withdrawal
+// between the claim of a reservation's ticket and the use or release of its
+// bit: a claimer held up there, as a descheduled process may be for longer
+// than ReservationTimeout.
+var testHookClaimed atomic.Pointer[func()]
+
 // testHookBudgetLost, set only by tests, runs in Acquire after a creation
 // claim lost the key's budget and before the budget is read again: a
 // sibling's creation that completes there is not among the candidates the
@@ -67,7 +73,7 @@ func (p *Pool) SetCapacity(id ResourceID, capacity int) error {
 		return fmt.Errorf("orbitpool: resource %v names key entry %d: %w", id, k, ErrCorrupt)
 	}
 	if capacity > old {
-		p.setRoom(p.lane, k)
+		p.setRoom(p.lane, k, true)
 		p.wake(k, uint64(capacity-old))
 	}
 	return nil
@@ -119,19 +125,21 @@ func (p *Pool) overCapacity(off int, w uint64) bool {
 }
 
 // ungrant gives back a reservation on id that overCapacity refused, or that
-// its reserver withdraws: its ticket first, so no Accept can take it, then
-// its bit. It marks the owner's
+// its reserver withdraws: its ticket first (claim), so no Accept can take it,
+// then its bit. It marks the owner's
 // lane as having room, since a scan may have cleared it while the reservation
 // filled the resource, and wakes the key for the unit a waiter may have been
 // refused because of it.
 func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
-	s := p.seg
-	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*bit), ticket, 0) {
+	mark, ok := p.claim(off, bit, ticket)
+	if !ok {
 		return // the slot was freed meanwhile, or its owner aged the bit
 	}
-	if p.dropReservation(off, id.Generation(), 1<<bit) {
+	dropped := p.dropReservation(off, id.Generation(), 1<<bit)
+	p.unclaim(off, bit, mark)
+	if dropped {
 		if k, _, ok := p.slotKey(off); ok {
-			p.setRoom(id.Lane(), k)
+			p.setRoom(id.Lane(), k, false)
 			p.wake(k, 1)
 		}
 	}
@@ -146,7 +154,7 @@ func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
 // tell may always withdraw.
 func (p *Pool) Withdraw(l Lease) {
 	lane, slot := l.ID.Lane(), l.ID.Slot()
-	if p.closed.Load() || lane >= p.l.nlanes || slot >= p.l.perLane || l.Bit >= PendingReservations || l.Ticket == 0 {
+	if p.closed.Load() || lane >= p.l.nlanes || slot >= p.l.perLane || l.Bit >= PendingReservations || l.Ticket == 0 || isClaim(l.Ticket) {
 		return
 	}
 	p.ungrant(p.seg.slotOff(lane, slot), l.ID, int(l.Bit), l.Ticket)

@@ -540,7 +540,7 @@ func (p *Pool) finishDeadSteps() {
 				continue
 			}
 			if k, kg, ok := p.slotKey(off); ok && kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) == kg {
-				p.setRoom(l, k)
+				p.setRoom(l, k, l == p.lane)
 				room[k] += uint64(free)
 			}
 		}
@@ -700,7 +700,7 @@ func (p *Pool) grantLanes(k int, n uint64, prefer int, rung *[MaxLanes / 64]uint
 // reports whether the unit went to a waiter of this process.
 func (p *Pool) unitBack(k int) (handed bool) {
 	if p.l.maskWords != 1 {
-		p.setRoom(p.lane, k)
+		p.setRoom(p.lane, k, true)
 		return p.queued(k) && p.grant(k, 1, p.lane)
 	}
 	off := p.seg.keyOff(k) + kfMasks
@@ -709,7 +709,7 @@ func (p *Pool) unitBack(k int) (handed bool) {
 		atomic.OrUint64(room, bit)
 	}
 	if atomic.LoadUint64(p.seg.u64(off+16)) != 0 { // the watch mask
-		p.roomCame(p.lane, k)
+		p.roomCame(p.lane, k, true)
 	}
 	return atomic.LoadUint64(p.seg.u64(off)) != 0 && p.grant(k, 1, p.lane)
 }
@@ -717,13 +717,13 @@ func (p *Pool) unitBack(k int) (handed bool) {
 // setRoom notes that lane l may have room on a resource of key k, for
 // siblings looking for one (see roomCandidates). The capacity is visible
 // already, so a sibling clearing the bit meanwhile finds it when it checks
-// again.
-func (p *Pool) setRoom(l, k int) {
+// again. own is roomCame's: this process's own use made the room.
+func (p *Pool) setRoom(l, k int, own bool) {
 	w := p.seg.u64(p.seg.roomOff(k, l))
 	if atomic.LoadUint64(w)&laneBit(l) == 0 {
 		atomic.OrUint64(w, laneBit(l))
 	}
-	p.roomCame(l, k)
+	p.roomCame(l, k, own)
 }
 
 // dispatch is the one goroutine per process that sleeps on the lane's

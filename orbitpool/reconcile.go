@@ -93,13 +93,25 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 		return
 	}
 	switch {
+	case isClaim(t):
+		// An Accept or a withdrawal between its two steps. A live claimer
+		// finishes it, however long it is held up; one whose life ended
+		// left the bit, if still set, a unit nobody will use.
+		*rec = seenReservation{}
+		if p.reserverAlive(t) {
+			return
+		}
+		if w&bit != 0 {
+			p.dropped(off, wGen(w), bit)
+		}
+		atomic.CompareAndSwapUint64(tp, t, 0)
 	case t == 0 && w&bit == 0:
 		*rec = seenReservation{}
 	case t == 0:
-		// A set bit whose ticket is gone. Accept passes through this
-		// state for an instant between taking the ticket and the use; a
-		// bit that stays so for a whole reservation timeout belongs to a
-		// reservation nobody can accept, and would hold a unit forever.
+		// A set bit whose ticket is gone: only Reconcile's own steps
+		// pass through this state, so a bit that stays so for a whole
+		// reservation timeout (a corrupt word) belongs to a reservation
+		// nobody can accept, and would hold a unit forever.
 		if !rec.orphan || rec.gen != wGen(w) {
 			*rec = seenReservation{gen: wGen(w), since: now, orphan: true}
 			return
@@ -144,7 +156,7 @@ func (p *Pool) dropped(off int, gen, bit uint64) {
 	}
 	if k, _, ok := p.slotKey(off); ok {
 		p.seg.count(p.lane, k, stAged, 1)
-		p.setRoom(p.lane, k)
+		p.setRoom(p.lane, k, false) // room this process's users know nothing of
 		p.wake(k, 1)
 	}
 }

@@ -60,6 +60,12 @@ func (t *roomWatches) add(p *Pool, ref keyRef) (*RoomWatch, error) {
 	}
 	kw := t.keys[ref.idx]
 	if kw != nil && kw.gen != ref.gen {
+		if c := atomic.LoadUint64(s.u64(s.keyOff(ref.idx) + kfCtl)); kState(c) != keyLive || kGen(c) != ref.gen {
+			// It is the caller's reference that is out of date: the
+			// entry went to another key, which this process watches,
+			// since it was looked up. The watches here are that key's.
+			return nil, errKeyGone
+		}
 		// The entry went to another key under the old key's watches,
 		// which only a corrupt segment does (see Pool.awaited): they
 		// would never be woken, so wake them to look the key up again.
@@ -198,13 +204,14 @@ func (t *roomWatches) closeAll() {
 // roomCame tells the processes watching key entry k for room (see
 // WatchRoom) that a unit of lane l's resource of it came back: its caller
 // has made the unit visible, and set l's room bit. A process giving back a
-// unit of its own resource does not tell itself: its units are its own to
-// tell. One that a sibling gives back there (a reservation withdrawn or
-// aged out) is told to lane l too, which would otherwise not know of it.
-func (p *Pool) roomCame(l, k int) {
+// unit of its own resource by its own use does not tell itself (own): its
+// users are its own to tell. A unit that comes back there by anything else
+// (a sibling's reservation withdrawn, or aged out by this process's
+// Reconcile) is told to lane l too, which would otherwise not know of it.
+func (p *Pool) roomCame(l, k int, own bool) {
 	s := p.seg
 	self := -1
-	if l == p.lane {
+	if own {
 		self = l
 	}
 	watched := false

@@ -16,7 +16,7 @@ import (
 
 // abiVersion changes whenever the segment layout or the meaning of a word
 // changes; processes of different versions must not share a segment.
-const abiVersion = 8
+const abiVersion = 9
 
 // segmentMagic marks an initialised segment; it is written last at creation.
 const segmentMagic uint64 = 0x4f52_4249_5450_4f4c // "ORBITPOL"

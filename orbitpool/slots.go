@@ -141,7 +141,7 @@ func (cp *CreationPermit) register(capacity, use int) (ResourceID, error) {
 	// Room before the budget: an Acquire that reads the creation as done
 	// must find the resource (see try).
 	if capacity > use {
-		p.setRoom(p.lane, cp.key.idx)
+		p.setRoom(p.lane, cp.key.idx, true)
 	}
 	p.keyCreated(cp.key.idx, cp.key.gen)
 	s.count(p.lane, cp.key.idx, stCreated, 1)
@@ -407,11 +407,36 @@ func reservable(w uint64, id ResourceID, capacity int) error {
 }
 
 func (p *Pool) newTicket() uint64 {
-	n := p.tickets.Add(1)
-	if n == 0 {
-		n = p.tickets.Add(1)
+	for {
+		if n := p.tickets.Add(1) &^ claimFlag; n != 0 {
+			return makeTicket(p.lane, p.laneGen, n)
+		}
 	}
-	return makeTicket(p.lane, p.laneGen, n)
+}
+
+// claim takes the ticket of the reservation on bit of the slot at off: the
+// first step of its Accept or withdrawal, which makes that one the only one.
+// It leaves a claim of this process in the ticket's place until unclaim, so
+// that while the bit is turned into a use or cleared no new reservation can
+// stamp the ticket and take the bit, and Reconcile leaves the bit alone. Were
+// the ticket cleared instead, a claimer stalled past ReservationTimeout
+// between the two steps would find its bit aged out and taken by a new
+// reservation, and act on that one. Reconcile finishes only the claims of a
+// process whose life has ended.
+func (p *Pool) claim(off, bit int, ticket uint64) (mark uint64, ok bool) {
+	mark = p.newTicket() | claimFlag
+	if !atomic.CompareAndSwapUint64(p.seg.u64(off+slTickets+8*bit), ticket, mark) {
+		return 0, false
+	}
+	if h := testHookClaimed.Load(); h != nil {
+		(*h)()
+	}
+	return mark, true
+}
+
+// unclaim ends a claim: the bit's ticket is free again.
+func (p *Pool) unclaim(off, bit int, mark uint64) {
+	atomic.CompareAndSwapUint64(p.seg.u64(off+slTickets+8*bit), mark, 0)
 }
 
 // Accept validates a lease presented to this process, the resource's owner,
@@ -426,7 +451,7 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 	if l.Owner != p.inc {
 		return nil, fmt.Errorf("orbitpool: lease for incarnation %#x, this is %#x: %w", l.Owner, p.inc, ErrStale)
 	}
-	if l.Bit >= PendingReservations || l.Ticket == 0 {
+	if l.Bit >= PendingReservations || l.Ticket == 0 || isClaim(l.Ticket) {
 		return nil, fmt.Errorf("orbitpool: malformed lease: %w", ErrStale)
 	}
 	s := p.seg
@@ -437,17 +462,19 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 	}
 	// Taking the ticket is what makes this acceptance the only one: the bit
 	// stays set until then, so no new reservation can reuse it meanwhile.
-	if !atomic.CompareAndSwapUint64(s.u64(off+slTickets+8*int(l.Bit)), l.Ticket, 0) {
+	mark, ok := p.claim(off, int(l.Bit), l.Ticket)
+	if !ok {
 		return nil, ErrStale
 	}
+	defer p.unclaim(off, int(l.Bit), mark)
 	// The key is read between the word load above and the compare-and-swap
 	// below, both of this generation, so it is the key of the life that
 	// the use is taken on.
 	k, _, ok := p.slotKey(off)
 	if !ok {
-		// Refused before the use is taken, so nothing is held on a slot
-		// that cannot say whose waiters to wake; its bit, without a
-		// ticket now, is aged out by Reconcile.
+		// Refused before the use is taken: the unit goes back, with no
+		// wake, on a slot that cannot say whose waiters to wake.
+		p.dropReservation(off, l.ID.Generation(), bit)
 		return nil, fmt.Errorf("orbitpool: resource %v names key entry %d: %w", l.ID, k, ErrCorrupt)
 	}
 	for {

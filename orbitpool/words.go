@@ -258,12 +258,17 @@ const (
 
 // A ticket names one reservation: the reserving lane, the low bits of that
 // lane's generation, and a counter. The owner drops reservations whose lane
-// life has ended without waiting for them to age.
+// life has ended without waiting for them to age. A ticket with claimFlag set
+// in its counter is a claim (see Pool.claim): it names the process accepting
+// or withdrawing the reservation that was in its place, not a reservation.
 func makeTicket(lane int, laneGen uint32, n uint32) uint64 {
 	return uint64(lane)<<56 | uint64(laneGen&0xffffff)<<32 | uint64(n)
 }
 func ticketLane(t uint64) int       { return int(t >> 56) }
 func ticketLaneGen(t uint64) uint32 { return uint32(t>>32) & 0xffffff }
+func isClaim(t uint64) bool         { return t&claimFlag != 0 }
+
+const claimFlag = 1 << 31
 
 // Typed accessors. Offsets are computed only from indices already checked
 // against the layout.
