@@ -12,7 +12,12 @@
 // how capacity comes back. A reserver that could not deliver its lease
 // [Pool.Withdraw]s it, which frees the unit unless the owner accepted it
 // already; a reservation its owner never saw and that was not withdrawn (its
-// reserver died) is aged out by the owner's [Pool.Reconcile].
+// reserver died) is aged out by the owner's [Pool.Reconcile]. Accept and
+// Withdraw each take the lease's ticket, leaving their own claim in its place
+// until they have acted on the reservation, so that a process held up
+// between the two steps, however long, acts on its own reservation and not on
+// a newer one of the same slot; Reconcile finishes the claims of a process
+// that died.
 //
 // [Pool.ClaimCreate] hands out a key's creation budget, counting live and
 // in-progress resources together across the whole fleet, so a fleet that finds
