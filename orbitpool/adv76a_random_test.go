@@ -382,12 +382,18 @@ func adv76aRandomFleet(t *testing.T, seed uint64) {
 
 // adv76aSettled says what is not yet back, "" when all is.
 func adv76aSettled(p *Pool, ids []ResourceID) string {
+	s := p.seg
 	for _, id := range ids {
 		if n, err := p.Users(id); err != nil || n != 0 {
 			return fmt.Sprintf("resource %v: %d users/reservations (%v)", id, n, err)
 		}
+		off := s.slotOff(id.Lane(), id.Slot())
+		for b := range PendingReservations {
+			if tk := atomic.LoadUint64(s.u64(off + slTickets + 8*b)); tk != 0 {
+				return fmt.Sprintf("resource %v: ticket %d is %#x (claim: %v)", id, b, tk, isClaim(tk))
+			}
+		}
 	}
-	s := p.seg
 	live := make([]int, p.l.nkeys)
 	for l := range p.l.nlanes {
 		for i := range p.l.perLane {
