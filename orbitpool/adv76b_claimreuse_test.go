@@ -234,3 +234,62 @@ func TestAdv76bTicketWrap(t *testing.T) {
 		adv76bNoTickets(t, owner, id)
 	}
 }
+
+// TestAdv76bClaimerGoneAfterBitStep: a withdrawer whose life ends after it
+// cleared its bit and before it freed the ticket of its claim (simulated:
+// its two steps run by hand, then its pool closes) leaves a claim over a
+// clear bit. The owner's Reconcile must free the ticket without giving the
+// unit back a second time: the resource serves exactly its capacity.
+func TestAdv76bClaimerGoneAfterBitStep(t *testing.T) {
+	spec := PoolSpec{Lanes: 4, Keys: 2, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
+	open := opener(t, spec, Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Hour})
+	owner, r1, r2 := open(), open(), open()
+	const capacity = 2
+	id, err := owner.Register(Key{0xa76b, 60}, capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := r1.Reserve(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := owner.seg
+	off := s.slotOff(id.Lane(), id.Slot())
+	mark, ok := r1.claim(off, int(l.Bit), l.Ticket)
+	if !ok {
+		t.Fatal("claim failed")
+	}
+	if !r1.dropReservation(off, id.Generation(), 1<<l.Bit) {
+		t.Fatal("bit step failed")
+	}
+	r1.Close()
+	if err := owner.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := atomic.LoadUint64(s.u64(off + slTickets + 8*int(l.Bit))); tk != 0 {
+		t.Errorf("ticket %#x left after Reconcile (the dead claim was %#x)", tk, mark)
+	}
+	if n, _ := owner.Users(id); n != 0 {
+		t.Errorf("%d users after the dead claimer's withdrawal, want 0", n)
+	}
+	var ls []Lease
+	for range capacity + 1 {
+		l, err := r2.Reserve(id)
+		if err != nil {
+			break
+		}
+		ls = append(ls, l)
+	}
+	if len(ls) != capacity {
+		t.Errorf("%d reservations granted, capacity %d", len(ls), capacity)
+	}
+	for _, l := range ls {
+		e, err := owner.Accept(l)
+		if err != nil {
+			t.Errorf("Accept: %v", err)
+			continue
+		}
+		e.Complete()
+	}
+	adv76bNoTickets(t, owner, id)
+}
