@@ -10,9 +10,9 @@ import (
 
 func init() { mpMoreRoles["adv76a-claimer-killed"] = adv76aRoleClaimerKilled }
 
-// adv76aHoldClaim makes the next claim of this process (an Accept's or a
+// holdNextClaim makes the next claim of this process (an Accept's or a
 // withdrawal's first step) run held up between its two steps.
-func adv76aHoldClaim(t *testing.T, held func()) {
+func holdNextClaim(t *testing.T, held func()) {
 	t.Helper()
 	var once atomic.Bool
 	h := func() {
@@ -47,7 +47,7 @@ func TestAdv76aStalledClaimSparesNextLease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			adv76aHoldClaim(t, func() {
+			holdNextClaim(t, func() {
 				for range 10 {
 					if err := owner.Reconcile(); err != nil {
 						t.Error(err)
@@ -76,7 +76,7 @@ func TestAdv76aStalledClaimSparesNextLease(t *testing.T) {
 			if n, _ := owner.Users(id); n != 0 {
 				t.Errorf("after the %s ended: %d users, want 0", name, n)
 			}
-			adv76aNoTickets(t, owner, id)
+			noTickets(t, owner, id)
 			l2, err := r2.Reserve(id)
 			if err != nil {
 				t.Fatalf("the next reservation: %v", err)
@@ -90,8 +90,8 @@ func TestAdv76aStalledClaimSparesNextLease(t *testing.T) {
 	}
 }
 
-// adv76aNoTickets fails t if a ticket or a claim is left on id's slot.
-func adv76aNoTickets(t *testing.T, p *Pool, id ResourceID) {
+// noTickets fails t if a ticket or a claim is left on id's slot.
+func noTickets(t *testing.T, p *Pool, id ResourceID) {
 	t.Helper()
 	s := p.seg
 	off := s.slotOff(id.Lane(), id.Slot())
@@ -146,7 +146,7 @@ func TestAdv76aKilledClaimerFinished(t *testing.T) {
 	if n, _ := owner.Users(id); n != 0 {
 		t.Errorf("a dead claimer's reservation still holds its unit after Reconcile: %d users", n)
 	}
-	adv76aNoTickets(t, owner, id)
+	noTickets(t, owner, id)
 	l, err := open().Reserve(id)
 	if err != nil {
 		t.Fatalf("a reservation after the dead claimer's was finished: %v", err)

@@ -31,7 +31,7 @@ func TestAdv76bClaimSpansSlotReuse(t *testing.T) {
 			var id2 ResourceID
 			var l2 Lease
 			var ok2 bool
-			adv76bHoldClaim(t, func() {
+			holdNextClaim(t, func() {
 				done := make(chan struct{})
 				go func() { // another goroutine of the owner's process
 					defer close(done)
@@ -83,7 +83,7 @@ func TestAdv76bClaimSpansSlotReuse(t *testing.T) {
 			if n, _ := owner.Users(id2); n != 0 {
 				t.Errorf("new life: %d users after its execution, want 0", n)
 			}
-			adv76bNoTickets(t, owner, id2)
+			noTickets(t, owner, id2)
 		})
 	}
 }
@@ -150,7 +150,7 @@ func TestAdv76bForgedLeases(t *testing.T) {
 		check("Withdraw of " + f.what)
 	}
 	// A claim mark held on the bit right now, presented as a ticket.
-	adv76bHoldClaim(t, func() {
+	holdNextClaim(t, func() {
 		mark := atomic.LoadUint64(s.u64(off+slTickets+8*int(l.Bit)))
 		if !isClaim(mark) {
 			t.Errorf("ticket during the claim is %#x, not a claim", mark)
@@ -182,7 +182,7 @@ func TestAdv76bForgedLeases(t *testing.T) {
 		t.Errorf("after a replayed Withdraw of an accepted lease: %d users, want 1", n)
 	}
 	e.Complete()
-	adv76bNoTickets(t, owner, id)
+	noTickets(t, owner, id)
 }
 
 // TestAdv76bTicketWrap: the ticket counter of a pool wraps. A ticket is
@@ -231,7 +231,7 @@ func TestAdv76bTicketWrap(t *testing.T) {
 		if n, _ := owner.Users(id); n != 0 {
 			t.Errorf("near counter %#x: %d users after all leases ended", start, n)
 		}
-		adv76bNoTickets(t, owner, id)
+		noTickets(t, owner, id)
 	}
 }
 
@@ -291,5 +291,5 @@ func TestAdv76bClaimerGoneAfterBitStep(t *testing.T) {
 		}
 		e.Complete()
 	}
-	adv76bNoTickets(t, owner, id)
+	noTickets(t, owner, id)
 }

@@ -184,7 +184,7 @@ func TestAdv76bClaimStressAging(t *testing.T) {
 		if n, err := r.owner.Users(r.id); n != 0 || err != nil {
 			t.Errorf("resource %v: %d users, %v, after every lease ended", r.id, n, err)
 		}
-		adv76bNoTickets(t, r.owner, r.id)
+		noTickets(t, r.owner, r.id)
 		var ls []Lease
 		for range capacity {
 			l, err := reservers[0].Reserve(r.id)

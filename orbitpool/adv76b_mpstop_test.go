@@ -280,7 +280,7 @@ func TestAdv76bMPStoppedClaimers(t *testing.T) {
 		if n, err := owner.Users(r.id); n != 0 || err != nil {
 			t.Errorf("resource %v: %d users, %v, after every lease ended", r.id, n, err)
 		}
-		adv76bNoTickets(t, owner, r.id)
+		noTickets(t, owner, r.id)
 	}
 	other := open()
 	for _, r := range rs {

@@ -68,5 +68,5 @@ func TestAdv76bOrphanStaleRead(t *testing.T) {
 	owner.Reconcile()
 	owner.Reconcile()
 	t.Logf("%d reservations", n.Load())
-	adv76bNoTickets(t, owner, id)
+	noTickets(t, owner, id)
 }

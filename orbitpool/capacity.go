@@ -131,12 +131,19 @@ func (p *Pool) overCapacity(off int, w uint64) bool {
 // filled the resource, and wakes the key for the unit a waiter may have been
 // refused because of it.
 func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
+	p.withdrawing.RLock()
+	if p.closed.Load() {
+		p.withdrawing.RUnlock()
+		return // the owner drops a closed process's reservations
+	}
 	mark, ok := p.claim(off, bit, ticket)
 	if !ok {
+		p.withdrawing.RUnlock()
 		return // the slot was freed meanwhile, or its owner aged the bit
 	}
 	dropped := p.dropReservation(off, id.Generation(), 1<<bit)
 	p.unclaim(off, bit, mark)
+	p.withdrawing.RUnlock()
 	if dropped {
 		if k, _, ok := p.slotKey(off); ok {
 			p.setRoom(id.Lane(), k, false)

@@ -97,6 +97,13 @@ type Pool struct {
 	reconcileMu sync.Mutex
 	seen        []seenReservation // ReservationTimeout bookkeeping, per slot and bit
 
+	// withdrawing is held shared by a withdrawal from its closed check to
+	// the end of its claim, and exclusively by Close before the lane goes:
+	// once the lane is released, a claim of this process reads as a dead
+	// one's, which the owner's Reconcile finishes, and a new reservation
+	// may take the bit that a late step would then clear.
+	withdrawing sync.RWMutex
+
 	heldMu    sync.Mutex
 	held      []heldUnit                    // ReclaimHold's units, in the order they end
 	lingering atomic.Pointer[func(Key) int] // see SetLingering
@@ -257,6 +264,9 @@ func (p *Pool) Close() error {
 	<-p.finished
 	p.waiters.closeAll(p)
 	p.watches.closeAll()
+	// Wait out the withdrawals under way; later ones see the pool closed.
+	p.withdrawing.Lock()
+	p.withdrawing.Unlock()
 	// A caller's Reconcile may have passed its closed check already: let it
 	// finish before the lane goes, for once the lane is released it may be
 	// another process's, whose record a late healOwnLane would overwrite.
@@ -540,7 +550,7 @@ func (p *Pool) finishDeadSteps() {
 				continue
 			}
 			if k, kg, ok := p.slotKey(off); ok && kGen(atomic.LoadUint64(s.u64(s.keyOff(k)+kfCtl))) == kg {
-				p.setRoom(l, k, l == p.lane)
+				p.setRoom(l, k, false) // a dead process's unit, on any lane
 				room[k] += uint64(free)
 			}
 		}

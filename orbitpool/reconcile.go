@@ -117,7 +117,14 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 			return
 		}
 		if now-rec.since >= timeout {
-			p.dropped(off, wGen(w), bit)
+			// The ticket and the word were read one after the other:
+			// hold the ticket while the bit goes, so that it is the
+			// orphan's and not a reservation's that stamped the
+			// ticket and set the bit between the two reads.
+			if mark, ok := p.claim(off, b, 0); ok {
+				p.dropped(off, wGen(w), bit)
+				p.unclaim(off, b, mark)
+			}
 			*rec = seenReservation{}
 		}
 	case w&bit == 0:
