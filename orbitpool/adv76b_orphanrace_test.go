@@ -15,8 +15,7 @@ import (
 // ticket, and the live reservation's ticket stays stamped over a clear bit
 // (its lease is refused, the bit out of use while its reserver lives). The
 // reservers here never withdraw, the owner reconciles in a loop with an
-// instant timeout: once all stop, no ticket may be left, and no lease that
-// Accept took may have been refused (not counted).
+// instant timeout: once all stop, no ticket may be left.
 func TestAdv76bOrphanStaleRead(t *testing.T) {
 	spec := PoolSpec{Lanes: 6, Keys: 2, ResourcesPerLane: 1, Path: filepath.Join(t.TempDir(), "seg")}
 	open := opener(t, spec, Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Nanosecond})
