@@ -11,15 +11,16 @@ import (
 
 // TestAdv71dClosedReserverWakesLaneSuccessor: a Reserve that passed its
 // closed check before its pool closed, and whose reservation then finds the
-// resource over its lowered capacity, gives the reservation back and wakes
-// the key (ungrant). By then the pool's lane (the last of a 130-lane
-// segment, in the third mask word) belongs to a new process with a waiter
-// on the key. The closed pool's wake takes that lane for its own (grantLanes:
-// best == p.lane), adds the grant to the new process's queue word, and
-// "delivers" it through the closed pool's empty waiter table, ringing nobody.
-// The new process's waiter then looks granted to every later return, which
-// passes over its lane: when the resource's capacity is raised again, the
-// waiter must be served, not left asleep until its dispatcher's next
+// resource over its lowered capacity, must give the reservation back. By
+// then the pool's lane (the last of a 130-lane segment, in the third mask
+// word) belongs to a new process with a waiter on the key. The closed pool
+// once woke the key itself: its wake took that lane for its own
+// (grantLanes: best == p.lane), added the grant to the new process's queue
+// word, and "delivered" it through the closed pool's empty waiter table,
+// ringing nobody; the new process's waiter then looked granted to every
+// later return. Now the closed pool leaves the reservation to the owner,
+// whose Reconcile drops it; when the resource's capacity is raised again,
+// the waiter must be served, not left asleep until its dispatcher's next
 // reconcile.
 func TestAdv71dClosedReserverWakesLaneSuccessor(t *testing.T) {
 	spec := PoolSpec{Path: filepath.Join(t.TempDir(), "seg"), Lanes: 130, Keys: 4, ResourcesPerLane: 2}
@@ -90,6 +91,16 @@ func TestAdv71dClosedReserverWakesLaneSuccessor(t *testing.T) {
 		t.FailNow()
 	}
 	stuck := atomic.LoadUint64(s.u64(s.queueOff(aLane, ref.idx)))
+	// A closed pool leaves its reservations to their owner (its late
+	// withdrawal could act on a newer one once its lane is another's):
+	// the owner's Reconcile drops the reservation of a lane life that
+	// ended.
+	if err := b.Reconcile(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := b.Users(r); n != 0 {
+		t.Fatalf("the owner's Reconcile left the closed pool's reservation: %d users", n)
+	}
 	// Real room comes back: d's waiter is the only one.
 	if err := b.SetCapacity(r, 1); err != nil {
 		t.Fatal(err)

@@ -73,21 +73,28 @@ func TestAdv76aStalledClaimSparesNextLease(t *testing.T) {
 				}
 				e.Complete()
 			}
-			if n, _ := owner.Users(id); n != 0 {
-				t.Errorf("after the %s ended: %d users, want 0", name, n)
-			}
-			noTickets(t, owner, id)
-			l2, err := r2.Reserve(id)
-			if err != nil {
-				t.Fatalf("the next reservation: %v", err)
-			}
-			e, err := owner.Accept(l2)
-			if err != nil {
-				t.Fatalf("Accept of the next lease: %v", err)
-			}
-			e.Complete()
+			idleAndServing(t, owner, r2, id)
 		})
 	}
+}
+
+// idleAndServing fails t unless id's slot holds no use, reservation,
+// ticket or claim, and serves r's next lease.
+func idleAndServing(t *testing.T, owner, r *Pool, id ResourceID) {
+	t.Helper()
+	if n, _ := owner.Users(id); n != 0 {
+		t.Errorf("%d users and reservations left, want 0", n)
+	}
+	noTickets(t, owner, id)
+	l, err := r.Reserve(id)
+	if err != nil {
+		t.Fatalf("the next reservation: %v", err)
+	}
+	e, err := owner.Accept(l)
+	if err != nil {
+		t.Fatalf("Accept of the next lease: %v", err)
+	}
+	e.Complete()
 }
 
 // noTickets fails t if a ticket or a claim is left on id's slot.
@@ -143,17 +150,5 @@ func TestAdv76aKilledClaimerFinished(t *testing.T) {
 	if err := owner.Reconcile(); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := owner.Users(id); n != 0 {
-		t.Errorf("a dead claimer's reservation still holds its unit after Reconcile: %d users", n)
-	}
-	noTickets(t, owner, id)
-	l, err := open().Reserve(id)
-	if err != nil {
-		t.Fatalf("a reservation after the dead claimer's was finished: %v", err)
-	}
-	e, err := owner.Accept(l)
-	if err != nil {
-		t.Fatalf("Accept after the dead claimer's was finished: %v", err)
-	}
-	e.Complete()
+	idleAndServing(t, owner, open(), id)
 }

@@ -57,19 +57,7 @@ func TestAdv76bClosedClaimerSparesNextLease(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close still waits 5s after the withdrawal ended")
 	}
-	if n, _ := owner.Users(id); n != 0 {
-		t.Errorf("after the withdrawal: %d users, want 0", n)
-	}
-	noTickets(t, owner, id)
-	l2, err := r2.Reserve(id)
-	if err != nil {
-		t.Fatalf("the next reservation: %v", err)
-	}
-	e, err := owner.Accept(l2)
-	if err != nil {
-		t.Fatalf("Accept of the next lease: %v", err)
-	}
-	e.Complete()
+	idleAndServing(t, owner, r2, id)
 }
 
 
