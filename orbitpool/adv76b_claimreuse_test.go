@@ -104,9 +104,9 @@ func TestAdv76bForgedLeases(t *testing.T) {
 	s := owner.seg
 	off := s.slotOff(id.Lane(), id.Slot())
 	snapshot := func() (w uint64, tk [PendingReservations]uint64) {
-		w = atomic.LoadUint64(s.u64(off+slWord))
+		w = atomic.LoadUint64(s.u64(off + slWord))
 		for b := range PendingReservations {
-			tk[b] = atomic.LoadUint64(s.u64(off+slTickets+8*b))
+			tk[b] = atomic.LoadUint64(s.u64(off + slTickets + 8*b))
 		}
 		return
 	}
@@ -151,7 +151,7 @@ func TestAdv76bForgedLeases(t *testing.T) {
 	}
 	// A claim mark held on the bit right now, presented as a ticket.
 	holdNextClaim(t, func() {
-		mark := atomic.LoadUint64(s.u64(off+slTickets+8*int(l.Bit)))
+		mark := atomic.LoadUint64(s.u64(off + slTickets + 8*int(l.Bit)))
 		if !isClaim(mark) {
 			t.Errorf("ticket during the claim is %#x, not a claim", mark)
 		}
@@ -161,10 +161,10 @@ func TestAdv76bForgedLeases(t *testing.T) {
 			t.Errorf("Accept of a lease naming the held claim succeeded")
 		}
 		r1.Withdraw(fl)
-		if got := atomic.LoadUint64(s.u64(off+slTickets+8*int(l.Bit))); got != mark {
+		if got := atomic.LoadUint64(s.u64(off + slTickets + 8*int(l.Bit))); got != mark {
 			t.Errorf("a Withdraw naming the held claim changed it to %#x", got)
 		}
-		if w := atomic.LoadUint64(s.u64(off+slWord)); w&(1<<l.Bit) == 0 {
+		if w := atomic.LoadUint64(s.u64(off + slWord)); w&(1<<l.Bit) == 0 {
 			t.Errorf("a Withdraw naming the held claim cleared the bit")
 		}
 	})

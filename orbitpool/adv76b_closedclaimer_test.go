@@ -60,5 +60,4 @@ func TestAdv76bClosedClaimerSparesNextLease(t *testing.T) {
 	idleAndServing(t, owner, r2, id)
 }
 
-
 var _ = errors.Is
