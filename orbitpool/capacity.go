@@ -125,30 +125,22 @@ func (p *Pool) overCapacity(off int, w uint64) bool {
 }
 
 // ungrant gives back a reservation on id that overCapacity refused, or that
-// its reserver withdraws: its ticket first (claim), so no Accept can take it,
-// then its bit. It marks the owner's
-// lane as having room, since a scan may have cleared it while the reservation
-// filled the resource, and wakes the key for the unit a waiter may have been
-// refused because of it.
+// its reserver withdraws (dropClaimed), unless the slot was freed meanwhile
+// or its owner aged the reservation. A closed pool leaves its reservations
+// to their owners, which drop them as those of a life that ended. It marks
+// the owner's lane as having room, since a scan may have cleared it while
+// the reservation filled the resource, and wakes the key for the unit a
+// waiter may have been refused because of it.
 func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
 	p.withdrawing.RLock()
-	if p.closed.Load() {
-		p.withdrawing.RUnlock()
-		return // the owner drops a closed process's reservations
-	}
-	mark, ok := p.claim(off, bit, ticket)
-	if !ok {
-		p.withdrawing.RUnlock()
-		return // the slot was freed meanwhile, or its owner aged the bit
-	}
-	dropped := p.dropReservation(off, id.Generation(), 1<<bit)
-	p.unclaim(off, bit, mark)
+	dropped := !p.closed.Load() && p.dropClaimed(off, bit, ticket, id.Generation())
 	p.withdrawing.RUnlock()
-	if dropped {
-		if k, _, ok := p.slotKey(off); ok {
-			p.setRoom(id.Lane(), k, false)
-			p.wake(k, 1)
-		}
+	if !dropped {
+		return
+	}
+	if k, _, ok := p.slotKey(off); ok {
+		p.setRoom(id.Lane(), k, false)
+		p.wake(k, 1)
 	}
 }
 
@@ -161,7 +153,7 @@ func (p *Pool) ungrant(off int, id ResourceID, bit int, ticket uint64) {
 // tell may always withdraw.
 func (p *Pool) Withdraw(l Lease) {
 	lane, slot := l.ID.Lane(), l.ID.Slot()
-	if p.closed.Load() || lane >= p.l.nlanes || slot >= p.l.perLane || l.Bit >= PendingReservations || l.Ticket == 0 || isClaim(l.Ticket) {
+	if lane >= p.l.nlanes || slot >= p.l.perLane || l.Bit >= PendingReservations || l.Ticket == 0 || isClaim(l.Ticket) {
 		return
 	}
 	p.ungrant(p.seg.slotOff(lane, slot), l.ID, int(l.Bit), l.Ticket)

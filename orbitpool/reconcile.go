@@ -101,8 +101,8 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 		if p.reserverAlive(t) {
 			return
 		}
-		if w&bit != 0 {
-			p.dropped(off, wGen(w), bit)
+		if p.dropReservation(off, wGen(w), bit) {
+			p.aged(off)
 		}
 		atomic.CompareAndSwapUint64(tp, t, 0)
 	case t == 0 && w&bit == 0:
@@ -118,12 +118,11 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 		}
 		if now-rec.since >= timeout {
 			// The ticket and the word were read one after the other:
-			// hold the ticket while the bit goes, so that it is the
-			// orphan's and not a reservation's that stamped the
+			// the claim of the empty ticket makes the bit cleared the
+			// orphan's, not that of a reservation that stamped the
 			// ticket and set the bit between the two reads.
-			if mark, ok := p.claim(off, b, 0); ok {
-				p.dropped(off, wGen(w), bit)
-				p.unclaim(off, b, mark)
+			if p.dropClaimed(off, b, 0, wGen(w)) {
+				p.aged(off)
 			}
 			*rec = seenReservation{}
 		}
@@ -147,20 +146,16 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 		if now-rec.since < timeout && p.reserverAlive(t) {
 			return
 		}
-		// Taking the ticket is what stops an Accept of it; the bit is
-		// then ours to clear.
-		if atomic.CompareAndSwapUint64(tp, t, 0) {
-			p.dropped(off, wGen(w), bit)
+		if p.dropClaimed(off, b, t, wGen(w)) {
+			p.aged(off)
 		}
 		*rec = seenReservation{}
 	}
 }
 
-// dropped clears an unaccepted reservation's bit and gives its unit back.
-func (p *Pool) dropped(off int, gen, bit uint64) {
-	if !p.dropReservation(off, gen, bit) {
-		return
-	}
+// aged gives back the unit of an unaccepted reservation that Reconcile
+// dropped from this lane's slot at off.
+func (p *Pool) aged(off int) {
 	if k, _, ok := p.slotKey(off); ok {
 		p.seg.count(p.lane, k, stAged, 1)
 		p.setRoom(p.lane, k, false) // room this process's users know nothing of
@@ -168,7 +163,21 @@ func (p *Pool) dropped(off int, gen, bit uint64) {
 	}
 }
 
-// dropReservation clears one pending bit on this lane's slot at off.
+// dropClaimed drops the reservation on bit of the slot at off whose ticket
+// is ticket (0: an orphan bit) in slot life gen, under a claim of the
+// ticket: no Accept can take it meanwhile, nor a new reservation the bit.
+// It reports whether the bit was cleared, its unit the caller's to give
+// back.
+func (p *Pool) dropClaimed(off, bit int, ticket, gen uint64) bool {
+	mark, ok := p.claim(off, bit, ticket)
+	if !ok {
+		return false
+	}
+	defer p.unclaim(off, bit, mark)
+	return p.dropReservation(off, gen, 1<<bit)
+}
+
+// dropReservation clears one pending bit on the slot at off.
 func (p *Pool) dropReservation(off int, gen, bit uint64) bool {
 	word := p.seg.u64(off + slWord)
 	for {
