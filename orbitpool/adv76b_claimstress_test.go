@@ -149,12 +149,7 @@ func TestAdv76bClaimStressAging(t *testing.T) {
 				if wGen(w) != r.id.Generation() || wState(w) != StateLive {
 					t.Errorf("resource %v: slot word %#x", r.id, w)
 				}
-				if a := r.active.Load(); int64(wUse(w)) != a {
-					t.Errorf("resource %v: %d uses in the slot, %d executions held", r.id, wUse(w), a)
-				}
-				if wUse(w)+wPendN(w) > capacity {
-					t.Errorf("resource %v: %d uses + %d pending > capacity %d", r.id, wUse(w), wPendN(w), capacity)
-				}
+				usesHeld(t, r.id, w, r.active.Load(), capacity)
 			}
 			mu.Unlock()
 		}
@@ -185,20 +180,39 @@ func TestAdv76bClaimStressAging(t *testing.T) {
 			t.Errorf("resource %v: %d users, %v, after every lease ended", r.id, n, err)
 		}
 		noTickets(t, r.owner, r.id)
-		var ls []Lease
-		for range capacity {
-			l, err := reservers[0].Reserve(r.id)
-			if err != nil {
-				t.Errorf("resource %v: reservation %d of %d after the churn: %v", r.id, len(ls)+1, capacity, err)
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			if !accept(r, l) {
-				t.Errorf("a lease after the churn was refused")
-			}
-		}
+		wholeAgain(t, reservers[0], r.id, capacity, func(l Lease) bool { return accept(r, l) })
 	}
 	t.Logf("%d accepted, %d claims", accepted.Load(), claims.Load())
+}
+
+// usesHeld fails t unless slot word w of id counts as many uses as the
+// executions held, and no more uses and reservations than capacity.
+func usesHeld(t *testing.T, id ResourceID, w uint64, held int64, capacity int) {
+	t.Helper()
+	if int64(wUse(w)) != held {
+		t.Errorf("resource %v: %d uses in the slot, %d executions held", id, wUse(w), held)
+	}
+	if wUse(w)+wPendN(w) > capacity {
+		t.Errorf("resource %v: %d uses + %d pending > capacity %d", id, wUse(w), wPendN(w), capacity)
+	}
+}
+
+// wholeAgain fails t unless r can reserve all capacity units of id again,
+// and accept takes every lease.
+func wholeAgain(t *testing.T, r *Pool, id ResourceID, capacity int, accept func(Lease) bool) {
+	t.Helper()
+	var ls []Lease
+	for range capacity {
+		l, err := r.Reserve(id)
+		if err != nil {
+			t.Errorf("resource %v: reservation %d of %d after the churn: %v", id, len(ls)+1, capacity, err)
+			break
+		}
+		ls = append(ls, l)
+	}
+	for _, l := range ls {
+		if !accept(l) {
+			t.Errorf("a lease after the churn was refused")
+		}
+	}
 }

@@ -216,12 +216,7 @@ func TestAdv76bMPStoppedClaimers(t *testing.T) {
 			for _, r := range rs {
 				s := owner.seg
 				w := atomic.LoadUint64(s.u64(s.slotOff(r.id.Lane(), r.id.Slot()) + slWord))
-				if a := r.active.Load(); int64(wUse(w)) != a {
-					t.Errorf("resource %v: %d uses in the slot, %d executions held", r.id, wUse(w), a)
-				}
-				if wUse(w)+wPendN(w) > capacity {
-					t.Errorf("resource %v: %d uses + %d pending > capacity %d", r.id, wUse(w), wPendN(w), capacity)
-				}
+				usesHeld(t, r.id, w, r.active.Load(), capacity)
 			}
 			mu.Unlock()
 		}
@@ -284,20 +279,7 @@ func TestAdv76bMPStoppedClaimers(t *testing.T) {
 	}
 	other := open()
 	for _, r := range rs {
-		var ls []Lease
-		for range capacity {
-			l, err := other.Reserve(r.id)
-			if err != nil {
-				t.Errorf("resource %v: reservation %d of %d after the churn: %v", r.id, len(ls)+1, capacity, err)
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			if !accept(r, l) {
-				t.Errorf("a lease after the churn was refused")
-			}
-		}
+		wholeAgain(t, other, r.id, capacity, func(l Lease) bool { return accept(r, l) })
 	}
 	execs.Wait()
 	t.Logf("%d accepted, %d refused", accepted.Load(), refused.Load())
