@@ -10,9 +10,9 @@ import (
 // TestAdv76aWatchRoomRaceAcrossKeys is the public-API race behind
 // TestAdv76aStaleWatchRefSparesOtherKeysWatch: in a one-entry table, three
 // goroutines watch key A and close the watch at once, over and over, while
-// a fourth does the same for key B, holding its watch a little longer, so the entry passes between the two keys. No unit
-// of either key ever comes back and the pool stays open, so no watch may
-// ever be woken (doc: Ready is closed when a unit came back, or when the
+// a fourth does the same for key B, holding its watch a little longer, so
+// the entry passes between the two keys. No unit of either key ever comes
+// back and the pool stays open, so no watch may ever be woken (doc: Ready is closed when a unit came back, or when the
 // pool closes; a watch ends under it only on a corrupt segment).
 func TestAdv76aWatchRoomRaceAcrossKeys(t *testing.T) {
 	p := openShared(t, PoolSpec{Lanes: 2, Keys: 1, ResourcesPerLane: 2}, 1)[0]

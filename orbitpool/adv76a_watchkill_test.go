@@ -54,10 +54,6 @@ func adv76aRoleWatcher(c *mpChildCtx) error {
 // dead lane's resources would hold the entry too, until the next Reconcile
 // reclaims it. By design, not asserted here.)
 func TestAdv76aKilledWatcherHoldsNoEntry(t *testing.T) {
-	adv76aKilledWatcher(t, true)
-}
-
-func adv76aKilledWatcher(t *testing.T, reconcile bool) {
 	spec := PoolSpec{Lanes: 4, Keys: 1, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
 	opts := Options{ReconcileInterval: time.Hour, ReservationTimeout: time.Second}
 	open := opener(t, spec, opts)
@@ -90,10 +86,8 @@ func adv76aKilledWatcher(t *testing.T, reconcile bool) {
 	if !readyWithin(ws.Ready(), 2*time.Second) {
 		t.Fatalf("the surviving watcher of A was not woken by A's unit after the other watcher was killed")
 	}
-	if reconcile {
-		if err := survivor.Reconcile(); err != nil {
-			t.Fatal(err)
-		}
+	if err := survivor.Reconcile(); err != nil {
+		t.Fatal(err)
 	}
 	ref, _ := survivor.lookupKey(kA)
 	s := survivor.seg
