@@ -115,23 +115,38 @@ func adv77aVictimWord(rng *rand.Rand, s *segment, k int, slots []ResourceID, liv
 // A child process runs Reserve (handing leases to this process), Withdraw,
 // Acquire, WatchRoom and Reconcile on the same keys meanwhile, under the
 // same bounds, and must leave cleanly.
-func TestAdv77aLiveCorruptionOfOneKey(t *testing.T) { adv77aLiveCorruption(t, 4) }
+func TestAdv77aLiveCorruptionOfOneKey(t *testing.T) { adv77aLiveCorruption(t, 4, false) }
 
 // TestAdv77aLiveCorruptionWideMasks is TestAdv77aLiveCorruptionOfOneKey
 // with 70 lanes: a key's masks take two words, the second naming lanes
 // 64..127, of which 70..127 do not exist.
-func TestAdv77aLiveCorruptionWideMasks(t *testing.T) { adv77aLiveCorruption(t, 70) }
+func TestAdv77aLiveCorruptionWideMasks(t *testing.T) { adv77aLiveCorruption(t, 70, false) }
 
-func adv77aLiveCorruption(t *testing.T, lanes int) {
+// TestAdv77aLiveCorruptionChildKilled is TestAdv77aLiveCorruptionOfOneKey
+// with the child, which owns a resource of the victim key and one of a
+// good key, SIGKILLed at the end instead of stopped, and the pools holding
+// a dead process's units for 100ms (Options.ReclaimHold): reclaiming its
+// lane over the corrupted words returns within adv77aBound, and once the
+// hold ends the good key's budget is recounted to the resources left (a
+// creation fits within one more than those, not within them).
+func TestAdv77aLiveCorruptionChildKilled(t *testing.T) { adv77aLiveCorruption(t, 4, true) }
+
+// adv77aGood0 is the first good key of adv77aLiveCorruption.
+var adv77aGood0 = Key{0xa77a, 100}
+
+func adv77aLiveCorruption(t *testing.T, lanes int, kill bool) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	spec := PoolSpec{Lanes: lanes, Keys: 8, ResourcesPerLane: 8, Path: filepath.Join(t.TempDir(), "seg")}
 	opts := Options{ReconcileInterval: 2 * time.Millisecond, ReservationTimeout: 20 * time.Millisecond}
+	if kill {
+		opts.ReclaimHold = 100 * time.Millisecond
+	}
 	a := adv77aOpen(t, spec, opts)
 	b := adv77aOpen(t, spec, opts)
 	pools := []*Pool{a, b}
 	byLane := map[int]*Pool{a.lane: a, b.lane: b}
-	good := []Key{{0xa77a, 100}, {0xa77a, 101}, {0xa77a, 102}}
+	good := []Key{adv77aGood0, {0xa77a, 101}, {0xa77a, 102}}
 	victim := Key{0xa77a, 199}
 	type res struct {
 		id    ResourceID
@@ -235,11 +250,10 @@ func adv77aLiveCorruption(t *testing.T, lanes int) {
 			if o := byLane[plan.Lease.ID.Lane()]; o != nil {
 				if e, err := o.Accept(plan.Lease); err == nil {
 					e.Complete()
-				} else {
-					pools[0].Withdraw(plan.Lease)
-					pools[1].Withdraw(plan.Lease)
+					return
 				}
 			}
+			pools[0].Withdraw(plan.Lease)
 		}
 	}
 
@@ -387,8 +401,12 @@ func adv77aLiveCorruption(t *testing.T, lanes int) {
 		buf = buf[:runtime.Stack(buf, true)]
 		t.Fatalf("workers still running 10s after the stop (last corruption: %v):\n%s", lastCorrupt.Load(), buf)
 	}
-	// The child stops, reports, and leaves.
-	child.send(mpMsg{Type: "stop"})
+	// The child stops, reports, and leaves; or dies, and is reclaimed.
+	if kill {
+		child.kill()
+	} else {
+		child.send(mpMsg{Type: "stop"})
+	}
 	childDone := make(chan struct{})
 	go func() { childLeases.Wait(); close(childDone) }()
 	select {
@@ -396,7 +414,37 @@ func adv77aLiveCorruption(t *testing.T, lanes int) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the child did not stop within 10s%s", child.diag())
 	}
-	child.finish(10 * time.Second)
+	if kill {
+		adv77aWithin(t, "reclaiming the killed child's lane", func() {
+			if err := a.Reconcile(); err != nil && !errors.Is(err, ErrCorrupt) {
+				t.Errorf("Reconcile: %v", err)
+			}
+		})
+		if a.LiveLanes() != 2 {
+			t.Errorf("%d live lanes after the child's was reclaimed, want 2", a.LiveLanes())
+		}
+		var err error
+		for end := time.Now().Add(3 * time.Second); ; {
+			var cp *CreationPermit
+			if cp, err = a.ClaimCreate(adv77aGood0, Limits{MaxResources: 3}); err == nil {
+				cp.Close()
+				break
+			}
+			if time.Now().After(end) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("the good key's budget was not recounted 3s after the child's death: %v", err)
+		}
+		if cp, err := a.ClaimCreate(adv77aGood0, Limits{MaxResources: 2}); err == nil {
+			cp.Close()
+			t.Errorf("a creation within 2 resources of the good key, which has 2 left, was granted")
+		}
+	} else {
+		child.finish(10 * time.Second)
+	}
 	if fromChild.Load() == 0 {
 		t.Errorf("the child handed over no lease")
 	}
@@ -485,6 +533,12 @@ func init() { mpMoreRoles["adv77a-churner"] = adv77aRoleChurner }
 func adv77aRoleChurner(c *mpChildCtx) error {
 	p, err := c.open()
 	if err != nil {
+		return err
+	}
+	if _, err := p.Register(c.args.Key, 1); err != nil {
+		return err
+	}
+	if _, err := p.Register(adv77aGood0, 1); err != nil {
 		return err
 	}
 	c.send(mpMsg{Type: "ready", Lane: p.lane})
