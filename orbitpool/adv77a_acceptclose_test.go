@@ -147,8 +147,10 @@ func TestAdv77aAcceptLandsAfterCloseMarked(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed := make(chan error, 1)
+	held := false
 	holdNextClaim(t, func() {
 		owner.reconcileMu.Lock()
+		held = true
 		go func() { closed <- owner.Close() }()
 		deadline := time.Now().Add(5 * time.Second)
 		for !owner.closed.Load() {
@@ -160,6 +162,9 @@ func TestAdv77aAcceptLandsAfterCloseMarked(t *testing.T) {
 		}
 	})
 	e, aerr := owner.Accept(l)
+	if !held {
+		t.Fatalf("Accept never claimed the lease's ticket: %v, %v", e, aerr)
+	}
 	owner.reconcileMu.Unlock()
 	select {
 	case err := <-closed:
