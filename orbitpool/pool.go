@@ -104,6 +104,12 @@ type Pool struct {
 	// may take the bit that a late step would then clear.
 	withdrawing sync.RWMutex
 
+	// claiming holds the claims this process has under way (see claim).
+	// Reconcile cannot tell a sibling's slow claim from a corrupt word, but
+	// a claim that names this process's life and is not here is one.
+	claimMu  sync.Mutex
+	claiming map[uint64]struct{}
+
 	heldMu    sync.Mutex
 	held      []heldUnit                    // ReclaimHold's units, in the order they end
 	lingering atomic.Pointer[func(Key) int] // see SetLingering
@@ -141,6 +147,7 @@ func Open(spec PoolSpec, opts Options) (*Pool, error) {
 		inc:      opts.Incarnation,
 		opts:     opts,
 		seen:     make([]seenReservation, spec.ResourcesPerLane*PendingReservations),
+		claiming: make(map[uint64]struct{}),
 		stop:     make(chan struct{}),
 		finished: make(chan struct{}),
 	}

@@ -13,7 +13,7 @@ type seenReservation struct {
 	ticket uint64
 	gen    uint64
 	since  int64
-	orphan bool // a set bit without a ticket
+	orphan bool // a set bit without a ticket, or a stray claim (see strayClaim)
 }
 
 // Reconcile does the owner's housekeeping; the pool's dispatcher runs it every
@@ -93,6 +93,29 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 		return
 	}
 	switch {
+	case t == 0 && w&bit == 0:
+		*rec = seenReservation{}
+	case t == 0 || isClaim(t) && p.strayClaim(t):
+		// A set bit whose ticket is gone: only Reconcile's own steps
+		// pass through this state, so a bit that stays so for a whole
+		// reservation timeout (a corrupt word) belongs to a reservation
+		// nobody can accept, and would hold a unit forever. So would a
+		// claim of this process that none of its steps holds, and hold
+		// the bit's ticket too.
+		if !rec.orphan || rec.ticket != t || rec.gen != wGen(w) {
+			*rec = seenReservation{ticket: t, gen: wGen(w), since: now, orphan: true}
+			return
+		}
+		if now-rec.since >= timeout {
+			// The ticket and the word were read one after the other:
+			// the claim of the ticket read makes the bit cleared the
+			// orphan's, not that of a reservation that stamped the
+			// ticket and set the bit between the two reads.
+			if p.dropClaimed(off, b, t, wGen(w)) {
+				p.aged(off)
+			}
+			*rec = seenReservation{}
+		}
 	case isClaim(t):
 		// An Accept or a withdrawal between its two steps. A live claimer
 		// finishes it, however long it is held up; one whose life ended
@@ -105,27 +128,6 @@ func (p *Pool) reconcileBit(off, slot, b int, now, timeout int64) {
 			p.aged(off)
 		}
 		atomic.CompareAndSwapUint64(tp, t, 0)
-	case t == 0 && w&bit == 0:
-		*rec = seenReservation{}
-	case t == 0:
-		// A set bit whose ticket is gone: only Reconcile's own steps
-		// pass through this state, so a bit that stays so for a whole
-		// reservation timeout (a corrupt word) belongs to a reservation
-		// nobody can accept, and would hold a unit forever.
-		if !rec.orphan || rec.gen != wGen(w) {
-			*rec = seenReservation{gen: wGen(w), since: now, orphan: true}
-			return
-		}
-		if now-rec.since >= timeout {
-			// The ticket and the word were read one after the other:
-			// the claim of the empty ticket makes the bit cleared the
-			// orphan's, not that of a reservation that stamped the
-			// ticket and set the bit between the two reads.
-			if p.dropClaimed(off, b, 0, wGen(w)) {
-				p.aged(off)
-			}
-			*rec = seenReservation{}
-		}
 	case w&bit == 0:
 		// A ticket stamped by a reserver that has not set its bit. If that
 		// reserver's life is over, free the ticket. Take the bit first, so

@@ -425,7 +425,13 @@ func (p *Pool) newTicket() uint64 {
 // process whose life has ended.
 func (p *Pool) claim(off, bit int, ticket uint64) (mark uint64, ok bool) {
 	mark = p.newTicket() | claimFlag
+	// Recorded before it can be seen in the segment, forgotten after it
+	// is gone from there (see strayClaim).
+	p.claimMu.Lock()
+	p.claiming[mark] = struct{}{}
+	p.claimMu.Unlock()
 	if !atomic.CompareAndSwapUint64(p.seg.u64(off+slTickets+8*bit), ticket, mark) {
+		p.forgetClaim(mark)
 		return 0, false
 	}
 	if h := testHookClaimed.Load(); h != nil {
@@ -437,6 +443,26 @@ func (p *Pool) claim(off, bit int, ticket uint64) (mark uint64, ok bool) {
 // unclaim ends a claim: the bit's ticket is free again.
 func (p *Pool) unclaim(off, bit int, mark uint64) {
 	atomic.CompareAndSwapUint64(p.seg.u64(off+slTickets+8*bit), mark, 0)
+	p.forgetClaim(mark)
+}
+
+func (p *Pool) forgetClaim(mark uint64) {
+	p.claimMu.Lock()
+	delete(p.claiming, mark)
+	p.claimMu.Unlock()
+}
+
+// strayClaim reports whether claim mark t names this process's present life
+// but none of its claims under way: a corrupt word. Claims are unique, so
+// one read here after the segment showed it cannot be a later claim's.
+func (p *Pool) strayClaim(t uint64) bool {
+	if ticketLane(t) != p.lane || ticketLaneGen(t) != p.laneGen&0xffffff {
+		return false
+	}
+	p.claimMu.Lock()
+	_, ok := p.claiming[t]
+	p.claimMu.Unlock()
+	return !ok
 }
 
 // Accept validates a lease presented to this process, the resource's owner,
@@ -486,6 +512,9 @@ func (p *Pool) Accept(l Lease) (*Execution, error) {
 			break
 		}
 	}
+	if p.undoIfClosed(off, l.ID.Generation(), k) {
+		return nil, ErrClosed
+	}
 	s.count(p.lane, k, stAccepted, 1)
 	return p.newExecution(l.ID, k), nil
 }
@@ -510,17 +539,27 @@ func (p *Pool) useLocal(id ResourceID, ref keyRef) (*Execution, error) {
 				p.dropUse(off, id.Generation(), ref.idx)
 				return nil, ErrBusy
 			}
-			if p.closed.Load() {
-				// Close may have given this lane to another process
-				// between the read of the slot and the use: Close marks
-				// the pool first, so seeing it unmarked now proves the
-				// slot was still ours. Give back what was taken.
-				p.dropUse(off, id.Generation(), ref.idx)
+			if p.undoIfClosed(off, id.Generation(), ref.idx) {
 				return nil, ErrClosed
 			}
 			return p.newExecution(id, ref.idx), nil
 		}
 	}
+}
+
+// undoIfClosed gives back the use just taken on the slot at off, of key k in
+// slot life gen, if Close has begun, and reports whether it did. Close may
+// have given the lane to another process, or be about to free the slot,
+// between the read of the slot and the use: Close marks the pool first, so
+// seeing it unmarked after the use proves the slot was still this
+// process's, and the use outlives Close's clearing of it no more than any
+// other Execution does.
+func (p *Pool) undoIfClosed(off int, gen uint64, k int) bool {
+	if !p.closed.Load() {
+		return false
+	}
+	p.dropUse(off, gen, k)
+	return true
 }
 
 // dropUse gives back one use of the slot at off in generation gen, and
