@@ -45,7 +45,7 @@ func TestAdv77bStrayBurstOwnerLeaves(t *testing.T) {
 					}
 					return true
 				})
-				ref := u.refTransport(t)
+				ref := adv77bRef(t, u)
 				ms := newFleet(t, 3, u.conf(func(tr *Transport) { tr.MaxConnsPerKey = 1 }))
 				owner, client, third := ms[0], ms[1], ms[2]
 				warm(t, owner, u.url("/warm"))

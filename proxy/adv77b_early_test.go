@@ -50,7 +50,7 @@ func TestAdv77bEarlyFinalOwnerLeaves(t *testing.T) {
 				}
 				t.Run(name+"/"+how+path, func(t *testing.T) {
 					u := newAdv10Upstream(t, withTLS, adv77bScript(nil, func() {}))
-					ref := u.refTransport(t)
+					ref := adv77bRef(t, u)
 					owner, client := remotePair(t, u.conf(func(tr *Transport) { tr.RelayUnreplayable = true }))
 					warm(t, owner, u.url("/"))
 
@@ -128,7 +128,7 @@ func TestAdv77bBogus101OwnerLeaves(t *testing.T) {
 				}
 				t.Run(name+"/"+how+"/"+c.name, func(t *testing.T) {
 					u := newAdv10Upstream(t, withTLS, adv77bScript(nil, func() {}))
-					ref := u.refTransport(t)
+					ref := adv77bRef(t, u)
 					owner, client := remotePair(t, u.conf(nil))
 					warm(t, owner, u.url("/"))
 					want := adv77bDo(ref, "GET", u.url(c.path), nil, 0, c.hdr, 5*time.Second)

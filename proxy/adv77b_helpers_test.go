@@ -165,3 +165,14 @@ func adv77bRelease(t *testing.T) (chan struct{}, func()) {
 	t.Cleanup(f)
 	return ch, f
 }
+
+// adv77bRef is net/http's Transport for u with keep-alives off: the
+// reference answer for each request, on a connection of its own. With
+// keep-alives net/http itself may read a stray response as the next
+// request's (it puts a connection back idle before its read loop peeks at
+// it; seen under -race here), which is not the answer to compare against.
+func adv77bRef(t *testing.T, u *adv10Upstream) *http.Transport {
+	tr := u.refTransport(t)
+	tr.DisableKeepAlives = true
+	return tr
+}

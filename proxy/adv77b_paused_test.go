@@ -33,7 +33,7 @@ func TestAdv77bPausedOwnerLeaves(t *testing.T) {
 					var once sync.Once
 					rel := func() { once.Do(func() { close(release) }) }
 					t.Cleanup(rel)
-					ref := u.refTransport(t)
+					ref := adv77bRef(t, u)
 					want := adv77bDo(ref, "GET", u.url("/"), nil, 0, nil, 5*time.Second)
 					ms := newFleet(t, 3, u.conf(func(tr *Transport) { tr.MaxConnsPerKey = 1 }))
 					owner, client, third := ms[0], ms[1], ms[2]

@@ -33,7 +33,7 @@ func TestAdv77bStrayThenOwnerLeaves(t *testing.T) {
 				t.Run(name+"/"+how+c.path, func(t *testing.T) {
 					later := newAdv10Later()
 					u := newAdv10Upstream(t, withTLS, adv77bScript(nil, later.sent))
-					ref := u.refTransport(t)
+					ref := adv77bRef(t, u)
 					owner, client := remotePair(t, u.conf(nil))
 					warm(t, owner, u.url("/"))
 
@@ -42,6 +42,9 @@ func TestAdv77bStrayThenOwnerLeaves(t *testing.T) {
 					adv77bSame(t, "the sibling's "+c.method+" "+c.path, got, want)
 					if owner.node.Stats().ServedRemote == 0 {
 						t.Fatal("the sibling's request did not go through the owner")
+					}
+					if c.path == "/big" && !withTLS && owner.node.Stats().SplicedBodies == 0 {
+						t.Errorf("the 64 KiB body did not take the splice path: %+v", owner.node.Stats())
 					}
 					if c.path == "/straylate" {
 						later.wait(t) // the reference's
@@ -109,7 +112,7 @@ func TestAdv77bStrayInFlightOwnerLeaves(t *testing.T) {
 					}
 				}
 				defer rel()
-				ref := u.refTransport(t)
+				ref := adv77bRef(t, u)
 				ms := newFleet(t, 3, u.conf(func(tr *Transport) { tr.MaxConnsPerKey = 1 }))
 				owner, client, third := ms[0], ms[1], ms[2]
 				warm(t, owner, u.url("/"))
