@@ -281,7 +281,7 @@ func (n *Node) Pool() *orbitpool.Pool { return n.pool }
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.draining.Store(true)
 	if n.srv != nil {
-		n.srv.draining.Store(true)
+		n.srv.drain()
 	}
 	for i := range n.slots {
 		if oc := n.slots[i].Load(); oc != nil {

@@ -89,15 +89,14 @@ type server struct {
 
 	watcher watcher
 
-	// life ends when the server closes: a sibling's request waiting for
-	// a worker stops waiting then, rather than holding close up.
-	life    context.Context
-	endLife context.CancelFunc
-
 	// draining refuses new leases, retry-safe, while active exchanges
-	// finish: see Node.Shutdown.
-	draining atomic.Bool
-	active   atomic.Int64
+	// finish: see Node.Shutdown. leasing ends with it, or when the server
+	// closes: a sibling's request waiting for a worker is refused then
+	// too, rather than when its wait runs out (holding Shutdown up).
+	draining  atomic.Bool
+	leasing   context.Context
+	endLeases context.CancelFunc
+	active    atomic.Int64
 	// spliced counts siblings' response bodies moved with splice(2).
 	spliced atomic.Uint64
 
@@ -125,10 +124,16 @@ func newServer(ln *net.UnixListener, acc acceptor, log *zap.Logger) *server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	life, endLife := context.WithCancel(context.Background())
+	leasing, endLeases := context.WithCancel(context.Background())
 	return &server{ln: ln, acc: acc, log: log, conns: make(map[net.Conn]bool),
 		idleByPeer: make(map[int32]int), maxIdlePerPeer: 2 * defaultMaxIdlePeerConns,
-		maxLeaseWait: defaultMaxLeaseWait, life: life, endLife: endLife}
+		maxLeaseWait: defaultMaxLeaseWait, leasing: leasing, endLeases: endLeases}
+}
+
+// drain refuses new leases from now on, and those waiting for a worker.
+func (s *server) drain() {
+	s.draining.Store(true)
+	s.endLeases()
 }
 
 // serve accepts peers until the listener closes.
@@ -283,7 +288,7 @@ func (s *server) close() error {
 		c.Close()
 	}
 	s.mu.Unlock()
-	s.endLife()
+	s.endLeases()
 	s.watcher.cancelAll()
 	s.wg.Wait()
 	return err
@@ -762,8 +767,8 @@ func (s *server) refuseLeaseAfter(nc net.Conn, lr *limitReader, br *bufio.Reader
 // since), and ends near the frame's deadline (dl, zero for none) as
 // the caller's own wait would, so that a lease the owner cannot start in
 // time is rejected, retry-safe, rather than served late or aged out. The
-// wait also ends when the server closes: close has refused the request by
-// then, unless it was too late to.
+// wait also ends when the server drains or closes: the request is refused,
+// retry-safe, and its sender tries another plan.
 func (s *server) budget(dl time.Time, waitLeft time.Duration) (*governor.LeaseSet, time.Duration, uint16, error) {
 	if s.gov == nil {
 		return nil, 0, 0, nil
@@ -779,14 +784,14 @@ func (s *server) budget(dl time.Time, waitLeft time.Duration) (*governor.LeaseSe
 	if !dl.IsZero() && dl.Add(-s.near).Before(bound) {
 		bound, code = dl.Add(-s.near), rejectDeadline
 	}
-	wctx, cancel := context.WithDeadline(s.life, bound)
+	wctx, cancel := context.WithDeadline(s.leasing, bound)
 	defer cancel()
 	ls, err := s.gov.AcquireManyContext(wctx, 1, ownerStreamBytes)
 	waited := time.Since(start)
 	switch {
 	case err == nil:
 		return ls, waited, 0, nil
-	case s.life.Err() != nil:
+	case s.leasing.Err() != nil:
 		return nil, waited, rejectClosing, errOwnerLeaving
 	}
 	return nil, waited, code, fmt.Errorf("%w: no worker free within %s", ErrOwnerBusy, waited.Round(time.Millisecond))
