@@ -107,8 +107,7 @@ type Pool struct {
 	// claiming holds the claims this process has under way (see claim).
 	// Reconcile cannot tell a sibling's slow claim from a corrupt word, but
 	// a claim that names this process's life and is not here is one.
-	claimMu  sync.Mutex
-	claiming map[uint64]struct{}
+	claiming claimRecord
 
 	heldMu    sync.Mutex
 	held      []heldUnit                    // ReclaimHold's units, in the order they end
@@ -147,7 +146,6 @@ func Open(spec PoolSpec, opts Options) (*Pool, error) {
 		inc:      opts.Incarnation,
 		opts:     opts,
 		seen:     make([]seenReservation, spec.ResourcesPerLane*PendingReservations),
-		claiming: make(map[uint64]struct{}),
 		stop:     make(chan struct{}),
 		finished: make(chan struct{}),
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -427,11 +428,9 @@ func (p *Pool) claim(off, bit int, ticket uint64) (mark uint64, ok bool) {
 	mark = p.newTicket() | claimFlag
 	// Recorded before it can be seen in the segment, forgotten after it
 	// is gone from there (see strayClaim).
-	p.claimMu.Lock()
-	p.claiming[mark] = struct{}{}
-	p.claimMu.Unlock()
+	p.claiming.add(mark)
 	if !atomic.CompareAndSwapUint64(p.seg.u64(off+slTickets+8*bit), ticket, mark) {
-		p.forgetClaim(mark)
+		p.claiming.remove(mark)
 		return 0, false
 	}
 	if h := testHookClaimed.Load(); h != nil {
@@ -443,26 +442,54 @@ func (p *Pool) claim(off, bit int, ticket uint64) (mark uint64, ok bool) {
 // unclaim ends a claim: the bit's ticket is free again.
 func (p *Pool) unclaim(off, bit int, mark uint64) {
 	atomic.CompareAndSwapUint64(p.seg.u64(off+slTickets+8*bit), mark, 0)
-	p.forgetClaim(mark)
-}
-
-func (p *Pool) forgetClaim(mark uint64) {
-	p.claimMu.Lock()
-	delete(p.claiming, mark)
-	p.claimMu.Unlock()
+	p.claiming.remove(mark)
 }
 
 // strayClaim reports whether claim mark t names this process's present life
 // but none of its claims under way: a corrupt word. Claims are unique, so
 // one read here after the segment showed it cannot be a later claim's.
 func (p *Pool) strayClaim(t uint64) bool {
-	if ticketLane(t) != p.lane || ticketLaneGen(t) != p.laneGen&0xffffff {
-		return false
+	return ticketLane(t) == p.lane && ticketLaneGen(t) == p.laneGen&0xffffff && !p.claiming.has(t)
+}
+
+// claimRecord is a set of claim marks, cheap for the few a process has under
+// way at once: a mark takes the word its counter names, and goes to the map
+// only if an older claim still holds that word.
+type claimRecord struct {
+	words [64]atomic.Uint64
+	mu    sync.Mutex
+	more  map[uint64]struct{}
+}
+
+func (r *claimRecord) add(mark uint64) {
+	if r.words[mark%uint64(len(r.words))].CompareAndSwap(0, mark) {
+		return
 	}
-	p.claimMu.Lock()
-	_, ok := p.claiming[t]
-	p.claimMu.Unlock()
-	return !ok
+	r.mu.Lock()
+	if r.more == nil {
+		r.more = make(map[uint64]struct{})
+	}
+	r.more[mark] = struct{}{}
+	r.mu.Unlock()
+}
+
+func (r *claimRecord) remove(mark uint64) {
+	if r.words[mark%uint64(len(r.words))].CompareAndSwap(mark, 0) {
+		return
+	}
+	r.mu.Lock()
+	delete(r.more, mark)
+	r.mu.Unlock()
+}
+
+func (r *claimRecord) has(mark uint64) bool {
+	if r.words[mark%uint64(len(r.words))].Load() == mark {
+		return true
+	}
+	r.mu.Lock()
+	_, ok := r.more[mark]
+	r.mu.Unlock()
+	return ok
 }
 
 // Accept validates a lease presented to this process, the resource's owner,
