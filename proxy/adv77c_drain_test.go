@@ -155,6 +155,9 @@ func TestAdv77cShutdownAtWorkerHandoff(t *testing.T) {
 			const n = 4
 			results, wait := st.send(n, "/slow")
 			time.Sleep(300 * time.Millisecond) // all waiting on the worker
+			if k := len(results); k != 0 {
+				t.Fatalf("setup: %d of %d requests ended before the owner's worker came free", k, n)
+			}
 			shut := make(chan error, 1)
 			shutdown := func() {
 				go func() {
@@ -223,6 +226,9 @@ func TestAdv77cShutdownCtxDone(t *testing.T) {
 			st := newAdv77cSetup(t, withTLS)
 			results, wait := st.send(4, "/slow")
 			time.Sleep(300 * time.Millisecond)
+			if k := len(results); k != 0 {
+				t.Fatalf("setup: %d of 4 requests ended before the owner's worker came free", k)
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			start := time.Now()
@@ -368,6 +374,9 @@ func TestAdv77cShutdownRefusesBodies(t *testing.T) {
 				}()
 			}
 			time.Sleep(300 * time.Millisecond)
+			if k := len(results); k != 0 {
+				t.Fatalf("setup: %d of %d POSTs ended before the owner's worker came free", k, n)
+			}
 			shut := make(chan error, 1)
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
