@@ -255,7 +255,8 @@ func (s *server) refuseQueued() {
 }
 
 // close stops accepting, closes every peer stream and waits for their
-// goroutines; in-flight exchanges end with an error on both sides.
+// goroutines; exchanges under way get closeGrace to end, then end with an
+// error on both sides.
 func (s *server) close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -271,7 +272,11 @@ func (s *server) close() error {
 	// That goes for the streams still queued on the socket too, which
 	// closing it would reset. A peer drops a stream once refused as
 	// closing. A stream carrying an exchange (a drain that timed out, or
-	// none) just closes: the request may have reached the upstream.
+	// none) gets a moment (closeGrace) to end before it is cancelled and
+	// its stream closed: one that has just begun may have sent nothing
+	// upstream yet, and closed under it the stream would leave the peer
+	// unable to tell, with a request it may not send twice. Then every
+	// stream closes, refused if it carries none.
 	//
 	// The socket's name goes first, so that new dials fail at once, and
 	// the close cannot remove a name another process has bound since.
@@ -281,17 +286,40 @@ func (s *server) close() error {
 	}
 	s.refuseQueued()
 	err := s.ln.Close()
+	busy := s.closeStreams(false)
+	s.mu.Unlock()
+	s.endLeases()
+	for end := time.Now().Add(closeGrace); busy && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+		busy = s.closeStreams(false)
+		s.mu.Unlock()
+	}
+	s.watcher.cancelAll()
+	s.mu.Lock()
+	s.closeStreams(true)
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+// closeGrace is how long close lets the exchanges under way run on.
+const closeGrace = 100 * time.Millisecond
+
+// closeStreams refuses and closes the streams that carry no exchange, and
+// the others too if all; it reports whether it left any open. s.mu is held.
+func (s *server) closeStreams(all bool) (left bool) {
 	for c, busy := range s.conns {
+		if busy && !all {
+			left = true
+			continue
+		}
 		if !busy {
 			lastWord(c, leavingFrame)
 		}
 		c.Close()
 	}
-	s.mu.Unlock()
-	s.endLeases()
-	s.watcher.cancelAll()
-	s.wg.Wait()
-	return err
+	return left
 }
 
 // idle marks a stream of peer pid as waiting for its next frame, or done
@@ -380,6 +408,10 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 // it in step. Tests use it to stop a stream there; it is read once per
 // stream.
 var betweenExchanges atomic.Pointer[func()]
+
+// testHookExchanging, if set, runs as a sibling's exchange begins, before
+// anything of it goes upstream.
+var testHookExchanging atomic.Pointer[func()]
 
 // exchanging marks stream c as carrying an exchange that may reach the
 // upstream, unless the server is closed, or done with it. close refuses
@@ -1012,6 +1044,9 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		// has gone anywhere.
 		exec.abandon()
 		return false
+	}
+	if h := testHookExchanging.Load(); h != nil {
+		(*h)()
 	}
 	hopMark(hopOwnerSetup)
 	resp, err := exec.roundTrip(req, stopBody)
