@@ -296,6 +296,9 @@ func adv77dCase(t *testing.T, useTLS, remote bool, stage, actor string, strictTy
 			if IsRetrySafe(r.err) && got != 0 {
 				t.Errorf("%s at %s: retry-safe error %q though the upstream received %d heads of the request", actor, stage, r.err, got)
 			}
+			if strictType && (stage == "capwait" || stage == "leasewait") && got == 0 && !IsRetrySafe(r.err) {
+				t.Errorf("%s at %s: error %q is not retry-safe though the request never left its wait (the upstream received no head)", actor, stage, r.err)
+			}
 			if stage == "bodysend" && IsRetrySafe(r.err) {
 				t.Errorf("bodysend: error %q is retry-safe though the upstream has the head", r.err)
 			}
@@ -438,18 +441,28 @@ func adv77dCase(t *testing.T, useTLS, remote bool, stage, actor string, strictTy
 	}
 }
 
-// TestAdv77dCancelErrorIsTyped: "Failures are [*Error] values" (doc.go).
-// A request whose context is cancelled, or whose deadline passes, while
-// the owner waits for a worker for its lease, or while its body is being
-// sent (local path and remote hop), fails with an *Error, as it does when
-// cut short while it waits for capacity, so that the caller can tell
-// (IsRetrySafe) whether anything reached the upstream.
+// TestAdv77dCancelErrorIsTyped: "Failures are [*Error] values" (doc.go),
+// and IsRetrySafe tells those after which nothing reached the upstream. A
+// request cut short (context cancelled, deadline passed) while the owner
+// waits for a worker for its lease, or while its body is being sent (local
+// path and remote hop), fails with an *Error, as it does when cut short
+// while it waits for capacity. A request cut short before anything left
+// its wait (capacity or lease wait; the upstream received no head of it),
+// also by its own Node closing, fails retry-safe, as the capacity wait's
+// cancellation does.
 func TestAdv77dCancelErrorIsTyped(t *testing.T) {
 	for _, c := range []struct {
 		remote bool
 		stage  string
-	}{{true, "capwait"}, {false, "capwait"}, {true, "leasewait"}, {false, "bodysend"}, {true, "bodysend"}} {
-		for _, actor := range []string{"cancel", "deadline"} {
+		actors []string
+	}{
+		{true, "capwait", []string{"cancel", "deadline"}},
+		{false, "capwait", []string{"cancel", "deadline", "shutdown", "close"}},
+		{true, "leasewait", []string{"cancel", "deadline"}},
+		{false, "bodysend", []string{"cancel", "deadline"}},
+		{true, "bodysend", []string{"cancel", "deadline"}},
+	} {
+		for _, actor := range c.actors {
 			t.Run(fmt.Sprintf("remote=%v/%s/%s", c.remote, c.stage, actor), func(t *testing.T) {
 				adv77dCase(t, false, c.remote, c.stage, actor, true)
 			})
