@@ -78,8 +78,8 @@ type adv77dRT struct {
 	err  error
 }
 
-// adv77dCase runs one case; strictType requires a failure to be an *Error
-// (otherwise an unwrapped context error passes too).
+// adv77dCase runs one case; strictType also requires a failure to be the
+// error doc.go names for its actor.
 func adv77dCase(t *testing.T, useTLS, remote bool, stage, actor string, strictType bool) {
 	baseG := runtime.NumGoroutine()
 	upA := newAdv77dUp(t, useTLS)
@@ -290,14 +290,17 @@ func adv77dCase(t *testing.T, useTLS, remote bool, stage, actor string, strictTy
 		} else {
 			t.Logf("%s at %s: %T %v (retry-safe %v, upstream heads %d)", actor, stage, r.err, r.err, IsRetrySafe(r.err), got)
 			var pe *Error
-			if !errors.As(r.err, &pe) && (strictType || !isContextErr(r.err)) {
+			if !errors.As(r.err, &pe) && !isContextErr(r.err) {
 				t.Errorf("%s at %s: error %T %q is not an *Error", actor, stage, r.err, r.err)
 			}
 			if IsRetrySafe(r.err) && got != 0 {
 				t.Errorf("%s at %s: retry-safe error %q though the upstream received %d heads of the request", actor, stage, r.err, got)
 			}
-			if strictType && (stage == "capwait" || stage == "leasewait") && got == 0 && !IsRetrySafe(r.err) {
-				t.Errorf("%s at %s: error %q is not retry-safe though the request never left its wait (the upstream received no head)", actor, stage, r.err)
+			if strictType {
+				want := map[string]error{"cancel": context.Canceled, "deadline": context.DeadlineExceeded, "shutdown": ErrClosed, "close": ErrClosed}[actor]
+				if !errors.Is(r.err, want) {
+					t.Errorf("%s at %s: error %q, want one that is %q", actor, stage, r.err, want)
+				}
 			}
 			if stage == "bodysend" && IsRetrySafe(r.err) {
 				t.Errorf("bodysend: error %q is retry-safe though the upstream has the head", r.err)
@@ -441,15 +444,12 @@ func adv77dCase(t *testing.T, useTLS, remote bool, stage, actor string, strictTy
 	}
 }
 
-// TestAdv77dCancelErrorIsTyped: "Failures are [*Error] values" (doc.go),
-// and IsRetrySafe tells those after which nothing reached the upstream. A
-// request cut short (context cancelled, deadline passed) while the owner
-// waits for a worker for its lease, or while its body is being sent (local
-// path and remote hop), fails with an *Error, as it does when cut short
-// while it waits for capacity. A request cut short before anything left
-// its wait (capacity or lease wait; the upstream received no head of it),
-// also by its own Node closing, fails retry-safe, as the capacity wait's
-// cancellation does.
+// TestAdv77dCancelErrorIsTyped: the errors doc.go names for a request cut
+// short. One whose own context ended (cancelled, deadline passed) while it
+// waits for capacity, while the owner waits for a worker for its lease, or
+// while its body is being sent (local path and remote hop) fails with that
+// context's error; one whose own Node closed while it waits for capacity,
+// with ErrClosed. Neither is retry-safe once the upstream has a head of it.
 func TestAdv77dCancelErrorIsTyped(t *testing.T) {
 	for _, c := range []struct {
 		remote bool

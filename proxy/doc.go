@@ -27,7 +27,10 @@
 // sibling's connection ([orbitpool.CreateBeforeRemote]), unless
 // [Transport.RelayUnreplayable] lets the latter go as any other.
 //
-// Failures are [*Error] values. [IsRetrySafe] tells those after which nothing
+// Failures are [*Error] values, but for the request's own context ending,
+// which is its error as it is (as net/http returns it), and a closed
+// transport's ErrClosed, which is not retry-safe: the same transport would
+// refuse the request again. [IsRetrySafe] tells those after which nothing
 // of the request can have reached the upstream (a dial, a refused lease, an
 // admission refusal, a write that the kernel took no byte of): the caller may
 // send the request anywhere again; the transport does so itself, whatever
@@ -37,7 +40,10 @@
 // still holds connections closed here early (it refuses it, full), and the
 // retry waits for a connection the upstream has room for. RoundTrip
 // returns an error only once the attempt's request writer has stopped, so
-// the caller may close or reuse the body at once.
+// the caller may close or reuse the body at once. After an answer the writer
+// may still be sending the body, or making net/http's read past its
+// declared length, as net/http's does: an upstream may answer before it has
+// read the whole request.
 //
 // # The owner's side
 //
@@ -107,7 +113,9 @@
 // the close; it refuses, unasked and retry-safe, the streams queued on the
 // socket and those that carry no exchange (each refusal one write that
 // waits for nothing, so one peer that reads nothing costs the others
-// nothing), and cancels the exchanges still running. An owner that dies
+// nothing). Close lets the exchanges under way run on for 100 ms (one just
+// begun has sent nothing upstream yet, and a POST cut there could go
+// nowhere else), then cancels those still running. An owner that dies
 // closes its streams, so a caller reading a response from it gets an error
 // at once. A panic in an exchange's
 // goroutines (request writer, response reader, relay, tunnel) fails that
