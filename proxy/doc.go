@@ -113,9 +113,9 @@
 // the close; it refuses, unasked and retry-safe, the streams queued on the
 // socket and those that carry no exchange (each refusal one write that
 // waits for nothing, so one peer that reads nothing costs the others
-// nothing). Close lets the exchanges under way run on for 100 ms (one just
-// begun has sent nothing upstream yet, and a POST cut there could go
-// nowhere else), then cancels those still running. An owner that dies
+// nothing), and cancels the exchanges still running, each of which answers
+// its peer before its stream closes: retry-safe if the kernel had taken no
+// byte of the request, so that even a POST goes elsewhere. An owner that dies
 // closes its streams, so a caller reading a response from it gets an error
 // at once. A panic in an exchange's
 // goroutines (request writer, response reader, relay, tunnel) fails that

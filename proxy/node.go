@@ -972,7 +972,21 @@ type ownerExec struct {
 }
 
 func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
-	return e.n.use(e.oc, e.exec, req, e.bufs, nil, stopBody)
+	// Cancelled (the server closing, or the peer gone) before the kernel
+	// took a byte of the request, the exchange is retry-safe: the peer may
+	// send it elsewhere, whatever its method.
+	if err := req.Context().Err(); err != nil {
+		e.abandon()
+		return nil, &Error{Op: "write", RetrySafe: true, Err: err}
+	}
+	written := e.oc.c.cw.n.Load()
+	resp, err := e.n.use(e.oc, e.exec, req, e.bufs, nil, stopBody)
+	if err != nil && isContextErr(err) && e.oc.c.cw.n.Load() == written {
+		// The failed exchange closed the connection, so no later one
+		// has written on it.
+		err = &Error{Op: "write", RetrySafe: true, Err: err}
+	}
+	return resp, err
 }
 
 func (e *ownerExec) setBufs(k int) { e.bufs = k }

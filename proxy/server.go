@@ -255,8 +255,8 @@ func (s *server) refuseQueued() {
 }
 
 // close stops accepting, closes every peer stream and waits for their
-// goroutines; exchanges under way get closeGrace to end, then end with an
-// error on both sides.
+// goroutines; exchanges under way are cancelled, and answer their peers
+// with an error, retry-safe if they had sent nothing upstream.
 func (s *server) close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -264,6 +264,9 @@ func (s *server) close() error {
 		return nil
 	}
 	s.closed = true
+	// A stream whose exchange ends in closeGrace (below) may bring another
+	// frame: refused, as a draining server's.
+	s.draining.Store(true)
 	// A request a peer sent on a stream that carries no exchange (see
 	// exchanging) will never reach the upstream, drained or not (one read
 	// and waiting for a worker, too): it is refused, unasked, before its
@@ -272,11 +275,11 @@ func (s *server) close() error {
 	// That goes for the streams still queued on the socket too, which
 	// closing it would reset. A peer drops a stream once refused as
 	// closing. A stream carrying an exchange (a drain that timed out, or
-	// none) gets a moment (closeGrace) to end before it is cancelled and
-	// its stream closed: one that has just begun may have sent nothing
-	// upstream yet, and closed under it the stream would leave the peer
-	// unable to tell, with a request it may not send twice. Then every
-	// stream closes, refused if it carries none.
+	// none) is cancelled, and gets a moment (closeGrace) to answer before
+	// its stream closes: one that had sent nothing upstream says so, and
+	// its peer sends the request elsewhere; closed under it, the stream
+	// would leave the peer unable to tell, with a request it may not send
+	// twice. Then every stream closes, refused if it carries none.
 	//
 	// The socket's name goes first, so that new dials fail at once, and
 	// the close cannot remove a name another process has bound since.
@@ -289,13 +292,13 @@ func (s *server) close() error {
 	busy := s.closeStreams(false)
 	s.mu.Unlock()
 	s.endLeases()
+	s.watcher.cancelAll()
 	for end := time.Now().Add(closeGrace); busy && time.Now().Before(end); {
 		time.Sleep(time.Millisecond)
 		s.mu.Lock()
 		busy = s.closeStreams(false)
 		s.mu.Unlock()
 	}
-	s.watcher.cancelAll()
 	s.mu.Lock()
 	s.closeStreams(true)
 	s.mu.Unlock()
@@ -303,7 +306,8 @@ func (s *server) close() error {
 	return err
 }
 
-// closeGrace is how long close lets the exchanges under way run on.
+// closeGrace is how long close waits for the exchanges it cancelled to
+// answer their peers.
 const closeGrace = 100 * time.Millisecond
 
 // closeStreams refuses and closes the streams that carry no exchange, and
@@ -410,8 +414,8 @@ func (s *server) serveConn(nc *net.UnixConn, pid int32) {
 var betweenExchanges atomic.Pointer[func()]
 
 // testHookExchanging, if set, runs as a sibling's exchange begins, before
-// anything of it goes upstream.
-var testHookExchanging atomic.Pointer[func()]
+// anything of it goes upstream, with the exchange's context.
+var testHookExchanging atomic.Pointer[func(context.Context)]
 
 // exchanging marks stream c as carrying an exchange that may reach the
 // upstream, unless the server is closed, or done with it. close refuses
@@ -1046,7 +1050,7 @@ func (s *server) serveOne(nc net.Conn, cr *bgReader, lr *limitReader, br *bufio.
 		return false
 	}
 	if h := testHookExchanging.Load(); h != nil {
-		(*h)()
+		(*h)(ctx)
 	}
 	hopMark(hopOwnerSetup)
 	resp, err := exec.roundTrip(req, stopBody)

@@ -11,13 +11,14 @@ import (
 	"time"
 )
 
-// TestCloseLetsExchangeBegunEnd: a sibling's POST has begun on the owner
+// TestCloseRefusesExchangeNotSent: a sibling's POST has begun on the owner
 // (its stream carries an exchange) but nothing of it has gone upstream when
-// the owner closes. Close lets it run on for a moment, and the upstream
-// answers at once: served once, no error. Closed under the exchange, the
-// stream would leave the sibling unable to tell whether the upstream saw
-// the POST, which it must not send twice.
-func TestCloseLetsExchangeBegunEnd(t *testing.T) {
+// the owner closes. Close cancels the exchange, which says it sent nothing,
+// and the sibling sends the POST on a connection of its own: served once,
+// no error. Closed under the exchange, the stream would leave the sibling
+// unable to tell whether the upstream saw the POST, which it must not send
+// twice.
+func TestCloseRefusesExchangeNotSent(t *testing.T) {
 	var posts atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == "POST" {
@@ -32,16 +33,11 @@ func TestCloseLetsExchangeBegunEnd(t *testing.T) {
 	warm(t, owner, up.URL)
 
 	began := make(chan struct{})
-	srv := owner.node.srv
-	hook := func() {
+	hook := func(ctx context.Context) {
 		close(began)
-		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
-			srv.mu.Lock()
-			closed := srv.closed
-			srv.mu.Unlock()
-			if closed {
-				return
-			}
+		select {
+		case <-ctx.Done(): // Close cancelled it
+		case <-time.After(5 * time.Second):
 		}
 	}
 	testHookExchanging.Store(&hook)
