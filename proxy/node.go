@@ -972,19 +972,20 @@ type ownerExec struct {
 }
 
 func (e *ownerExec) roundTrip(req *http.Request, stopBody func()) (*http.Response, error) {
-	// Cancelled (the server closing, or the peer gone) before the kernel
-	// took a byte of the request, the exchange is retry-safe: the peer may
-	// send it elsewhere, whatever its method.
+	// Cancelled (the server closing, or the peer gone), the exchange fails
+	// as if the owner's stream had closed under it: a replayable request
+	// may go again, and one of which the kernel took no byte, whatever its
+	// method, goes elsewhere.
 	if err := req.Context().Err(); err != nil {
 		e.abandon()
 		return nil, &Error{Op: "write", RetrySafe: true, Err: err}
 	}
 	written := e.oc.c.cw.n.Load()
 	resp, err := e.n.use(e.oc, e.exec, req, e.bufs, nil, stopBody)
-	if err != nil && isContextErr(err) && e.oc.c.cw.n.Load() == written {
+	if err != nil && isContextErr(err) {
 		// The failed exchange closed the connection, so no later one
 		// has written on it.
-		err = &Error{Op: "write", RetrySafe: true, Err: err}
+		err = &Error{Op: "write", RetrySafe: e.oc.c.cw.n.Load() == written, idleClosed: true, Err: err}
 	}
 	return resp, err
 }
