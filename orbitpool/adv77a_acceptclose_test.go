@@ -25,6 +25,23 @@ func adv77aOpen(t *testing.T, spec PoolSpec, opts Options) *Pool {
 	return p
 }
 
+// adv77aReserved opens an owner and a reserver on a small table, registers
+// key on the owner with capacity 1, and reserves it from the reserver.
+func adv77aReserved(t *testing.T, key Key) (spec PoolSpec, owner, r *Pool, id ResourceID, l Lease) {
+	t.Helper()
+	spec = PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
+	owner = adv77aOpen(t, spec, adv77aOpts)
+	r = adv77aOpen(t, spec, adv77aOpts)
+	id, err := owner.Register(key, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err = r.Reserve(id); err != nil {
+		t.Fatal(err)
+	}
+	return spec, owner, r, id, l
+}
+
 // adv77aOpts never ages a reservation during these tests (no Reconcile of
 // the dispatcher claims a ticket, so the claim hook fires only in the
 // operation under test) but reconciles often.
@@ -40,18 +57,8 @@ var adv77aOpts = Options{ReconcileInterval: 2 * time.Millisecond, ReservationTim
 // Accept, the new one is accepted, no ticket or claim is left, and the
 // key's budget counts only the new owner's resource.
 func TestAdv77aAcceptHeldAcrossOwnerClose(t *testing.T) {
-	spec := PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
 	key := Key{0xa77a, 1}
-	owner := adv77aOpen(t, spec, adv77aOpts)
-	r := adv77aOpen(t, spec, adv77aOpts)
-	id, err := owner.Register(key, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := r.Reserve(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, owner, r, id, l := adv77aReserved(t, key)
 	var newOwner *Pool
 	var newID ResourceID
 	var l2 Lease
@@ -134,18 +141,8 @@ func TestAdv77aAcceptHeldAcrossOwnerClose(t *testing.T) {
 // it back): it must be refused the same way, not hand the caller an
 // Execution whose slot Close frees a moment later.
 func TestAdv77aAcceptLandsAfterCloseMarked(t *testing.T) {
-	spec := PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
 	key := Key{0xa77a, 2}
-	owner := adv77aOpen(t, spec, adv77aOpts)
-	r := adv77aOpen(t, spec, adv77aOpts)
-	id, err := owner.Register(key, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := r.Reserve(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, owner, r, id, l := adv77aReserved(t, key)
 	closed := make(chan error, 1)
 	held := false
 	holdNextClaim(t, func() {
@@ -272,18 +269,8 @@ func TestAdv77aExecutionAfterPoolClosed(t *testing.T) {
 // then clear neither the new reservation's bit nor its ticket: the new
 // lease is accepted, and the resource is idle and serving after.
 func TestAdv77aWithdrawHeldAcrossOwnerClose(t *testing.T) {
-	spec := PoolSpec{Lanes: 2, Keys: 4, ResourcesPerLane: 2, Path: filepath.Join(t.TempDir(), "seg")}
 	key := Key{0xa77a, 4}
-	owner := adv77aOpen(t, spec, adv77aOpts)
-	r := adv77aOpen(t, spec, adv77aOpts)
-	id, err := owner.Register(key, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := r.Reserve(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, owner, r, id, l := adv77aReserved(t, key)
 	var next *Pool
 	var nid ResourceID
 	var l2 Lease
