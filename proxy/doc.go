@@ -27,9 +27,9 @@
 // sibling's connection ([orbitpool.CreateBeforeRemote]), unless
 // [Transport.RelayUnreplayable] lets the latter go as any other.
 //
-// Failures are [*Error] values, but for the request's own context ending,
-// which is its error as it is (as net/http returns it), and a closed
-// transport's ErrClosed, which is not retry-safe: the same transport would
+// Failures are [*Error] values, but a request whose own context ended may
+// get that context's error as it is, as from net/http. A closed
+// transport's [ErrClosed] is not retry-safe: the same transport would
 // refuse the request again. [IsRetrySafe] tells those after which nothing
 // of the request can have reached the upstream (a dial, a refused lease, an
 // admission refusal, a write that the kernel took no byte of): the caller may
